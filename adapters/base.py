@@ -1,0 +1,116 @@
+"""The one interface every engine is measured through (see shared DESIGN.md).
+
+Invariants every adapter keeps:
+- `GenerationRequest.prompt_token_ids` is the only source of truth for the prompt;
+  adapters for text-only engines derive text from it and report the engine's own
+  prompt token count so the harness can flag a mismatch.
+- `TokenEvent.token_ids` holds only the *new* tokens of that event (adapters for
+  cumulative APIs diff), and `recv_ns` is `time.perf_counter_ns()` taken the moment
+  the event arrived, before any other work.
+- Exactly one event per request has `finished=True`, and it is the last one.
+"""
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, AsyncIterator
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine's package or launcher is missing; the message says what to install."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 128
+    ignore_eos: bool = True
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt_text: str | None = None  # derived from the ids, for engines that take text
+    arrival_s: float = 0.0  # scheduled send time, seconds after the run's start
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token_ids: list[int]
+    text: str = ""
+    recv_ns: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # as the engine reports them
+    completion_tokens: int | None = None
+
+    @staticmethod
+    def now() -> int:
+        return time.perf_counter_ns()
+
+
+@dataclass
+class EngineInfo:
+    engine: str
+    version: str
+    model: str
+    dtype: str
+    kv_capacity_tokens: int | None = None
+    block_size: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    mode: str = "in_process"  # in_process | server | attach
+    pid: int | None = None  # the engine's root process, for memory sampling
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MemorySnapshot:
+    t_ns: int
+    kv_used_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
+    kv_usage: float | None = None  # fraction in [0, 1]
+    num_running: int | None = None
+    num_waiting: int | None = None
+    gpu_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """Start, stream, abort, inspect, stop. Adapters are registered by `name`."""
+
+    name: str = "base"
+
+    def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
+        self.model = model
+        self.dtype = dtype
+        self.options = dict(options or {})
+
+    @abc.abstractmethod
+    async def start(self) -> EngineInfo: ...
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]: ...
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None: ...
+
+    async def reset_prefix_cache(self) -> bool:
+        """Return True if the engine's prefix cache was reset; False if it has none."""
+        return False
+
+    @abc.abstractmethod
+    async def snapshot(self) -> MemorySnapshot: ...
+
+    @abc.abstractmethod
+    async def stop(self) -> None: ...

@@ -1,0 +1,67 @@
+"""Per-request sampling settings, validated when the request arrives.
+
+Field names and meanings follow vLLM's `SamplingParams` so that a request sent to
+the reference engine and to vLLM means the same thing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 => greedy
+    top_p: float = 1.0  # in (0, 1]
+    top_k: int = -1  # -1 or 0 => off
+    min_p: float = 0.0  # in [0, 1]
+    repetition_penalty: float = 1.0  # > 0; 1 => off (HF/vLLM semantics, prompt + output)
+    presence_penalty: float = 0.0  # [-2, 2], output tokens only (OpenAI semantics)
+    frequency_penalty: float = 0.0  # [-2, 2], output tokens only
+    seed: int | None = None  # per-request generator: same result alone or batched
+    stop: list[str] = field(default_factory=list)  # stop strings (excluded from text)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n logprobs per generated token (0 => only the chosen one)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field; the request is then rejected alone."""
+        def bad(msg: str) -> None:
+            raise ValueError(msg)
+
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (self.temperature >= 0.0):
+            bad(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or (self.top_k < -1):
+            bad(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if not (0.0 <= self.min_p <= 1.0):
+            bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not (self.repetition_penalty > 0.0):
+            bad(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if not (-2.0 <= self.presence_penalty <= 2.0):
+            bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}")
+        if not (-2.0 <= self.frequency_penalty <= 2.0):
+            bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            bad(f"seed must be an integer, got {self.seed!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        if any((not isinstance(s, str)) or s == "" for s in self.stop):
+            bad("stop must be a list of non-empty strings")
+        if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids must be non-negative integers")
