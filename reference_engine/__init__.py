@@ -1,0 +1,24 @@
+"""inferlab's reference engine: a from-scratch LLM inference engine in PyTorch.
+
+Stages, in the order a request meets them: tokenizer -> request -> scheduler ->
+kv_cache -> model_runner (attention backend, model) -> sampler -> output_processor
+-> engine / async_engine -> server.
+"""
+from reference_engine.config import EngineConfig
+from reference_engine.sampling_params import SamplingParams
+
+__all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer"]
+
+
+def __getattr__(name: str):
+    # Lazy: importing the package does not load the engine, model or server modules.
+    if name in ("LLM", "LLMEngine"):
+        from reference_engine import engine
+        return getattr(engine, name)
+    if name == "AsyncEngine":
+        from reference_engine.async_engine import AsyncEngine
+        return AsyncEngine
+    if name == "Tokenizer":
+        from reference_engine.tokenizer import Tokenizer
+        return Tokenizer
+    raise AttributeError(name)

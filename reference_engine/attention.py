@@ -1,0 +1,113 @@
+"""Attention over the paged KV cache, behind a small backend interface.
+
+A backend does two things per layer: write this step's keys/values into their cache
+slots, and attend each query token to its sequence's context. The model never sees
+block tables; the runner builds `AttentionMetadata` once per step and every layer
+reuses it. Backends are registered by name (`torch` here; a Triton GPU backend later).
+
+Batch layout invariant (the runner guarantees it): the first `num_decodes` sequences
+have exactly one query token each; prefill (or chunked-prefill) sequences follow.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # (N,) int64: flat cache slot of each query token
+    block_tables: torch.Tensor  # (B, max_blocks) int32, padded with 0
+    seq_lens: torch.Tensor  # (B,) context length after this step (cached + new)
+    query_lens: list[int]  # per sequence, python ints (prefill loop bounds)
+    seq_lens_list: list[int]
+    query_start: list[int]  # (B+1) offsets into the flat token vector
+    num_decodes: int
+    max_decode_len: int
+
+
+class AttentionBackend(abc.ABC):
+    """Owns nothing but a reference to the KV cache tensors; stateless across steps."""
+
+    def __init__(self, kv_cache: list[tuple[torch.Tensor, torch.Tensor]], block_size: int):
+        self.kv = kv_cache  # per layer: (k, v), each (num_blocks, block_size, Hkv, D)
+        self.block_size = block_size
+
+    @abc.abstractmethod
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: (N, H, D), k/v: (N, Hkv, D) for this step's tokens -> output (N, H, D)."""
+
+
+class TorchBackend(AttentionBackend):
+    """Pure PyTorch: gathers each sequence's blocks and calls SDPA. Runs anywhere."""
+
+    def forward(self, layer, q, k, v, meta, scale):
+        k_cache, v_cache = self.kv[layer]
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, meta, scale)
+        for i in range(nd, len(meta.query_lens)):
+            s, e = meta.query_start[i], meta.query_start[i + 1]
+            ctx = meta.seq_lens_list[i]
+            if ctx == e - s:  # nothing cached before this chunk: attend to this step's k/v directly
+                ks, vs = k[s:e], v[s:e]
+            else:
+                ks, vs = self._gather(k_cache, v_cache, meta.block_tables[i], ctx)
+            out[s:e] = _sdpa(q[s:e].unsqueeze(0), ks.unsqueeze(0), vs.unsqueeze(0), scale,
+                             _causal_mask(e - s, ctx, q.device)).squeeze(0)
+        return out
+
+    def _gather(self, k_cache, v_cache, table, ctx):
+        nblk = -(-ctx // self.block_size)
+        blocks = table[:nblk]
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
+        ks = k_cache[blocks].view(-1, hkv, d)[:ctx]  # (ctx, Hkv, D)
+        vs = v_cache[blocks].view(-1, hkv, d)[:ctx]
+        return ks, vs
+
+    def _decode(self, q, k_cache, v_cache, meta, scale):
+        # One query per sequence: gather all their blocks at once, mask past each length.
+        nd, ctx = q.shape[0], meta.max_decode_len
+        nblk = -(-ctx // self.block_size)
+        tables = meta.block_tables[:nd, :nblk]  # (B, nblk)
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
+        ks = k_cache[tables].view(nd, -1, hkv, d)[:, :ctx]  # (B, ctx, Hkv, D)
+        vs = v_cache[tables].view(nd, -1, hkv, d)[:, :ctx]
+        mask = torch.arange(ctx, device=q.device)[None, :] < meta.seq_lens[:nd, None]  # (B, ctx)
+        return _sdpa(q.unsqueeze(1), ks, vs, scale, mask[:, None, None, :]).squeeze(1)
+
+
+def _causal_mask(q_len: int, ctx: int, device) -> torch.Tensor | None:
+    """Query j sits at absolute position ctx - q_len + j and sees keys up to it. None = plain causal."""
+    if q_len == ctx:
+        return None
+    rows = torch.arange(ctx - q_len, ctx, device=device)[:, None]
+    return (torch.arange(ctx, device=device)[None, :] <= rows)[None, None]  # (1, 1, T, ctx)
+
+
+def _sdpa(q, k, v, scale, mask):
+    """q: (B, T, H, D), k/v: (B, S, Hkv, D), mask broadcastable to (B, H, T, S) or None (causal)."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=scale, enable_gqa=gqa)
+    else:
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return o.transpose(1, 2)  # (B, T, H, D)
+
+
+BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchBackend}
+
+
+def get_backend(name: str) -> type[AttentionBackend]:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(BACKENDS)}")
+    return BACKENDS[name]

@@ -1,0 +1,151 @@
+"""Configuration: the engine's knobs (`EngineConfig`) and the model's shape (`ModelConfig`).
+
+`ModelConfig` is read from an HF `config.json`; only the architectures whose layers
+we implement are accepted, and anything else is rejected with a message naming
+what is supported.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {name}; supported: {', '.join(DTYPES)}")
+        return name
+    key = _DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; supported: {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+DEFAULT_KV_BYTES = 1 << 30
+
+
+@dataclass
+class EngineConfig:
+    """Engine knobs. KV capacity comes from `kv_cache_tokens` or `kv_cache_bytes` (not both);
+    with neither, the cache gets `DEFAULT_KV_BYTES`, capped at `max_num_seqs` full contexts."""
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_tokens: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    record_steps: bool = False
+    attention_backend: str = "torch"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
+            raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
+        for name in ("kv_cache_tokens", "kv_cache_bytes", "max_model_len"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+@dataclass
+class ModelConfig:
+    """The shape of a decoder-only transformer, as our layers need it."""
+
+    architecture: str
+    family: str  # llama | qwen2 | qwen3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3)
+    torch_dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not Path(model_dir).is_dir():
+            raise FileNotFoundError(f"model directory not found: {model_dir}")
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"malformed config.json in {model_dir}: {e}") from e
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+        try:
+            hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+            # transformers 5 moved rope settings into `rope_parameters`; 4.x keeps rope_theta/rope_scaling.
+            rope = raw.get("rope_parameters") or {}
+            scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+            if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+                scaling = None
+            eos = raw.get("eos_token_id")
+            return cls(
+                architecture=arch,
+                family=family,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                rope_scaling=scaling,
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", family != "llama")),
+                attention_bias=bool(raw.get("attention_bias", family == "qwen2")),
+                qk_norm=family == "qwen3",
+                torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json lacks required field {e.args[0]!r}") from e

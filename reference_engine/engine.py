@@ -1,0 +1,208 @@
+"""The engine: requests in, token deltas out, one `step()` at a time.
+
+`LLMEngine` is the synchronous core: `add_request` validates and queues, `step` runs
+schedule -> forward -> sample -> stop checks -> detokenize, and returns one `TokenDelta`
+per request that produced tokens (or finished) in that step. `LLM` is the offline
+batch API on top of it; `AsyncEngine` (async_engine.py) drives the same core from asyncio.
+
+Invariant: a request leaves the engine (blocks freed) in the same step it finishes,
+and its last delta has `finished=True`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reference_engine.config import EngineConfig
+from reference_engine.model_runner import ModelRunner
+from reference_engine.output_processor import OutputProcessor
+from reference_engine.outputs import CompletionOutput, TokenDelta
+from reference_engine.request import Request
+from reference_engine.sampling_params import SamplingParams
+from reference_engine.scheduler import Scheduler
+from reference_engine.step_record import StepRecord
+from reference_engine.tokenizer import Tokenizer
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    kv_usage: float
+    kv_capacity_tokens: int
+    block_size: int
+    num_preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_requests_finished: int
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, keep_results: bool = False):
+        self.cfg = cfg
+        self.tokenizer = Tokenizer(cfg.model)
+        self.runner = ModelRunner(cfg)
+        self.model_config = self.runner.model_config
+        self.max_model_len = self.runner.max_model_len
+        self.scheduler = Scheduler(cfg, self.runner.pool)
+        self.requests: dict[str, Request] = {}
+        self.outputs = OutputProcessor(self.tokenizer, _eos_ids(cfg.model, self.model_config, self.tokenizer),
+                                       self.max_model_len, keep_results=keep_results)
+        self.step_records: list[StepRecord] | None = [] if cfg.record_steps else None
+        self._ids = itertools.count()
+        self._steps = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_requests_finished = 0
+
+    # ---- requests -------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming what is wrong; nothing is queued on failure."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: at least one token is required")
+        vocab = self.model_config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt contains token ids outside the vocabulary [0, {vocab})")
+        n, m = len(prompt_token_ids), params.max_tokens
+        if n + m > self.max_model_len:
+            raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's "
+                             f"context length of {self.max_model_len} tokens")
+        cap = self.runner.kv_capacity_tokens
+        if n + m > cap:
+            raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) exceeds the KV cache capacity "
+                             f"of {cap} tokens; raise kv_cache_tokens")
+        if not self.cfg.enable_chunked_prefill and n + m > self.cfg.max_num_batched_tokens:
+            raise ValueError(f"without chunked prefill, prompt + max_tokens must fit max_num_batched_tokens "
+                             f"({self.cfg.max_num_batched_tokens})")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        prompt_token_ids = list(prompt_token_ids)
+        self.validate(prompt_token_ids, params)
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, prompt_token_ids, params, arrival_time=arrival_time or time.monotonic())
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        self.requests[request_id] = req
+        self.outputs.add(req)
+        self.scheduler.add(req)
+        self.prompt_tokens_total += len(prompt_token_ids)
+        return request_id
+
+    def abort(self, request_id: str) -> TokenDelta | None:
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        req.finish("abort")
+        self._release(req)
+        return self.outputs.process(req, None, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step -------------------------------------------------------------------
+    def step(self) -> list[TokenDelta]:
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        kinds = [(r.request_id, n, "decode" if n == 1 and r.output_token_ids and
+                  r.num_computed_tokens == r.num_tokens - 1 else "prefill") for r, n in sched.scheduled]
+        samplers, new_ids, logprobs = self.runner.run(sched.scheduled)
+        for req, n in sched.scheduled:
+            req.num_computed_tokens += n
+        deltas, finished = [], []
+        now = time.monotonic()
+        for req, tok, lp in zip(samplers, new_ids, logprobs):
+            req.output_token_ids.append(tok)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self.generation_tokens_total += 1
+            deltas.append(self.outputs.process(req, tok, lp))  # may finish req (stop / length)
+            if req.is_finished:
+                self._release(req)
+                finished.append(req.request_id)
+        self._steps += 1
+        if self.step_records is not None:
+            self._record(kinds, sched.preempted, finished, time.perf_counter() - t0)
+        return deltas
+
+    def _release(self, req: Request) -> None:
+        self.scheduler.finish(req)
+        self.requests.pop(req.request_id, None)
+        self.num_requests_finished += 1
+
+    def _record(self, kinds, preempted, finished, dt) -> None:
+        pool = self.runner.pool
+        self.step_records.append(StepRecord(
+            step=self._steps, duration_s=dt, scheduled=kinds,
+            num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
+            num_decode_tokens=sum(n for _, n, k in kinds if k == "decode"),
+            preempted=[r.request_id for r in preempted], finished=finished,
+            kv_blocks_used=pool.num_used, kv_blocks_free=pool.num_free,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            block_tables={r.request_id: list(r.block_table) for r in self.scheduler.running},
+        ))
+
+    def stats(self) -> EngineStats:
+        pool = self.runner.pool
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_used_blocks=pool.num_used, kv_total_blocks=pool.num_blocks,
+            kv_usage=pool.num_used / pool.num_blocks, kv_capacity_tokens=self.runner.kv_capacity_tokens,
+            block_size=pool.block_size, num_preemptions_total=self.scheduler.num_preemptions,
+            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            num_requests_finished=self.num_requests_finished,
+        )
+
+
+def _eos_ids(model_dir: str, model_config, tokenizer: Tokenizer) -> set[int]:
+    ids = set(model_config.eos_token_ids)
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids |= {eos} if isinstance(eos, int) else set(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class LLM:
+    """Offline batches: `LLM(model_dir).generate(prompts, sampling)` -> completions in prompt order."""
+
+    def __init__(self, model: str, **kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), keep_results=True)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: list[str] | list[list[int]] | str,
+                 sampling: SamplingParams | list[SamplingParams] | None = None) -> list[CompletionOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt given bare
+        sampling = sampling or SamplingParams()
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        for i, p in zip(ids, params):  # all or nothing: reject the batch before queueing any of it
+            self.engine.validate(i, p)
+        rids = [self.engine.add_request(i, p) for i, p in zip(ids, params)]
+        results: dict[str, CompletionOutput] = {}
+        while self.engine.has_unfinished():
+            for d in self.engine.step():
+                if d.finished:
+                    results[d.request_id] = self.engine.outputs.results.pop(d.request_id)
+        return [results[r] for r in rids]

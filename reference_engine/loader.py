@@ -1,0 +1,72 @@
+"""Model loading: HF `config.json` + `*.safetensors` (single file or sharded) -> our `CausalLM`.
+
+Weights are copied by name; names our layers don't have (e.g. old checkpoints' rotary
+`inv_freq` buffers) are ignored, names we need but the files lack are an error.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from reference_engine.config import ModelConfig
+from reference_engine.model import CausalLM, RotaryEmbedding
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"malformed {index.name} in {model_dir}: {e}") from e
+        files = [model_dir / s for s in shards]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{model_dir} lacks shard(s) named in its index: {', '.join(missing)}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in model directory {model_dir}")
+    return files
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: str | torch.device,
+               max_len: int) -> tuple[CausalLM, ModelConfig]:
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    files = safetensors_files(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_len)
+    model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for f in files:
+        try:
+            handle = safe_open(str(f), framework="pt", device="cpu")
+        except Exception as e:  # safetensors raises its own error types on corrupt headers
+            raise ValueError(f"cannot read weights file {f}: {e}") from e
+        with handle:
+            for name in handle.keys():
+                if name.endswith(_IGNORED_SUFFIXES) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+                    continue
+                if name not in params:
+                    raise ValueError(f"{f.name} holds {name!r}, which a {cfg.architecture} does not have")
+                t = handle.get_tensor(name)
+                if t.shape != params[name].shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(params[name].shape)}")
+                with torch.no_grad():
+                    params[name].copy_(t.to(dtype))
+                loaded.add(name)
+    expected = set(params) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ValueError(f"weights missing from {model_dir}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.rope = RotaryEmbedding(cfg, max_len).to(device)  # buffers were not materialised on meta
+    return model.eval(), cfg

@@ -1,0 +1,182 @@
+"""`inferlab make-model`: write a random-weight Llama / Qwen2 / Qwen3 model in Hugging Face format.
+
+The directory holds config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+generation_config.json; HF transformers (4.x and 5.x) and vLLM load it as they load a real checkpoint.
+
+Invariants:
+- same (preset, family, seed, overrides) -> byte-identical files;
+- weights come from one `torch.Generator().manual_seed(seed)` drawn in a fixed parameter order, and their
+  shapes follow the final config, so overrides may change any dimension;
+- the init keeps a random model's logits spread out (std ~2) and its attention content-dependent, so greedy
+  decoding is robust to float32 rounding yet still reacts to a wrong position or a wrong cache slot;
+  RMSNorm weights are not all ones (1 + 0.1 N(0, 1)) so a skipped norm weight changes the output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from reference_engine.make_tokenizer import write_tokenizer
+
+FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+PRESETS = {
+    # ~6 M parameters: fast on CPU, GQA (8 query heads share 2 kv heads)
+    "tiny": dict(vocab_size=8192, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+                 rope_theta=10000.0, tie_word_embeddings=True),
+    # ~100 M parameters, 32k vocabulary: for benchmarks
+    "small": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                  num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+                  rope_theta=500000.0, tie_word_embeddings=True),
+}
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def build_config(preset: str = "tiny", family: str = "llama", overrides: dict | None = None) -> dict:
+    """The config.json dict. Writes both the 4.x keys (rope_theta, rope_scaling, torch_dtype) and the
+    5.x ones (rope_parameters, dtype), kept consistent with each other after `overrides` are merged."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}")
+    cfg: dict = {"architectures": [FAMILIES[family]], "model_type": family, **PRESETS[preset]}
+    if family == "qwen3":  # Qwen3 decouples head_dim from hidden_size / num_heads; so does our test model
+        cfg["head_dim"] = 2 * cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg.update(hidden_act="silu", rms_norm_eps=1e-6, attention_dropout=0.0, initializer_range=0.02,
+               use_cache=True, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
+    if family in ("llama", "qwen3"):
+        cfg["attention_bias"] = False
+    if family == "llama":
+        cfg["mlp_bias"] = False
+    else:
+        cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg["num_hidden_layers"])
+    overrides = dict(overrides or {})
+    if "dtype" in overrides:  # one dtype, whichever name the caller used
+        overrides.setdefault("torch_dtype", overrides.pop("dtype"))
+    cfg.update(overrides)
+    if cfg["torch_dtype"] not in DTYPES:
+        raise ValueError(f"torch_dtype must be one of {DTYPES}, got {cfg['torch_dtype']!r}")
+    cfg["dtype"] = cfg["torch_dtype"]
+    if "rope_parameters" not in overrides:
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg["rope_theta"],
+                                  **(cfg.get("rope_scaling") or {})}
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+        if not isinstance(cfg[key], int) or cfg[key] <= 0:
+            raise ValueError(f"{key} must be a positive int, got {cfg[key]!r}")
+    if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+        raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    return dict(sorted(cfg.items()))
+
+
+def param_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """HF parameter name -> shape, in the (fixed) order weights are drawn."""
+    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg["vocab_size"], h)}
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        for name, out in (("q", q), ("k", kv), ("v", kv)):
+            shapes[p + f"self_attn.{name}_proj.weight"] = (out, h)
+            if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
+                shapes[p + f"self_attn.{name}_proj.bias"] = (out,)
+        if cfg["model_type"] == "qwen3":
+            shapes[p + "self_attn.q_norm.weight"] = (d,)
+            shapes[p + "self_attn.k_norm.weight"] = (d,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, q)
+        if cfg.get("attention_bias") and cfg["model_type"] != "qwen2":
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (i, h)
+        shapes[p + "mlp.up_proj.weight"] = (i, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+    shapes["model.norm.weight"] = (h,)
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (cfg["vocab_size"], h)
+    return shapes
+
+
+def param_count(cfg: dict) -> int:
+    """Number of parameters (tied embeddings counted once), from the config alone."""
+    return sum(math.prod(s) for s in param_shapes(cfg).values())
+
+
+def _std(name: str, shape: tuple[int, ...], cfg: dict) -> float:
+    """Init scale per tensor (see module docstring for the why)."""
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        return 2.0 / math.sqrt(cfg["hidden_size"])  # unit-RMS hidden state -> logits with std ~2
+    if name.endswith(".bias"):
+        return 0.2
+    if name.endswith(("q_proj.weight", "k_proj.weight")):
+        return 1.5 / math.sqrt(shape[1])  # attention scores with std ~2: sharp, position-dependent
+    if name.endswith(("o_proj.weight", "down_proj.weight")):  # residual branches: keep the stream bounded
+        return 1.0 / math.sqrt(shape[1] * 2 * cfg["num_hidden_layers"])
+    return 1.0 / math.sqrt(shape[1])
+
+
+def init_weights(cfg: dict, seed: int) -> dict:
+    """Random tensors for every parameter, drawn in `param_shapes` order from one seeded generator."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, cfg["torch_dtype"])
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        noise = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * noise
+        else:
+            t = noise * _std(name, shape, cfg)
+        out[name] = t.to(dtype).contiguous()
+    return out
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def make_model(out_dir, preset: str = "tiny", family: str = "llama", seed: int = 0,
+               config_overrides: dict | None = None, force: bool = False) -> Path:
+    """Write the model to `out_dir` (created; must be empty or absent unless `force`); return its Path."""
+    from safetensors.torch import save_file
+
+    cfg = build_config(preset, family, config_overrides)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"{out} is not empty; pass --force (force=True) to overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(out, cfg["vocab_size"], add_bos=family == "llama",
+                          max_len=cfg["max_position_embeddings"])
+    assert ids == {"bos": cfg["bos_token_id"], "eos": cfg["eos_token_id"], "pad": cfg["pad_token_id"]}
+    _write_json(out / "config.json", cfg)
+    _write_json(out / "generation_config.json", {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    save_file(init_weights(cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: `inferlab make-model DIR --preset tiny|small [--family F] [--seed N] [--force]`."""
+    ap = argparse.ArgumentParser(prog="inferlab make-model", description=__doc__.splitlines()[0])
+    ap.add_argument("dir", help="output directory (created; must be empty unless --force)")
+    ap.add_argument("--preset", default="tiny", help=f"one of {', '.join(PRESETS)} (default tiny)")
+    ap.add_argument("--family", default="llama", help=f"one of {', '.join(FAMILIES)} (default llama)")
+    ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    ap.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    args = ap.parse_args(argv)
+    try:
+        out = make_model(args.dir, args.preset, args.family, args.seed, force=args.force)
+    except ValueError as e:
+        print(f"inferlab make-model: error: {e}", file=sys.stderr)
+        return 2
+    n = param_count(build_config(args.preset, args.family))
+    print(f"wrote {out}: {args.family} {args.preset}, {n:,} parameters, seed {args.seed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

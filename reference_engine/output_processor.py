@@ -1,0 +1,95 @@
+"""Output processing: stop checks, incremental detokenization, and the deltas users see.
+
+Stop rules, checked after every new token (vLLM's meanings):
+- an EOS id (unless `ignore_eos`)          -> finish_reason "stop", stop_reason None
+- a token in `stop_token_ids`             -> "stop", stop_reason = that id
+- a stop string appears in the text       -> "stop", stop_reason = the string, text cut before it
+- `max_tokens` reached or context full    -> "length"
+When stop strings are set, the last (longest stop - 1) characters are held back from
+the stream until we know they do not start a stop string, so streamed text never
+contains one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_engine.outputs import CompletionOutput, TokenDelta, TokenLogprob
+from reference_engine.request import Request
+from reference_engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass
+class _State:
+    detok: IncrementalDetokenizer
+    emitted: int = 0  # characters of text already streamed
+    text: str | None = None  # final text once cut at a stop string
+    logprobs: list[TokenLogprob] | None = None
+    hold: int = 0
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_ids: set[int], max_model_len: int, keep_results: bool = False):
+        self.tok = tokenizer
+        self.eos_ids = eos_ids
+        self.max_model_len = max_model_len
+        self.keep_results = keep_results
+        self.states: dict[str, _State] = {}
+        self.results: dict[str, CompletionOutput] = {}
+
+    def add(self, req: Request) -> None:
+        p = req.params
+        self.states[req.request_id] = _State(
+            IncrementalDetokenizer(self.tok, req.prompt_token_ids, p.skip_special_tokens),
+            logprobs=[] if p.logprobs is not None else None,
+            hold=max((len(s) for s in p.stop), default=1) - 1,
+        )
+
+    def process(self, req: Request, token: int | None, lp: TokenLogprob | None) -> TokenDelta:
+        """Account for one new token (None: the request was aborted) and build its delta."""
+        st = self.states[req.request_id]
+        new = [] if token is None else [token]
+        if token is not None:
+            if st.logprobs is not None and lp is not None:
+                st.logprobs.append(lp)
+            self._check_token_stops(req, token)
+            st.detok.add(new)
+            self._check_stop_strings(req, st)
+        full = st.text if st.text is not None else st.detok.text
+        end = len(full) if req.is_finished else max(st.emitted, len(full) - st.hold)
+        delta_text, st.emitted = full[st.emitted:end], end
+        delta = TokenDelta(
+            request_id=req.request_id, new_token_ids=new, text_delta=delta_text,
+            finished=req.is_finished, finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+            logprobs=[lp] if (lp is not None and st.logprobs is not None) else None,
+            num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=len(req.output_token_ids),
+        )
+        if req.is_finished:
+            self.states.pop(req.request_id)
+            if self.keep_results:
+                self.results[req.request_id] = CompletionOutput(
+                    req.request_id, req.prompt_token_ids, list(req.output_token_ids), full,
+                    req.finish_reason, req.stop_reason, st.logprobs, req.num_preemptions)
+        return delta
+
+    def _check_token_stops(self, req: Request, token: int) -> None:
+        p = req.params
+        if not p.ignore_eos and token in self.eos_ids:
+            req.finish("stop")
+        elif token in p.stop_token_ids:
+            req.finish("stop", token)
+        elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            req.finish("length")
+
+    def _check_stop_strings(self, req: Request, st: _State) -> None:
+        stops = req.params.stop
+        if not stops:
+            return
+        text = st.detok.text
+        # only the tail can hold a new match: what was just added plus a stop's length
+        start = max(0, st.emitted - st.hold - 1)
+        hits = [(text.find(s, start), s) for s in stops]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            i, s = min(hits)
+            st.text = text[:i]
+            req.finish("stop", s)
