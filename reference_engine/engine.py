@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from reference_engine.config import EngineConfig
+from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.model_runner import ModelRunner
 from reference_engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
@@ -49,6 +49,7 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
         self.cfg = cfg
+        ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
         self.tokenizer = Tokenizer(cfg.model)
         self.runner = ModelRunner(cfg)
         self.model_config = self.runner.model_config

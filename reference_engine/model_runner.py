@@ -36,6 +36,8 @@ class ModelRunner:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.dtype = parse_dtype(cfg.dtype)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
         mcfg = ModelConfig.from_dir(cfg.model)
         self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         self.model, self.model_config = load_model(cfg.model, self.dtype, self.device, self.max_model_len)

@@ -54,6 +54,8 @@ class OutputProcessor:
             self._check_token_stops(req, token)
             st.detok.add(new)
             self._check_stop_strings(req, st)
+            if req.is_finished and st.text is None:
+                st.detok.flush()
         full = st.text if st.text is not None else st.detok.text
         end = len(full) if req.is_finished else max(st.emitted, len(full) - st.hold)
         delta_text, st.emitted = full[st.emitted:end], end

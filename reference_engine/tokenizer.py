@@ -100,3 +100,12 @@ class IncrementalDetokenizer:
         delta = "".join(out)
         self.text += delta
         return delta
+
+    def flush(self) -> str:
+        """At the end of a request: emit what was held back, even an incomplete character."""
+        before = self.tok.decode(self.ids[self.prefix:self.read], self.skip)
+        after = self.tok.decode(self.ids[self.prefix:], self.skip)
+        delta = after[len(before):] if after.startswith(before) else ""
+        self.prefix = self.read = len(self.ids)
+        self.text += delta
+        return delta

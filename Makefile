@@ -1,0 +1,31 @@
+# The two commands a new user types: `make demo` (set up + run the quickstart comparison) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-fast vllm clean
+
+$(BIN)/inferlab: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+setup: $(BIN)/inferlab
+
+# vLLM's CPU build in a venv of its own (its pinned dependencies differ from ours).
+vllm:
+	bash scripts/setup_vllm_venv.sh
+
+demo: setup
+	$(BIN)/inferlab run experiments/configs/quickstart.toml
+
+test: setup
+	$(BIN)/pytest -q -rs
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) .venv-vllm models .pytest_cache

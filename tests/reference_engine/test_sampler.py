@@ -1,0 +1,78 @@
+"""Sampling: each transform alone, and per-request seeds independent of batching."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_engine import LLM, SamplingParams
+from reference_engine.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, draw
+from tests.reference_engine.helpers import random_prompts
+
+
+def test_top_k_keeps_k_best():
+    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0]])
+    out = apply_top_k_top_p(logits, torch.tensor([2]), torch.tensor([1.0]))
+    assert torch.isfinite(out).nonzero()[:, 1].tolist() == [1, 3]
+
+
+def test_top_p_keeps_smallest_nucleus():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = apply_top_k_top_p(probs.log(), torch.tensor([-1]), torch.tensor([0.8]))
+    assert torch.isfinite(out).nonzero()[:, 1].tolist() == [0, 1]  # 0.5 + 0.3 reaches 0.8
+    out = apply_top_k_top_p(probs.log(), torch.tensor([-1]), torch.tensor([0.01]))
+    assert torch.isfinite(out).nonzero()[:, 1].tolist() == [0]  # always keeps the best token
+
+
+def test_min_p_drops_tokens_below_fraction_of_best():
+    probs = torch.tensor([[0.6, 0.3, 0.08, 0.02]])
+    out = apply_min_p(probs.log(), torch.tensor([0.1]))  # threshold 0.06
+    assert torch.isfinite(out).nonzero()[:, 1].tolist() == [0, 1, 2]
+
+
+def test_penalties():
+    from reference_engine.sampler import SamplingBatch
+
+    logits = torch.tensor([[2.0, -2.0, 1.0, 1.0]])
+    one = lambda v: torch.tensor([v])  # noqa: E731
+    b = SamplingBatch(one(1.0), one(-1), one(1.0), one(0.0), one(2.0), one(0.5), one(0.25),
+                      prompt_ids=[[0]], output_ids=[[1, 2, 2]], generators=[None], num_logprobs=[None],
+                      all_greedy=False)
+    out = apply_penalties(logits, b)
+    # token 0: in prompt, positive -> /2; token 1: output once, negative -> *2, -0.25 -0.5;
+    # token 2: output twice -> /2 - 0.5 - 0.5; token 3 untouched
+    assert out.tolist() == [[1.0, -4.75, -0.5, 1.0]]
+
+
+def test_draw_follows_the_distribution():
+    probs = torch.tensor([[0.7, 0.2, 0.1]]).repeat(20000, 1)
+    ids = draw(probs, [None] * len(probs), torch.Generator().manual_seed(0))
+    freq = torch.bincount(ids, minlength=3).float() / len(ids)
+    assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.02)
+
+
+@pytest.mark.slow
+def test_seed_gives_same_tokens_alone_or_in_a_batch_of_32(tiny_llama):
+    llm = LLM(str(tiny_llama))
+    prompts = random_prompts(llm.engine.model_config.vocab_size, 32, 5, 40, seed=1)
+    params = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    [alone] = llm.generate([prompts[7]], params)
+    others = [SamplingParams(max_tokens=24, temperature=0.8, seed=i, ignore_eos=True) for i in range(32)]
+    others[7] = params
+    batched = llm.generate(prompts, others)
+    assert batched[7].token_ids == alone.token_ids
+    [other_seed] = llm.generate([prompts[7]], SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95,
+                                                             top_k=50, seed=4321, ignore_eos=True))
+    assert other_seed.token_ids != alone.token_ids
+    [again] = llm.generate([prompts[7]], params)
+    assert again.token_ids == alone.token_ids
+
+
+def test_unseeded_sampling_varies_and_respects_top_k_1(tiny_llama):
+    llm = LLM(str(tiny_llama))
+    prompt = [[20, 21, 22, 23]]
+    greedy = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0].token_ids
+    topk1 = llm.generate(prompt, SamplingParams(max_tokens=12, temperature=1.5, top_k=1, ignore_eos=True))[0].token_ids
+    assert topk1 == greedy
+    runs = {tuple(llm.generate(prompt, SamplingParams(max_tokens=12, temperature=2.0, ignore_eos=True))[0].token_ids)
+            for _ in range(4)}
+    assert len(runs) > 1
