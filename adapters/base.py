@@ -21,6 +21,26 @@ class EngineUnavailable(RuntimeError):
     """The engine's package or launcher is missing; the message says what to install."""
 
 
+class RequestError(RuntimeError):
+    """One request failed inside the engine or its server (HTTP error status, an error
+    object in the stream, a dropped connection); the message says which and why.
+    `generate()` raises it; the engine itself may still serve other requests."""
+
+
+# Placeholder id for a token an engine streamed as text only (no ids): adapters append one
+# per token they count, so TTFT/ITL still see a token-bearing event; agreement checks
+# and re-tokenized cross-checks must skip requests that contain it.
+UNKNOWN_TOKEN_ID = -1
+
+
+def check_options(engine: str, options: dict[str, Any], known: set[str] | frozenset[str]) -> None:
+    """Raise ValueError naming an unknown adapter option (a typo in `engine_options`)."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"engine {engine!r}: unknown option(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(known))}")
+
+
 @dataclass
 class SamplingConfig:
     temperature: float = 0.0

@@ -1,5 +1,8 @@
-"""Session-wide fixtures: tiny random-weight models, made once per test session."""
+"""Shared fixtures: tiny random-weight HF-format models, made once per test session."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -8,30 +11,33 @@ from reference_engine.make_model import make_model
 
 @pytest.fixture(scope="session")
 def make_tiny(tmp_path_factory):
-    """make_tiny(family="llama", seed=0, **config_overrides) -> Path, cached by its arguments."""
-    cache: dict = {}
+    """`make_tiny(family="llama", seed=0, **config_overrides) -> Path`; one directory per distinct argument set.
 
-    def make(family: str = "llama", seed: int = 0, **overrides):
-        key = (family, seed, repr(sorted(overrides.items())))
-        if key not in cache:
+    The directories are shared by every test of the session: treat them as read-only.
+    """
+    made: dict[str, Path] = {}
+
+    def make(family: str = "llama", seed: int = 0, **overrides) -> Path:
+        key = json.dumps([family, seed, overrides], sort_keys=True)
+        if key not in made:
             out = tmp_path_factory.mktemp(f"tiny-{family}-{seed}")
-            cache[key] = make_model(out, preset="tiny", family=family, seed=seed,
-                                    config_overrides=overrides or None, force=True)
-        return cache[key]
+            made[key] = make_model(out, preset="tiny", family=family, seed=seed,
+                                   config_overrides=overrides or None)
+        return made[key]
 
     return make
 
 
 @pytest.fixture(scope="session")
-def tiny_llama(make_tiny):
+def tiny_llama(make_tiny) -> Path:
     return make_tiny("llama")
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen2(make_tiny):
+def tiny_qwen2(make_tiny) -> Path:
     return make_tiny("qwen2")
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3(make_tiny):
+def tiny_qwen3(make_tiny) -> Path:
     return make_tiny("qwen3")

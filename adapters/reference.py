@@ -1,0 +1,115 @@
+"""The reference engine, in the harness's own process or behind `inferlab serve`.
+
+Options: `mode` = "in_process" (default) | "server" | "attach", plus the engine knobs in
+`KNOBS` (passed to `EngineConfig` in-process; server mode takes `SERVER_KNOBS` as flags).
+
+in_process shares the harness's interpreter: the engine's step loop and the load
+generator take turns holding the GIL, so the client perturbs the engine it measures.
+Use it for offline throughput only; latency comparisons use mode = "server"
+(see `adapters/reference_server.py`), where the engine runs in a process of its own.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
+                           TokenEvent, check_options)
+from adapters.serving import ModalEngine
+
+KNOBS = ("block_size", "kv_cache_tokens", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
+         "max_model_len", "enable_chunked_prefill", "attention_backend", "device", "seed")
+# The knobs `inferlab serve` takes as flags (max_waiting: requests beyond it get 503).
+SERVER_KNOBS = ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                "device", "seed", "max_waiting")
+
+
+class ReferenceEngine(ModalEngine):
+    """Modes: "in_process" (default), "server" (launch `inferlab serve`), "attach"
+    (`url` of a running `inferlab serve`). See `adapters.serving` for the server options."""
+
+    name = "reference"
+    IMPLS = {"in_process": "adapters.reference:ReferenceInProcess",
+             "server": "adapters.reference_server:ReferenceServer",
+             "attach": "adapters.reference_server:ReferenceServer"}
+
+    def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
+        options = dict(options or {})
+        options.setdefault("mode", "attach" if options.get("url") else "in_process")
+        super().__init__(model, dtype, options)
+
+
+def to_sampling_params(request: GenerationRequest):
+    """The harness's SamplingConfig as the reference engine's SamplingParams (ValueError on bad values)."""
+    from reference_engine import SamplingParams
+
+    s = request.sampling
+    return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                          min_p=s.min_p, seed=s.seed, stop=list(s.stop), ignore_eos=s.ignore_eos)
+
+
+class ReferenceInProcess(Engine):
+    """`reference_engine.AsyncEngine` in this interpreter (its model steps run in a worker thread)."""
+
+    name = "reference"
+
+    def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
+        super().__init__(model, dtype, options)
+        check_options(self.name, self.options, set(KNOBS))
+        self.engine = None
+        self.info: EngineInfo | None = None
+
+    async def start(self) -> EngineInfo:
+        if self.info is not None:
+            return self.info
+        try:
+            from reference_engine import AsyncEngine, EngineConfig
+        except ImportError as e:  # torch missing: the reference engine is a core dependency
+            raise EngineUnavailable(f"the reference engine cannot be imported ({e}); pip install inferlab") from e
+        self.engine = AsyncEngine(EngineConfig(model=self.model, dtype=self.dtype, **self.options))
+        await self.engine.start()
+        st = self.engine.stats()
+        knobs = {k: getattr(self.engine.config, k) for k in KNOBS if hasattr(self.engine.config, k)}
+        knobs["max_model_len"] = self.engine.max_model_len
+        self.info = EngineInfo(engine=self.name, version=self.engine.version,
+                               model=self.engine.model_name, dtype=self.dtype,
+                               kv_capacity_tokens=st.kv_capacity_tokens, block_size=st.block_size, knobs=knobs,
+                               mode="in_process", pid=None)
+        return self.info
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        if self.engine is None:
+            raise RuntimeError("engine 'reference': call start() before generate()")
+        rid = request.request_id
+        # AsyncEngine.generate aborts the request if our consumer leaves early
+        async for d in self.engine.generate(list(request.prompt_token_ids), to_sampling_params(request), rid):
+            recv_ns = time.perf_counter_ns()
+            if d.finished:
+                yield TokenEvent(rid, d.new_token_ids, d.text_delta, recv_ns, True, d.finish_reason,
+                                 d.num_prompt_tokens, d.num_output_tokens)
+            else:
+                yield TokenEvent(rid, d.new_token_ids, d.text_delta, recv_ns)
+
+    async def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            self.engine.abort(request_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        return bool(self.engine.reset_prefix_cache()) if self.engine is not None else False
+
+    async def snapshot(self) -> MemorySnapshot:
+        snap = MemorySnapshot(t_ns=time.perf_counter_ns())
+        if self.engine is None:
+            return snap
+        st = self.engine.stats()
+        snap.kv_used_tokens = st.kv_used_blocks * st.block_size
+        snap.kv_capacity_tokens = st.kv_capacity_tokens
+        snap.kv_usage = st.kv_usage
+        snap.num_running, snap.num_waiting = st.num_running, st.num_waiting
+        snap.extra = {"num_preemptions_total": st.num_preemptions_total}
+        return snap
+
+    async def stop(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await engine.shutdown()

@@ -1,0 +1,98 @@
+"""Every registered engine name resolves to an adapter whose import pulls in no engine
+package, and whose start() either works or fails with one line saying what to install."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from adapters import registry
+from adapters.base import Engine
+
+HEAVY = ("torch", "transformers", "vllm", "sglang", "tensorrt_llm")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_python(code: str, cwd: Path | None = None, timeout: int = 300) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=timeout, cwd=cwd, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(KeyError) as err:
+        registry.get("vllmm")
+    assert "unknown engine 'vllmm'" in str(err.value)
+    assert all(name in str(err.value) for name in registry.names())
+
+
+def test_importing_every_adapter_imports_no_engine_package():
+    out = run_python(f"""
+        import json, sys
+        from adapters import registry
+        classes = {{name: registry.get(name).__name__ for name in registry.names()}}
+        print(json.dumps([classes, [m for m in {HEAVY!r} if m in sys.modules]]))
+    """)
+    classes, heavy = json.loads(out)
+    assert set(classes) == set(registry.names()) and heavy == []
+
+
+@pytest.fixture(scope="module")
+def outcomes(tiny_llama, tmp_path_factory):
+    """Each adapter constructed with default options and started, in an interpreter where
+    transformers, vLLM, SGLang and TensorRT-LLM cannot be imported, run outside the repo (so
+    no ./.venv-vllm is found as a default launcher): name -> [outcome, message]."""
+    blocked = [m for m in HEAVY if m != "torch"]
+    out = run_python(f"""
+        import asyncio, json, sys
+        for m in {blocked!r}:
+            sys.modules[m] = None  # as if the package were not installed
+        from adapters import registry
+        from adapters.base import EngineUnavailable
+
+        async def one(name):
+            engine = registry.get(name)({str(tiny_llama)!r}, "float32", {{}})
+            try:
+                await engine.start()
+            except EngineUnavailable as e:
+                return ["unavailable", str(e)]
+            except ValueError as e:
+                return ["config", str(e)]
+            await engine.stop()
+            return ["started", ""]
+
+        def outcome(name):
+            try:
+                return asyncio.run(one(name))
+            except Exception as e:  # reported per name, so one broken adapter fails only its test
+                return ["error", repr(e)]
+
+        print(json.dumps({{name: outcome(name) for name in registry.names()}}))
+    """, cwd=tmp_path_factory.mktemp("elsewhere"))
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_start_works_or_names_what_to_install(outcomes, name):
+    kind, message = outcomes[name]
+    expected = {"reference": "started", "openai": "config"}.get(name, "unavailable")
+    assert kind == expected, (name, kind, message)
+    if kind == "unavailable":
+        assert "install" in message and "\n" not in message.strip(), message
+    if name == "hf":
+        assert "pip install 'inferlab[hf]'" in message
+    if name == "openai":
+        assert "needs option url" in message
+
+
+def test_every_adapter_is_an_engine():
+    for name in registry.names():
+        cls = registry.get(name)
+        assert issubclass(cls, Engine) and cls.name == name, name
