@@ -21,11 +21,13 @@ vllm:
 demo: setup
 	$(BIN)/inferlab run experiments/configs/quickstart.toml
 
+# One torch thread per process in tests: servers and clients share 2 cores, and spinning
+# OpenMP threads of one process slow the others by an order of magnitude.
 test: setup
-	$(BIN)/pytest -q -rs
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -q -rs
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow"
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) .venv-vllm models .pytest_cache
