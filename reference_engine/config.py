@@ -93,6 +93,7 @@ class ModelConfig:
     attention_bias: bool  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool  # RMSNorm on q and k per head before RoPE (Qwen3)
     torch_dtype: str = "float32"
+    sliding_window: int | None = None  # Mistral-style; we cap the context at it (full = sliding there)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -127,6 +128,7 @@ class ModelConfig:
             if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
                 scaling = None
             eos = raw.get("eos_token_id")
+            window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
             return cls(
                 architecture=arch,
                 family=family,
@@ -145,6 +147,7 @@ class ModelConfig:
                 attention_bias=bool(raw.get("attention_bias", family == "qwen2")),
                 qk_norm=family == "qwen3",
                 torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+                sliding_window=int(window) if window else None,
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             )

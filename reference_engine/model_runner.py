@@ -39,7 +39,9 @@ class ModelRunner:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         mcfg = ModelConfig.from_dir(cfg.model)
-        self.max_model_len = min(cfg.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
+        # Within a sliding window, sliding attention equals full attention: cap the context there.
+        limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
+        self.max_model_len = min(cfg.max_model_len or limit, limit)
         self.model, self.model_config = load_model(cfg.model, self.dtype, self.device, self.max_model_len)
         num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len)
         self.pool = BlockPool(num_blocks, cfg.block_size)

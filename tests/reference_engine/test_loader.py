@@ -65,3 +65,12 @@ def test_half_precision_runs_and_mostly_agrees(tiny_llama, dtype):
     assert llm.engine.runner.kv_cache[0][0].dtype == getattr(torch, dtype)
     outs = llm.generate(prompts, GREEDY)
     assert sum(o.token_ids[0] == r.token_ids[0] for o, r in zip(outs, ref)) >= 3
+
+
+def test_mistral_sliding_window_caps_the_context(make_tiny):
+    model_dir = make_tiny("llama", seed=0, architectures=["MistralForCausalLM"], model_type="mistral",
+                          sliding_window=96)
+    llm = LLM(str(model_dir))
+    assert llm.engine.max_model_len == 96
+    with pytest.raises(ValueError, match="context length of 96"):
+        llm.generate([list(range(10, 100))], SamplingParams(max_tokens=10))
