@@ -1,0 +1,98 @@
+"""How far from the hardware: an *estimate* of the memory bandwidth a decode step achieves,
+beside the machine's peak measured in the same run.
+
+    bytes per decode step = weight bytes (every weight read once)
+                          + running sequences x mean context tokens x KV bytes per token
+    achieved bandwidth    = bytes per decode step / TPOT (median, seconds)
+
+KV bytes per token = 2 (K and V) x layers x KV heads x head dim x dtype bytes, from the
+model's config.json; weight bytes = parameter count (from the safetensors headers) x dtype
+bytes. It ignores activations, the sampler, and launch overheads, so it is a lower bound on
+what the step really moved and an upper bound on how efficient the step was.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FORMULA = ("achieved GB/s = (weight bytes + running seqs x mean context x KV bytes/token) / median TPOT; "
+           "KV bytes/token = 2 x layers x kv_heads x head_dim x dtype bytes")
+
+
+def param_count(model_dir: str | Path) -> int:
+    """Sum of tensor sizes in the model's safetensors files (header only; no weights read)."""
+    total = 0
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors in {model_dir}")
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                total += int(np.prod(t["shape"], dtype=np.int64))
+    return total
+
+
+def model_shape(model_dir: str | Path, dtype: str) -> dict[str, Any]:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    b, params = DTYPE_BYTES[dtype], param_count(model_dir)
+    return {"params": params, "weight_bytes": params * b,
+            "kv_bytes_per_token": 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * b,
+            "layers": cfg["num_hidden_layers"], "kv_heads": kv_heads, "head_dim": head_dim, "dtype_bytes": b}
+
+
+def decode_estimate(shape: dict[str, Any], tpot_ms: float | None, running: float | None,
+                    mean_context: float) -> dict[str, Any]:
+    """Bytes per decode step and achieved GB/s; None when TPOT is unknown."""
+    running = running or 1.0
+    step_bytes = shape["weight_bytes"] + running * mean_context * shape["kv_bytes_per_token"]
+    gbps = step_bytes / (tpot_ms / 1e3) / 1e9 if tpot_ms else None
+    return {"step_bytes": step_bytes, "running_seqs": running, "mean_context": mean_context,
+            "tpot_ms": tpot_ms, "achieved_gbps": gbps}
+
+
+def peak_copy_gbps(size_mb: int = 128, repeats: int = 3) -> dict[str, Any]:
+    """Measured peak: best-of-N large copy (bytes read + bytes written) / time, on the CPU with
+    numpy and, when torch sees a GPU, on the GPU with torch."""
+    n = size_mb * (1 << 20) // 8
+    src, dst = np.ones(n), np.empty(n)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    out: dict[str, Any] = {"cpu_gbps": 2 * src.nbytes / best / 1e9, "size_mb": size_mb, "gpu_gbps": None}
+    del src, dst
+    if not Path("/dev/nvidia0").exists() and "torch" not in sys.modules:
+        return out  # no GPU here: do not pay for importing torch
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            a = torch.ones(n, device="cuda", dtype=torch.float64)
+            b = torch.empty_like(a)
+
+            def copy() -> None:
+                b.copy_(a)
+                torch.cuda.synchronize()
+
+            copy()
+            out["gpu_gbps"] = 2 * a.numel() * 8 / min(_timed(copy) for _ in range(repeats)) / 1e9
+            del a, b
+    except Exception:  # no torch / no GPU: CPU peak only
+        pass
+    return out
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

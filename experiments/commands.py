@@ -1,0 +1,135 @@
+"""`inferlab run | report | list-engines` (routed here by experiments/cli.py).
+
+Exit codes: 0 all engines ok; 1 an engine failed mid-run (see its manifest's reason;
+`--resume` completes it); 2 a config/usage problem or a required engine is not installed
+(one line on stderr saying what to fix).
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from experiments.config import ConfigError, load
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kw) -> None:
+        super().__init__(allow_abbrev=False, **kw)
+
+    def error(self, message: str) -> None:  # argparse's own usage errors: one line, exit 2
+        print(f"inferlab {self.prog.split()[-1]}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _fail(msg: str) -> int:
+    print(f"inferlab: {msg}", file=sys.stderr)
+    return 2
+
+
+def _ensure_model(cfg) -> None:
+    if Path(cfg.model).is_dir() or cfg.make_model is None:
+        return
+    from reference_engine.make_model import make_model
+
+    print(f"inferlab: making model {cfg.model} ({cfg.make_model.family}, {cfg.make_model.preset})", file=sys.stderr)
+    make_model(cfg.model, preset=cfg.make_model.preset, family=cfg.make_model.family, seed=cfg.make_model.seed)
+
+
+def run_main(argv: list[str]) -> int:
+    p = _Parser(prog="inferlab run", description="run an experiment config and write results/<name>/report.md")
+    p.add_argument("config")
+    p.add_argument("--engine", help="run only this engine (overrides the config's engine list); the other "
+                                    "engines' folders in the run are kept, so the report still compares them")
+    p.add_argument("--resume", action="store_true", help="send only the requests missing from requests.jsonl")
+    p.add_argument("--out", default="results", help="results root (default: results)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        cfg = load(a.config, engine=a.engine)
+    except ConfigError as e:
+        return _fail(str(e))
+
+    from experiments import bandwidth, workloads
+    from experiments.progress import Progress
+    from experiments.report import build
+    from experiments.runner import Plan, build_engine, run_engine
+
+    try:
+        _ensure_model(cfg)
+        items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+    except (ValueError, OSError) as e:
+        return _fail(f"{a.config}: {e}")
+    run_dir = Path(a.out) / cfg.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    engines = {}
+    for name in cfg.all_engines():
+        try:
+            engines[name] = build_engine(cfg, name, run_dir / name)
+        except (ValueError, TypeError) as e:
+            return _fail(f"{a.config}: engine_options.{name}: {e}")
+    shutil.copyfile(a.config, run_dir / "config.toml")
+    # the run folder describes the whole comparison; `--engine` only refreshes one column of it
+    (run_dir / "config.json").write_text((load(a.config) if a.engine else cfg).model_dump_json(indent=2))
+    plan = Plan(cfg, run_dir, items, warm, bandwidth.peak_copy_gbps(), resume=a.resume,
+                progress=Progress(False if a.no_progress else None))
+    statuses: dict[str, str] = {}
+    # SIGTERM unwinds like Ctrl-C, so every started engine (and its server tree) is stopped
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main else None
+    try:
+        with plan.progress:
+            for name, (engine, options, kv_pinned) in engines.items():
+                statuses[name] = run_engine(plan, name, engine, options, kv_pinned)
+                why = _reason(run_dir, name)
+                plan.progress.note(f"{name}: {statuses[name]}" + (f" ({why})" if why else ""))
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    report = build([run_dir], run_dir)
+    print(f"inferlab: report written to {report}", file=sys.stderr)
+    missing = [n for n, s in statuses.items() if s == "unavailable" and n in cfg.engine_list()]
+    if missing:
+        return _fail("; ".join(_reason(run_dir, n) or f"engine {n!r} is not available" for n in missing))
+    return 1 if "failed" in statuses.values() else 0
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _reason(run_dir: Path, name: str) -> str:
+    from experiments.results import EngineDir
+
+    m = EngineDir(run_dir, name).read("manifest.json") or {}
+    return " ".join(str(m.get("reason") or "").split())  # one line
+
+
+def report_main(argv: list[str]) -> int:
+    p = _Parser(prog="inferlab report", description="rebuild a run's report, or merge runs into one comparison")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="where to write the merged report (default: the run folder itself, for one run; "
+                                 "results/merged for several)")
+    a = p.parse_args(argv)
+    dirs = [Path(d) for d in a.run_dirs]
+    for d in dirs:
+        if not (d / "config.json").is_file():
+            return _fail(f"{d} is not a run folder (no config.json)")
+    out = Path(a.out) if a.out else (dirs[0] if len(dirs) == 1 else Path("results/merged"))
+    from experiments.report import build
+
+    print(f"inferlab: report written to {build(dirs, out)}", file=sys.stderr)
+    return 0
+
+
+def list_engines_main(argv: list[str]) -> int:
+    from adapters import registry
+
+    if argv:
+        return _fail("list-engines takes no arguments")
+    for name, target in registry.ADAPTERS.items():
+        print(f"{name:<10} {target}")
+    return 0

@@ -1,0 +1,213 @@
+"""Experiment configs: TOML files validated with pydantic.
+
+Invariants: every table forbids unknown keys; a config that loads is runnable as far
+as can be checked without starting an engine (model directory exists or `make_model`
+is set, engine names are registered). `ConfigError` carries one line for the user.
+Relative paths resolve against the current working directory.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from adapters import registry
+
+
+class ConfigError(ValueError):
+    """A config problem, worded as one line for the user."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+IntOrRange = int | tuple[int, int]  # fixed length, or inclusive uniform range [lo, hi]
+
+
+def _check_len(v: IntOrRange, what: str) -> IntOrRange:
+    lo, hi = (v, v) if isinstance(v, int) else v
+    if lo < 1 or hi < lo:
+        raise ValueError(f"{what} must be >= 1 (a range must be [lo, hi] with 1 <= lo <= hi), got {v}")
+    return v
+
+
+class MakeModel(_Strict):
+    preset: str = "tiny"
+    family: str = "llama"
+    seed: int = 0
+
+
+class Workload(_Strict):
+    """What is sent. `kind` picks the generator; lengths are in tokens."""
+
+    kind: Literal["random", "shared_prefix", "sharegpt", "multi_turn"] = "random"
+    num_requests: int = Field(16, ge=1)
+    input_len: IntOrRange = 64
+    output_len: IntOrRange = 32
+    seed: int = 0
+    # shared_prefix: num_prefixes groups x (num_requests / num_prefixes) suffixes of input_len
+    num_prefixes: int = Field(4, ge=1)
+    prefix_len: int = Field(32, ge=1)
+    # sharegpt: a ShareGPT-format JSON file; output length from the answer unless fixed_output
+    path: str | None = None
+    fixed_output: bool = True
+    max_input_len: int = Field(1024, ge=1)
+    # multi_turn: num_requests conversations of `turns` turns; each turn adds input_len user tokens
+    turns: int = Field(3, ge=1)
+
+    @field_validator("input_len", "output_len")
+    @classmethod
+    def _lens(cls, v: IntOrRange, info: Any) -> IntOrRange:
+        return _check_len(v, info.field_name)
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> "Workload":
+        if self.kind == "sharegpt" and not self.path:
+            raise ValueError("workload.kind = 'sharegpt' needs workload.path (a ShareGPT JSON file)")
+        if self.kind == "sharegpt" and not Path(self.path).is_file():
+            raise ValueError(f"workload.path {self.path!r} is not a file")
+        return self
+
+
+class Load(_Strict):
+    """How it is sent. Closed loop: at most `concurrency` in flight. Open loop: arrivals at
+    `rate` req/s (Poisson when burstiness = 1, gamma otherwise; "inf" sends all at once).
+    A list sweeps; each level reruns the same requests after its own warm-up."""
+
+    mode: Literal["closed", "open"] = "closed"
+    concurrency: list[int] = [1]
+    rate: list[float] = [math.inf]
+    burstiness: float = Field(1.0, gt=0)
+    warmup: int = Field(2, ge=0)
+    seed: int = 0
+    timeout_s: float = Field(600.0, gt=0)  # per request: a stuck engine fails the run instead of hanging it
+
+    @field_validator("concurrency", "rate", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        v = v if isinstance(v, list) else [v]
+        return [math.inf if x in ("inf", "Infinity") else x for x in v]
+
+    @field_validator("concurrency")
+    @classmethod
+    def _conc(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 for c in v):
+            raise ValueError("load.concurrency must be a non-empty list of integers >= 1")
+        return v
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, v: list[float]) -> list[float]:
+        if not v or any(not r > 0 for r in v):
+            raise ValueError('load.rate must be a non-empty list of numbers > 0 (or "inf")')
+        return v
+
+    def levels(self) -> list[tuple[str, float]]:
+        """(name, value) per sweep level, e.g. ("concurrency", 4) or ("rate", inf)."""
+        return [("concurrency", c) for c in self.concurrency] if self.mode == "closed" else [("rate", r) for r in self.rate]
+
+
+class Sampling(_Strict):
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0, le=1)
+    seed: int | None = None
+    ignore_eos: bool = True
+    stop: list[str] = []
+
+
+class SLO(_Strict):
+    """Goodput counts requests meeting every SLO set here (milliseconds)."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
+
+
+class KV(_Strict):
+    tokens: int | None = Field(None, ge=1)  # the pinned KV budget, passed as option kv_cache_tokens
+
+
+class Config(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str
+    make_model: MakeModel | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    engine: str | None = None
+    engines: list[str] | None = None
+    optional_engines: list[str] = []  # run when installed; skipped with a note when unavailable
+    engine_options: dict[str, dict[str, Any]] = {}
+    # in-process adapters to run in a process of their own (experiments/isolate.py), so that
+    # their latency is measured without sharing the harness's interpreter
+    isolate: list[str] = []
+    workload: Workload = Workload()
+    load: Load = Load()
+    sampling: Sampling = Sampling()
+    slo: SLO = SLO()
+    kv: KV = KV()
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _engines(self) -> "Config":
+        if self.engine and self.engines:
+            raise ValueError("set either engine = \"...\" or engines = [...], not both")
+        names = self.engine_list() + ([] if self.engine else self.optional_engines)
+        if not names:
+            raise ValueError('no engine: set engine = "reference" or engines = ["reference", "hf"]')
+        for n in names + list(self.engine_options) + self.isolate:
+            if n not in registry.ADAPTERS:
+                raise ValueError(f"unknown engine {n!r}; known engines: {', '.join(registry.names())}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine listed twice in {names}")
+        if self.make_model is None and not Path(self.model).is_dir():
+            raise ValueError(f"model directory {self.model!r} does not exist (set make_model = {{...}} to create it)")
+        return self
+
+    def engine_list(self) -> list[str]:
+        """The required engines: `engine`, else `engines` (optional ones not included)."""
+        return [self.engine] if self.engine else list(self.engines or [])
+
+    def all_engines(self) -> list[str]:
+        return self.engine_list() + ([] if self.engine else [e for e in self.optional_engines
+                                                             if e not in self.engine_list()])
+
+    def digest(self) -> str:
+        """Hash of the validated config (what was run), for the manifest."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _one_line(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"
+
+
+def load(path: str | Path, engine: str | None = None) -> Config:
+    """Read and validate `path`; `engine` overrides the config's engine list with one engine."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {e}") from None
+    if engine is not None:
+        raw.pop("engines", None)
+        raw.pop("optional_engines", None)
+        raw["engine"] = engine
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{p}: {_one_line(e)}") from None

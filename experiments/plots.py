@@ -1,0 +1,96 @@
+"""PNG plots for the report (matplotlib, Agg backend: no display needed).
+
+Latency CDFs (one figure per metric, a line per engine and load level) and, per engine,
+output throughput and median TTFT against the swept concurrency or rate.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import numpy as np  # noqa: E402
+
+from experiments import metrics  # noqa: E402
+from experiments.summary import Runs  # noqa: E402
+
+CDF_METRICS = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms)", "itl_ms": "ITL (ms)", "e2el_ms": "E2EL (ms)"}
+
+
+def _values(recs: list[dict], key: str) -> np.ndarray:
+    rows = [metrics.per_request(r) for r in recs]
+    vals = [v for row in rows for v in row["itl_ms"]] if key == "itl_ms" else [row[key] for row in rows]
+    return np.sort(np.asarray([v for v in vals if v == v], dtype=float))
+
+
+def latency_cdfs(runs: Runs, out: Path) -> list[Path]:
+    paths = []
+    for key, label in CDF_METRICS.items():
+        fig, ax = plt.subplots(figsize=(6, 4))
+        drawn = 0
+        for e in runs.engines:
+            for level in runs.levels:
+                v = _values(e.records.get(level, []), key)
+                if v.size:
+                    tag = e.label if len(runs.levels) == 1 else f"{e.label} {level}"
+                    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=tag)
+                    drawn += 1
+        if drawn:
+            ax.set_xlabel(label)
+            ax.set_ylabel("fraction of " + ("tokens" if key == "itl_ms" else "requests"))
+            ax.set_title(f"{label.split()[0]} CDF")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            p = out / f"cdf_{key.removesuffix('_ms')}.png"
+            fig.tight_layout()
+            fig.savefig(p, dpi=100)
+            paths.append(p)
+        plt.close(fig)
+    return paths
+
+
+def _x(level: str) -> float:
+    v = float(level.partition("=")[2])
+    return v
+
+
+def sweep(runs: Runs, out: Path) -> list[Path]:
+    """Output throughput and median TTFT against the load level, one line per engine."""
+    if not runs.levels:
+        return []
+    kind = runs.levels[0].partition("=")[0]
+    levels = [lv for lv in runs.levels if lv.startswith(kind + "=")]
+    finite = [_x(lv) for lv in levels if math.isfinite(_x(lv))]
+    inf_at = (max(finite) * 2 if finite else 1.0)  # where rate=inf is drawn
+    paths = []
+    for key, ylabel, fname in (("output_throughput", "output tokens/s", "throughput"),
+                               ("ttft_median", "median TTFT (ms)", "ttft")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for e in runs.engines:
+            xs, ys = [], []
+            for lv in levels:
+                s = e.summary.get(lv)
+                if not s:
+                    continue
+                y = s["ttft_ms"]["median"] if key == "ttft_median" else s.get(key)
+                if y is not None:
+                    x = _x(lv)
+                    xs.append(x if math.isfinite(x) else inf_at)
+                    ys.append(y)
+            if xs:
+                ax.plot(xs, ys, marker="o", label=e.label)
+        ax.set_xlabel(kind + (" (rightmost point = inf)" if len(finite) < len(levels) else ""))
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel} vs {kind}")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        p = out / f"{fname}_vs_{kind}.png"
+        fig.tight_layout()
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        paths.append(p)
+    return paths

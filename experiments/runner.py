@@ -1,0 +1,184 @@
+"""Drives one engine at a time through every load level of a config: start, per level
+(reset prefix cache, warm-up, measured requests), stop.
+
+Invariants: engines never overlap (one `asyncio.run` per engine, stopped before the next
+starts); warm-up requests are never written to requests.jsonl; the first failed request
+stops that engine's run, which is then marked failed with the reason and can be
+completed with `--resume` (only requests missing from the JSONL are sent again).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from adapters import registry
+from adapters.base import Engine, EngineUnavailable
+from experiments.config import Config
+from experiments.isolate import Isolated
+from experiments.load import LoadGenerator, Outcome, arrivals, chains
+from experiments.memory import MemorySampler
+from experiments.progress import Progress
+from experiments.results import EngineDir, git_commit, hardware, record, versions
+from experiments.workloads import WorkItem
+
+
+@dataclass
+class Plan:
+    cfg: Config
+    run_dir: Path
+    items: list[WorkItem]
+    warm: list[WorkItem]
+    peak: dict[str, Any]
+    resume: bool = False
+    progress: Progress = field(default_factory=lambda: Progress(False))
+
+
+def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict[str, Any], bool]:
+    """The adapter with the config's options; the KV budget and a server log path are
+    offered too and dropped if this adapter rejects them. Returns (engine, options, kv_pinned).
+    A ValueError about the user's own options propagates (a config error)."""
+    cls = registry.get(name)
+    opts = dict(cfg.engine_options.get(name, {}))
+    offered: dict[str, Any] = {}
+    if cfg.kv.tokens is not None and "kv_cache_tokens" not in opts:
+        offered["kv_cache_tokens"] = cfg.kv.tokens
+    if opts.get("mode", "server") != "in_process" and "log_path" not in opts:
+        offered["log_path"] = str((engine_dir / "server.log").resolve())
+    model = str(Path(cfg.model).resolve())  # absolute: a server may run from another working directory
+    while True:
+        try:
+            engine = cls(model, cfg.dtype, {**opts, **offered})  # validates the options either way
+            if name in cfg.isolate:
+                engine = Isolated(registry.ADAPTERS[name], model, cfg.dtype, {**opts, **offered})
+            return engine, {**opts, **offered}, \
+                cfg.kv.tokens is not None and ("kv_cache_tokens" in offered or "kv_cache_tokens" in opts)
+        except ValueError as e:
+            rejected = [k for k in offered if k in str(e)]
+            if not rejected:
+                raise
+            for k in rejected:
+                offered.pop(k)
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class EngineRun:
+    def __init__(self, plan: Plan, name: str, session: int, previous: dict[str, Any] | None):
+        self.plan, self.name, self.session = plan, name, session
+        self.dir = EngineDir(plan.run_dir, name)
+        self.manifest: dict[str, Any] = previous or {}
+        self.done = self.dir.done_ids() if plan.resume else {}
+
+    def _save(self) -> None:
+        self.dir.write("manifest.json", self.manifest)
+
+    async def run(self, engine: Engine, options: dict[str, Any], kv_pinned: bool) -> str:
+        cfg, m = self.plan.cfg, self.manifest
+        m.update(engine=self.name, status="running", reason=None, options=options, kv_pinned=kv_pinned,
+                 sessions=self.session, config_hash=cfg.digest(), git_commit=git_commit(), packages=versions(),
+                 hardware=hardware(), peak_bandwidth=self.plan.peak, started_at=_now())
+        m.setdefault("levels", {})
+        self._save()
+        try:
+            info = await engine.start()
+        except EngineUnavailable as e:
+            m.update(status="unavailable", reason=str(e))
+            self._save()
+            return "unavailable"
+        except Exception as e:  # the engine could not start: a failed run, with why
+            m.update(status="failed", reason=f"start failed: {type(e).__name__}: {e}")
+            self._save()
+            await _quiet_stop(engine)
+            return "failed"
+        m["info"] = info.to_dict()
+        m["same_process"] = info.pid is None or info.pid == os.getpid()
+        self._save()
+        sampler = MemorySampler(engine, info.pid or os.getpid(), asyncio.get_running_loop()).start()
+        try:
+            for kind, value in cfg.load.levels():
+                failure = await self._level(engine, sampler, kind, value)
+                if failure:
+                    m.update(status="failed", reason=failure)
+                    return "failed"
+            m["status"] = "ok"
+            return "ok"
+        finally:
+            sampler.stop()
+            sampler.frame().to_csv(self.dir.path / f"memory-s{self.session}.csv", index=False)
+            m["finished_at"] = _now()
+            self._save()
+            self.dir.close()
+            await _quiet_stop(engine)
+
+    async def _level(self, engine: Engine, sampler: MemorySampler, kind: str, value: float) -> str | None:
+        cfg, plan = self.plan.cfg, self.plan
+        level = f"{kind}={value:g}"
+        done = self.done.get(level, set())
+        todo = [c for c in (list(filter(lambda it: it.request_id not in done, ch)) for ch in chains(plan.items)) if c]
+        if not todo:
+            return None
+        sampling = cfg.sampling.model_dump()
+        await engine.reset_prefix_cache()
+        warm = LoadGenerator(engine, sampling, lambda o: None, cfg.load.timeout_s)
+        await warm.closed([[w] for w in plan.warm], int(value) if kind == "concurrency" else len(plan.warm) or 1)
+        if warm.failure:
+            return f"warm-up failed: {warm.failure}"
+        start_idx = len(sampler.samples)
+        plan.progress.level(f"{self.name} {level}", sum(len(c) for c in todo))
+
+        def on_done(o: Outcome) -> None:
+            if o.ok:
+                self.dir.append(record(o, level, self.session))
+                plan.progress.done(len(o.token_ids))
+
+        gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
+        cpu0, loop0, t0 = _cpu_s(), time.thread_time(), time.perf_counter()
+        if kind == "concurrency":
+            await gen.closed(todo, int(value))
+        else:
+            await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed))
+        wall, cpu, loop_cpu = time.perf_counter() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
+        prev = self.manifest["levels"].get(level, {})
+        self.manifest["levels"][level] = {
+            "harness_cpu_s": prev.get("harness_cpu_s", 0.0) + cpu,
+            "harness_loop_cpu_s": prev.get("harness_loop_cpu_s", 0.0) + loop_cpu,
+            "wall_s": prev.get("wall_s", 0.0) + wall,
+            "sent": prev.get("sent", 0) + sum(len(c) for c in todo),
+            "memory": sampler.summary(start_idx),
+        }
+        self._save()
+        return gen.failure
+
+
+async def _quiet_stop(engine: Engine) -> None:
+    try:
+        await asyncio.wait_for(engine.stop(), timeout=60)
+    except Exception:  # stopping a dead engine may fail; the run's status already says why
+        pass
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_engine(plan: Plan, name: str, engine: Engine, options: dict[str, Any], kv_pinned: bool) -> str:
+    """Run one engine through all levels; returns its status (ok | failed | unavailable | skipped)."""
+    ed = EngineDir(plan.run_dir, name)
+    prev = ed.read("manifest.json") if plan.resume else None
+    if prev and prev.get("status") == "ok":
+        return "skipped"
+    if not plan.resume and ed.path.exists():
+        shutil.rmtree(ed.path)
+    session = (prev or {}).get("sessions", 0) + 1
+    er = EngineRun(plan, name, session, prev)
+    return asyncio.run(er.run(engine, options, kv_pinned))

@@ -1,0 +1,165 @@
+"""Turns run folders into per-engine, per-level summaries (written as summary.json).
+
+Invariants: everything here is recomputed from requests.jsonl + manifest.json, so a
+report can be rebuilt or merged at any time; nothing depends on the process that ran.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters.base import UNKNOWN_TOKEN_ID
+from experiments import bandwidth, metrics
+from experiments.results import EngineDir
+
+CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
+
+
+@dataclass
+class EngineResult:
+    label: str
+    name: str
+    run_dir: Path
+    manifest: dict[str, Any]
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # level -> records
+    summary: dict[str, dict[str, Any]] = field(default_factory=dict)  # level -> metrics
+
+
+@dataclass
+class Runs:
+    configs: list[tuple[Path, dict[str, Any], str]]  # (run dir, config.json, config.toml text)
+    engines: list[EngineResult]
+    levels: list[str]
+
+    @property
+    def baseline(self) -> EngineResult | None:
+        ok = [e for e in self.engines if e.records]
+        return next((e for e in ok if e.name == "reference"), ok[0] if ok else None)
+
+
+def load_runs(dirs: list[Path]) -> Runs:
+    configs, engines, levels = [], [], []
+    for d in dirs:
+        cfg = json.loads((d / "config.json").read_text())
+        toml = (d / "config.toml").read_text() if (d / "config.toml").is_file() else ""
+        configs.append((d, cfg, toml))
+        order = [e for e in (cfg.get("engine"),) if e] or list(cfg.get("engines") or [])
+        order += [e for e in cfg.get("optional_engines", []) if e not in order]
+        present = sorted(p.name for p in d.iterdir() if (p / "manifest.json").is_file())
+        for name in [e for e in order if e in present] + [e for e in present if e not in order]:
+            ed = EngineDir(d, name)
+            res = EngineResult(name, name, d, ed.read("manifest.json") or {})
+            for r in ed.records():
+                res.records.setdefault(r["level"], []).append(r)
+                if r["level"] not in levels:
+                    levels.append(r["level"])
+            engines.append(res)
+    names = [e.name for e in engines]
+    for e in engines:
+        if names.count(e.name) > 1:
+            e.label = f"{e.name}@{e.run_dir.name}"
+    return Runs(configs, engines, _sort_levels(levels))
+
+
+def _sort_levels(levels: list[str]) -> list[str]:
+    def key(lv: str) -> tuple[str, float]:
+        kind, _, v = lv.partition("=")
+        return kind, float(v)
+
+    return sorted(levels, key=key)
+
+
+def _retokenizer(model: str):
+    try:
+        from experiments.workloads import load_tokenizer
+
+        tok = load_tokenizer(model)
+    except Exception:  # model folder gone or unreadable: skip the cross-check
+        return None
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _has_unknown(rec: dict[str, Any]) -> bool:
+    return UNKNOWN_TOKEN_ID in rec["output_token_ids"]
+
+
+def summarize(runs: Runs) -> None:
+    """Fill every EngineResult.summary and write it to the engine's summary.json."""
+    shapes: dict[tuple[str, str], dict[str, Any] | None] = {}
+    retok: dict[str, Any] = {}
+    for e in runs.engines:
+        cfg = next(c for d, c, _ in runs.configs if d == e.run_dir)
+        model, dtype = cfg["model"], cfg["dtype"]
+        if model not in retok:
+            retok[model] = _retokenizer(model)
+        if (model, dtype) not in shapes:
+            try:
+                shapes[(model, dtype)] = bandwidth.model_shape(model, dtype)
+            except (OSError, ValueError, KeyError):
+                shapes[(model, dtype)] = None
+        for level, recs in e.records.items():
+            known = [r for r in recs if not _has_unknown(r)]
+            # placeholder ids (text-only engines) make a re-tokenized count meaningless
+            s = metrics.summarize(recs, cfg.get("slo") or {}, retok[model] if len(known) == len(recs) else None)
+            lv = e.manifest.get("levels", {}).get(level, {})
+            s["memory"] = lv.get("memory", {})
+            s["harness"] = _harness(lv, e.manifest)
+            s["bandwidth"] = _bandwidth(shapes[(model, dtype)], s, level, recs)
+            e.summary[level] = s
+        EngineDir(e.run_dir, e.name).write("summary.json", {"engine": e.name, "status": e.manifest.get("status"),
+                                                            "levels": e.summary})
+
+
+def _harness(lv: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    wall, cpu, sent = lv.get("wall_s"), lv.get("harness_cpu_s"), lv.get("sent")
+    share = cpu / wall if wall else None
+    same = manifest.get("same_process", False)
+    warn = None
+    if same:
+        warn = "engine ran inside the harness's interpreter: latency is perturbed and the CPU figure includes the engine"
+    elif share is not None and share > CPU_SHARE_WARN:
+        warn = f"the harness used {share:.0%} of a core; on a small machine that can slow the engine it measures"
+    return {"cpu_s": cpu, "wall_s": wall, "core_share": share,
+            "cpu_ms_per_request": cpu / sent * 1e3 if cpu is not None and sent else None, "warning": warn}
+
+
+def _bandwidth(shape: dict[str, Any] | None, s: dict[str, Any], level: str, recs: list[dict[str, Any]]) -> dict:
+    if shape is None:
+        return {}
+    kind, _, v = level.partition("=")
+    running = s["memory"].get("mean_num_running")
+    if not running:  # the engine did not report its batch: the client-side bound
+        running = min(float(v), len(recs)) if kind == "concurrency" else None
+    ctx = s["prompt_tokens"] / len(recs) + s["output_tokens"] / len(recs) / 2
+    return {**bandwidth.decode_estimate(shape, s["tpot_ms"]["median"], running, ctx),
+            "weight_bytes": shape["weight_bytes"], "kv_bytes_per_token": shape["kv_bytes_per_token"]}
+
+
+def agreement(runs: Runs) -> dict[str, dict[str, dict[str, Any]]]:
+    """label -> level -> greedy-token agreement against the baseline engine."""
+    base = runs.baseline
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    if base is None:
+        return out
+    for e in runs.engines:
+        if e is base or not e.records:
+            continue
+        for level in runs.levels:
+            a = {r["request_id"]: r["output_token_ids"] for r in base.records.get(level, []) if not _has_unknown(r)}
+            b = {r["request_id"]: r["output_token_ids"] for r in e.records.get(level, []) if not _has_unknown(r)}
+            out.setdefault(e.label, {})[level] = metrics.agreement(a, b)
+    return out
+
+
+def same_prompts(runs: Runs) -> bool | None:
+    """True when every engine got the identical prompt token ids for every common request."""
+    seen: dict[tuple[str, str], list[int]] = {}
+    for e in runs.engines:
+        for level, recs in e.records.items():
+            for r in recs:
+                k = (level, r["request_id"])
+                if seen.setdefault(k, r["prompt_token_ids"]) != r["prompt_token_ids"]:
+                    return False
+    return True if seen else None

@@ -1,0 +1,139 @@
+"""Workloads: the token-exact requests every engine in a comparison receives.
+
+Invariants: a workload is a pure function of (config, tokenizer.json): the same seed
+gives the same prompt token ids, so every engine gets identical prompts. Random prompts
+never contain special-token ids. Each item fits the model's context (prompt + output
+<= max_position_embeddings). Multi-turn items name the turn they follow (`after`): turn
+k's prompt is turn k-1's prompt + a fixed synthetic answer + new user tokens, so later
+turns extend earlier ones token for token, independent of what any engine generated.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from experiments.config import IntOrRange, Workload
+
+
+@dataclass
+class WorkItem:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_len: int
+    after: str | None = None  # multi-turn: the request that must finish before this one is sent
+
+
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(f"no tokenizer.json in model directory {model_dir}")
+    return Tokenizer.from_file(str(path))
+
+
+def context_len(model_dir: str | Path) -> int | None:
+    cfg = Path(model_dir) / "config.json"
+    return json.loads(cfg.read_text()).get("max_position_embeddings") if cfg.is_file() else None
+
+
+def normal_ids(tok: Tokenizer) -> np.ndarray:
+    """Token ids that are safe to put in random prompts: everything but special tokens."""
+    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    return np.array([i for i in range(tok.get_vocab_size(with_added_tokens=True)) if i not in special])
+
+
+def _len(rng: np.random.Generator, spec: IntOrRange) -> int:
+    return spec if isinstance(spec, int) else int(rng.integers(spec[0], spec[1] + 1))
+
+
+def _tokens(rng: np.random.Generator, pool: np.ndarray, n: int) -> list[int]:
+    return [int(x) for x in rng.choice(pool, size=n)]
+
+
+def random_items(tok: Tokenizer, w: Workload, n: int, seed: int, prefix: str = "r") -> list[WorkItem]:
+    rng, pool = np.random.default_rng(seed), normal_ids(tok)
+    out = []
+    for i in range(n):
+        ilen, olen = _len(rng, w.input_len), _len(rng, w.output_len)
+        out.append(WorkItem(f"{prefix}{i:04d}", _tokens(rng, pool, ilen), olen))
+    return out
+
+
+def shared_prefix_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
+    """num_prefixes groups; request i uses prefix i % num_prefixes, then its own suffix."""
+    rng, pool = np.random.default_rng(w.seed), normal_ids(tok)
+    prefixes = [_tokens(rng, pool, w.prefix_len) for _ in range(w.num_prefixes)]
+    out = []
+    for i in range(w.num_requests):
+        g = i % w.num_prefixes
+        ilen, olen = _len(rng, w.input_len), _len(rng, w.output_len)
+        out.append(WorkItem(f"g{g:02d}-r{i:04d}", prefixes[g] + _tokens(rng, pool, ilen), olen))
+    return out
+
+
+def multi_turn_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
+    rng, pool = np.random.default_rng(w.seed), normal_ids(tok)
+    out = []
+    for c in range(w.num_requests):
+        history: list[int] = []
+        prev = None
+        for t in range(w.turns):
+            prompt = history + _tokens(rng, pool, _len(rng, w.input_len))
+            olen = _len(rng, w.output_len)
+            rid = f"c{c:03d}-t{t}"
+            out.append(WorkItem(rid, prompt, olen, after=prev))
+            # the synthetic answer keeps turn t+1 identical for every engine
+            history, prev = prompt + _tokens(rng, pool, olen), rid
+    return out
+
+
+def sharegpt_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
+    """First human turn -> prompt; the gpt answer's length -> output length (unless fixed_output)."""
+    try:
+        data = json.loads(Path(w.path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read ShareGPT file {w.path!r}: {e}") from None
+    if not isinstance(data, list):
+        raise ValueError(f"ShareGPT file {w.path!r} must hold a JSON list of conversations")
+    rng = np.random.default_rng(w.seed)
+    usable = []
+    for conv in data:
+        turns = conv.get("conversations", []) if isinstance(conv, dict) else []
+        if len(turns) < 2 or turns[0].get("from") != "human":
+            continue
+        prompt = tok.encode(turns[0]["value"]).ids
+        answer = len(tok.encode(turns[1]["value"], add_special_tokens=False).ids)
+        if 1 <= len(prompt) <= w.max_input_len and answer >= 1:
+            usable.append((str(conv.get("id", len(usable))), prompt, answer))
+    if len(usable) < w.num_requests:
+        raise ValueError(f"ShareGPT file {w.path!r} has {len(usable)} usable conversations, "
+                         f"workload.num_requests = {w.num_requests}")
+    picks = rng.permutation(len(usable))[: w.num_requests]
+    out = []
+    for i, k in enumerate(picks):
+        _, prompt, answer = usable[k]
+        olen = _len(rng, w.output_len) if w.fixed_output else answer
+        out.append(WorkItem(f"s{i:04d}", prompt, olen))
+    return out
+
+
+def build(model_dir: str | Path, w: Workload, warmup: int) -> tuple[list[WorkItem], list[WorkItem]]:
+    """(measured items, warm-up items). Warm-up prompts are random and share nothing with
+    the measured ones, so they warm kernels but not the prefix cache."""
+    tok = load_tokenizer(model_dir)
+    kinds = {"random": lambda: random_items(tok, w, w.num_requests, w.seed),
+             "shared_prefix": lambda: shared_prefix_items(tok, w),
+             "multi_turn": lambda: multi_turn_items(tok, w),
+             "sharegpt": lambda: sharegpt_items(tok, w)}
+    items = kinds[w.kind]()
+    warm = random_items(tok, w, warmup, w.seed + 1_000_003, prefix="warmup-")
+    limit = context_len(model_dir)
+    if limit:
+        for it in items + warm:
+            if len(it.prompt_token_ids) + it.output_len > limit:
+                raise ValueError(f"request {it.request_id}: prompt {len(it.prompt_token_ids)} + output "
+                                 f"{it.output_len} tokens exceeds the model's context of {limit}")
+    return items, warm

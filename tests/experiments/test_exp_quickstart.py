@@ -1,0 +1,42 @@
+"""`inferlab run experiments/configs/quickstart.toml` end to end, as a user runs it from a
+fresh folder: makes the tiny model, runs the reference engine (server) and the HF baseline,
+and writes report.md with both columns filled."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quickstart_end_to_end(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run",
+                        str(REPO / "experiments/configs/quickstart.toml"), "--no-progress"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = tmp_path / "results" / "quickstart"
+    assert (tmp_path / "models/tiny-llama/config.json").is_file()
+    report = (run / "report.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| level | metric |"))
+    assert "| reference | hf |" in header
+    for metric in ("TTFT mean (ms)", "TPOT median (ms)", "output tokens/s", "peak RSS, engine process tree (MiB)"):
+        for level in ("concurrency=1", "concurrency=4"):
+            row = next(line for line in report.splitlines() if line.startswith(f"| {level} | {metric} |"))
+            cells = [c.strip() for c in row.strip("|").split("|")][2:4]
+            assert all(re.fullmatch(r"[\d,]+\.\d+", c) for c in cells), row
+    assert "Prompt token ids identical across engines (from requests.jsonl): yes" in report
+    assert "| hf | concurrency=1 | 16 |" in report  # greedy agreement against the reference engine
+    assert "![cdf_ttft](plots/cdf_ttft.png)" in report and (run / "plots/cdf_ttft.png").is_file()
+    m = json.loads((run / "reference/manifest.json").read_text())
+    assert m["status"] == "ok" and m["info"]["mode"] == "server" and m["info"]["kv_capacity_tokens"] == 4096
+    assert m["same_process"] is False and m["git_commit"] and m["hardware"]["cores_logical"] >= 1
+    hf = json.loads((run / "hf/manifest.json").read_text())
+    assert hf["same_process"] is False and hf["info"]["mode"] == "own_process"  # isolate = ["hf"]
+    assert "| hf (naive baseline) | ok | own_process |" in report
