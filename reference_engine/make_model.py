@@ -8,7 +8,9 @@ Invariants:
 - weights come from one `torch.Generator().manual_seed(seed)` drawn in a fixed parameter order, and their
   shapes follow the final config, so overrides may change any dimension;
 - the init keeps a random model's logits spread out (std ~2) and its attention content-dependent, so greedy
-  decoding is robust to float32 rounding yet still reacts to a wrong position or a wrong cache slot;
+  decoding is robust to float32 rounding yet still reacts to a wrong position or a wrong cache slot.
+  Measured on tiny (16 prompts x 64 greedy tokens per family): top-1 minus top-2 logit gap >= 30x the
+  float32-vs-float64 logit error at every step, 13-55 distinct tokens per 64;
   RMSNorm weights are not all ones (1 + 0.1 N(0, 1)) so a skipped norm weight changes the output.
 """
 from __future__ import annotations
@@ -112,8 +114,9 @@ def _std(name: str, shape: tuple[int, ...], cfg: dict) -> float:
         return 0.2
     if name.endswith(("q_proj.weight", "k_proj.weight")):
         return 1.5 / math.sqrt(shape[1])  # attention scores with std ~2: sharp, position-dependent
-    if name.endswith(("o_proj.weight", "down_proj.weight")):  # residual branches: keep the stream bounded
-        return 1.0 / math.sqrt(shape[1] * 2 * cfg["num_hidden_layers"])
+    # Everything else, residual branches (o_proj, down_proj) included: 1/sqrt(fan_in). Full-size branches
+    # outweigh the token's own embedding in the residual stream; with tied embeddings a dominant embedding
+    # makes greedy decoding repeat the input token forever, which would hide KV-cache bugs.
     return 1.0 / math.sqrt(shape[1])
 
 
@@ -155,20 +158,30 @@ def make_model(out_dir, preset: str = "tiny", family: str = "llama", seed: int =
     assert ids == {"bos": cfg["bos_token_id"], "eos": cfg["eos_token_id"], "pad": cfg["pad_token_id"]}
     _write_json(out / "config.json", cfg)
     _write_json(out / "generation_config.json", {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
-    save_file(init_weights(cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = out / "model.safetensors"
+    save_file(init_weights(cfg, seed), str(weights), metadata={"format": "pt"})
+    # safetensors creates the file 0600; containers running as another user must read it like the rest
+    weights.chmod((out / "config.json").stat().st_mode & 0o777)
     return out
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors become a ValueError, so every CLI error is one line on stderr and exit code 2."""
+
+    def error(self, message: str):
+        raise ValueError(message)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `inferlab make-model DIR --preset tiny|small [--family F] [--seed N] [--force]`."""
-    ap = argparse.ArgumentParser(prog="inferlab make-model", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="inferlab make-model", description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="output directory (created; must be empty unless --force)")
     ap.add_argument("--preset", default="tiny", help=f"one of {', '.join(PRESETS)} (default tiny)")
     ap.add_argument("--family", default="llama", help=f"one of {', '.join(FAMILIES)} (default llama)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--force", action="store_true", help="write into a non-empty directory")
-    args = ap.parse_args(argv)
     try:
+        args = ap.parse_args(argv)
         out = make_model(args.dir, args.preset, args.family, args.seed, force=args.force)
     except ValueError as e:
         print(f"inferlab make-model: error: {e}", file=sys.stderr)
