@@ -110,6 +110,23 @@ HARNESS = [
 ]
 
 
+def _provenance(runs: Runs) -> list[str]:
+    """The commands that produced the runs, and the machine they ran on (from the manifests)."""
+    lines, seen = [], set()
+    for e in runs.engines:
+        m = e.manifest
+        cmd, hw = m.get("command"), m.get("hardware") or {}
+        if cmd and cmd not in seen:
+            seen.add(cmd)
+            lines.append(f"- command: `{cmd}` (started {m.get('started_at', '?')}, git {str(m.get('git_commit'))[:10]})")
+        machine = f"{hw.get('cpu', '?')}, {hw.get('cores_logical', '?')} logical cores, " \
+                  f"{(hw.get('ram_bytes') or 0) / 2**30:.0f} GiB RAM, GPUs: {', '.join(hw.get('gpus') or []) or 'none'}"
+        if machine not in seen:
+            seen.add(machine)
+            lines.append(f"- machine: {machine}")
+    return lines
+
+
 def _engines(runs: Runs) -> list[str]:
     rows = []
     for e in runs.engines:
@@ -166,7 +183,8 @@ def build(dirs: list[Path], out: Path) -> Path:
     names = ", ".join(c[1]["name"] for c in runs.configs)
     md = [f"# inferlab report: {names}", "",
           f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
-          + ", ".join(f"`{d}`" for d, _, _ in runs.configs) + ".", "", "## Engines", ""] + _engines(runs)
+          + ", ".join(f"`{d}`" for d, _, _ in runs.configs) + ".", ""] + _provenance(runs) + [
+          "", "## Engines", ""] + _engines(runs)
     sp = same_prompts(runs)
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + _f(sp), "",
            "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + _flags(runs)

@@ -12,6 +12,7 @@ import asyncio
 import os
 import resource
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -86,7 +87,8 @@ class EngineRun:
         cfg, m = self.plan.cfg, self.manifest
         m.update(engine=self.name, status="running", reason=None, options=options, kv_pinned=kv_pinned,
                  sessions=self.session, config_hash=cfg.digest(), git_commit=git_commit(), packages=versions(),
-                 hardware=hardware(), peak_bandwidth=self.plan.peak, started_at=_now())
+                 hardware=hardware(), peak_bandwidth=self.plan.peak, started_at=_now(),
+                 command=" ".join(["inferlab", *sys.argv[1:]]) if sys.argv[0].endswith("inferlab") else None)
         m.setdefault("levels", {})
         self._save()
         try:
