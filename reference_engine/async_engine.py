@@ -97,6 +97,11 @@ class AsyncEngine:
         except metadata.PackageNotFoundError:
             return "0.0.0+local"
 
+    @property
+    def is_alive(self) -> bool:
+        """True while the step loop runs (started and not crashed or shut down)."""
+        return self._task is not None and not self._task.done()
+
     def stats(self) -> EngineStats:
         s = self._started().stats()
         s.num_waiting += sum(1 for op in self._ops if op[0] == "add")

@@ -101,7 +101,6 @@ class LLMEngine:
         self.requests[request_id] = req
         self.outputs.add(req)
         self.scheduler.add(req)
-        self.prompt_tokens_total += len(prompt_token_ids)
         return request_id
 
     def abort(self, request_id: str) -> TokenDelta | None:
@@ -130,8 +129,9 @@ class LLMEngine:
         now = time.monotonic()
         for req, tok, lp in zip(samplers, new_ids, logprobs):
             req.output_token_ids.append(tok)
-            if req.first_token_time is None:
+            if req.first_token_time is None:  # prompt counted once its prefill is done (as vLLM does)
                 req.first_token_time = now
+                self.prompt_tokens_total += req.num_prompt_tokens
             self.generation_tokens_total += 1
             deltas.append(self.outputs.process(req, tok, lp))  # may finish req (stop / length)
             if req.is_finished:

@@ -17,6 +17,30 @@ from reference_engine.model import CausalLM, RotaryEmbedding
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+# checkpoint projection -> (our stacked parameter, which row block)
+STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def _target(name: str, model: CausalLM) -> tuple[str, tuple[int, int] | None]:
+    """HF name -> (our parameter name, row range within it, or None for the whole tensor)."""
+    for src, (dst, idx) in STACKED.items():
+        if f".{src}." in name:
+            fused = name.replace(f".{src}.", f".{dst}.")
+            owner = model.get_submodule(fused.rsplit(".", 2)[0])  # the attention or MLP module
+            start = sum(owner.sizes[:idx])
+            return fused, (start, start + owner.sizes[idx])
+    return name, None
+
+
+def _sources(param: str, model: CausalLM) -> list[str]:
+    """Our parameter name -> the checkpoint names that fill it."""
+    for src, (dst, _) in STACKED.items():
+        if f".{dst}." in param:
+            return [param.replace(f".{dst}.", f".{s}.") for s, (d, _) in STACKED.items() if d == dst]
+    return [param]
+
+
 def safetensors_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -56,15 +80,17 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str | torch.de
             for name in handle.keys():
                 if name.endswith(_IGNORED_SUFFIXES) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
                     continue
-                if name not in params:
+                target, rows = _target(name, model)
+                if target not in params:
                     raise ValueError(f"{f.name} holds {name!r}, which a {cfg.architecture} does not have")
+                dest = params[target] if rows is None else params[target][rows[0]:rows[1]]
                 t = handle.get_tensor(name)
-                if t.shape != params[name].shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(params[name].shape)}")
+                if t.shape != dest.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(dest.shape)}")
                 with torch.no_grad():
-                    params[name].copy_(t.to(dtype))
+                    dest.copy_(t.to(dtype))
                 loaded.add(name)
-    expected = set(params) - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    expected = {n for p in params for n in _sources(p, model)} - ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"weights missing from {model_dir}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")

@@ -6,8 +6,9 @@ positions, and attention metadata that says which tokens belong to which sequenc
 and where their keys/values live in the paged cache. No padding, no per-sequence loop
 here: the attention backend is the only place that cares about sequence boundaries.
 
-Parameter names match HF checkpoints (`model.layers.0.self_attn.q_proj.weight`, ...)
-so the loader can copy tensors by name.
+Parameter names match HF checkpoints (`model.layers.0.self_attn.o_proj.weight`, ...)
+except where we stack projections that read the same input into one matmul:
+`qkv_proj` (q, k, v) and `gate_up_proj` (gate, up); the loader knows the mapping.
 """
 from __future__ import annotations
 
@@ -70,11 +71,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        # q: (N, H, D), k: (N, Hkv, D), positions: (N,)
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # (N, 1, D)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for this step's positions `(N,)` -> `(N, 1, D)` each, looked up once per forward."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+    """q: (N, H, D), k: (N, Hkv, D); cos/sin broadcast over heads."""
+    cos, sin = rope
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -87,9 +92,9 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=cfg.attention_bias)
+        # q, k and v in one matmul; the loader fills the three row blocks from q/k/v_proj.
+        self.sizes = [self.h * self.d, self.hkv * self.d, self.hkv * self.d]
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
@@ -97,14 +102,15 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.scale = self.d ** -0.5
 
-    def forward(self, x, positions, rope: RotaryEmbedding, backend: AttentionBackend, meta: AttentionMetadata):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend, meta: AttentionMetadata):
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.h, self.d)  # (N, H, D)
-        k = self.k_proj(x).view(n, self.hkv, self.d)  # (N, Hkv, D)
-        v = self.v_proj(x).view(n, self.hkv, self.d)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = q.reshape(n, self.h, self.d)  # (N, H, D)
+        k = k.reshape(n, self.hkv, self.d)  # (N, Hkv, D)
+        v = v.reshape(n, self.hkv, self.d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, k, positions)
+        q, k = apply_rope(q, k, rope)
         o = backend.forward(self.layer_idx, q, k, v, meta, self.scale)  # (N, H, D)
         return self.o_proj(o.reshape(n, self.h * self.d))
 
@@ -112,12 +118,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.sizes = [cfg.intermediate_size, cfg.intermediate_size]
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate, up stacked
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.sizes, dim=-1)  # (N, I) each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -128,8 +135,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rope, backend, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, backend, meta)
+    def forward(self, x, rope, backend, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -156,8 +163,9 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 backend: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)  # (N,) -> (N, hidden)
+        rope = self.rope(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, positions, self.rope, backend, meta)
+            x = layer(x, rope, backend, meta)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,9 @@
+"""`inferlab serve`: the reference engine behind OpenAI- and TGI-compatible HTTP routes.
+
+Modules: app (app factory, auth, lifecycle), openai_routes / openai_format, tgi_routes,
+protocol (request bodies), generation (engine requests per HTTP request: admission gate,
+abort on disconnect, latency observation), sse, metrics (vLLM-named Prometheus), errors, cli.
+"""
+from reference_engine.server.app import build_app
+
+__all__ = ["build_app"]

@@ -1,0 +1,80 @@
+"""The FastAPI app: `build_app(engine, api_key=None, max_waiting=...)`.
+
+The app owns the engine's lifecycle: startup awaits `engine.start()` (uvicorn accepts
+connections only after that, so `/health` answering means the model is loaded), shutdown
+awaits `engine.shutdown()` after uvicorn has drained in-flight requests (graceful SIGTERM).
+`/health`, `/metrics`, `/version` and the OpenAPI docs need no key; every other route needs
+`Authorization: Bearer KEY` when `api_key` is set (401 otherwise).
+"""
+from __future__ import annotations
+
+import hmac
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from . import errors, openai_routes, tgi_routes
+from .generation import Gate
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .state import ServerState, get_state
+
+DEFAULT_MAX_WAITING = 256
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect",
+                        "/redoc"})
+
+
+class APIKeyMiddleware:
+    """Pure ASGI (no response buffering, so SSE streams pass straight through)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):  # constant time: no key guessing by timing
+                resp = errors.error_response(scope["path"], 401, "invalid or missing API key",
+                                             code="invalid_api_key")
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX_WAITING,
+              served_model_name: str | None = None) -> FastAPI:
+    gate = Gate(max_waiting)  # validates max_waiting now, before anything starts
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.start()
+        name = served_model_name or engine.model_name
+        app.state.server = ServerState(engine=engine, gate=gate, served_name=name,
+                                       metrics=ServerMetrics(engine, name),
+                                       aliases={engine.model_name, str(engine.config.model)})
+        try:
+            yield
+        finally:
+            await engine.shutdown()
+
+    app = FastAPI(title="inferlab reference engine", version=getattr(engine, "version", "0"),
+                  lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    errors.install(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.include_router(openai_routes.router)
+    app.include_router(tgi_routes.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        # 503 once the engine's step loop has died: a load balancer should stop sending here.
+        return Response(status_code=200 if get_state(request).engine.is_alive else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/version")
+    async def version(request: Request) -> dict:
+        return {"version": get_state(request).engine.version}
+
+    return app

@@ -1,0 +1,99 @@
+"""`inferlab serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-waiting N] [engine options]`.
+
+Binds loopback by default. SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight
+requests (streams included) finish for up to --shutdown-timeout seconds, then the engine
+shuts down and the process exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+import typing
+
+from .app import DEFAULT_MAX_WAITING
+
+
+ENGINE_SKIP = ("model", "record_steps")  # the positional MODEL; per-step records are for offline analysis
+
+
+def _engine_flags(group) -> None:
+    """One flag per EngineConfig field (`max_num_seqs` -> `--max-num-seqs`), so new knobs appear here
+    by themselves; unset flags stay None and EngineConfig's own defaults apply."""
+    from reference_engine.config import EngineConfig
+
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in ENGINE_SKIP:
+            continue
+        flag, kind = "--" + f.name.replace("_", "-"), hints[f.name]
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+        if base is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            group.add_argument(flag, type=base, default=None, metavar=f.name.upper(),
+                               help=f"default: {f.default!r}")
+
+
+def engine_config(args: argparse.Namespace):
+    from reference_engine.config import EngineConfig
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+             if f.name not in ENGINE_SKIP and getattr(args, f.name) is not None}
+    return EngineConfig(model=args.model, **given)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="inferlab serve", description=__doc__.split("\n\n")[1])
+    p.add_argument("model", help="HF-format model directory (config.json, model.safetensors, tokenizer.json)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY, else no key)")
+    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
+                   help="sequences allowed to wait for their first token; beyond it requests get 503")
+    p.add_argument("--served-model-name", default=None, help="the name clients use (default: the dir's name)")
+    p.add_argument("--shutdown-timeout", type=float, default=60.0,
+                   help="seconds in-flight requests get to finish after SIGTERM")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _engine_flags(p.add_argument_group("engine (EngineConfig fields; defaults are EngineConfig's)"))
+    return p.parse_args(argv)
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if not os.path.isdir(args.model):
+        print(f"inferlab serve: model directory {args.model!r} does not exist", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from reference_engine import AsyncEngine
+
+    from .app import build_app
+
+    try:
+        app = build_app(AsyncEngine(engine_config(args)), api_key=args.api_key, max_waiting=args.max_waiting,
+                        served_model_name=args.served_model_name)
+    except ValueError as err:
+        print(f"inferlab serve: {err}", file=sys.stderr)
+        return 2
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
+    # uvicorn re-raises the signal it caught once it has shut down gracefully; make that an exit 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    signal.signal(signal.SIGINT, _exit_cleanly)
+    try:
+        server.run()
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
