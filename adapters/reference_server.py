@@ -14,28 +14,25 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adapters.openai_compat import OpenAIEngine
+from adapters.openai_launched import LaunchedOpenAIEngine
 from adapters.reference import SERVER_KNOBS
-from adapters.serving import SERVER_OPTIONS, ManagedServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTALL = "pip install inferlab (or -e .) into the interpreter given as launcher"
 
 
-class ReferenceServer(OpenAIEngine):
+class ReferenceServer(LaunchedOpenAIEngine):
     name = "reference"
-    OPTIONS = OpenAIEngine.OPTIONS | SERVER_OPTIONS | set(SERVER_KNOBS)
+    OPTIONS = LaunchedOpenAIEngine.OPTIONS | set(SERVER_KNOBS)
+    INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
-        self.mode = "attach" if self.options.get("url") else "server"
         if self.mode == "attach":
             given = sorted(set(SERVER_KNOBS) & set(self.options) - {"kv_cache_tokens"})
             if given:
                 raise ValueError(f"engine 'reference': option(s) {', '.join(given)} need mode = \"server\" "
                                  f"(an attached server's knobs were fixed when it started)")
-        self.server = (ManagedServer(self.name, model, self.options, "/health", install=INSTALL)
-                       if self.mode == "server" else None)
 
     def flags(self) -> list[str]:
         """`inferlab serve` flags for the knobs given: `max_num_seqs=8` -> `--max-num-seqs 8`."""
@@ -51,28 +48,11 @@ class ReferenceServer(OpenAIEngine):
                                                       "--dtype", self.dtype, "--log-level", "warning",
                                                       *self.flags()])
 
-    @staticmethod
-    def server_env(work_dir: Path | None) -> dict[str, str]:
+    def server_env(self, work_dir: Path | None) -> dict[str, str]:
         # The server runs in work_dir; it imports `experiments` and `reference_engine` from
         # this checkout even when inferlab is not pip-installed.
         path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
         return {"PYTHONPATH": path}
 
-    async def _connect(self) -> str:
-        if self.server is None:
-            return await super()._connect()
-        return await self.server.start(self.server_argv, self.server_env)
-
-    async def _disconnect(self) -> None:
-        if self.server is not None:
-            await self.server.stop()
-
-    def _pid(self) -> int | None:
-        return self.server.pid if self.server else None
-
     def _knobs(self) -> dict[str, Any]:
-        knobs = {**super()._knobs(), **{k: self.options[k] for k in SERVER_KNOBS if k in self.options}}
-        if self.server is not None and self.server.proc is not None:
-            knobs["log_path"] = str(self.server.proc.log_path)
-            knobs["startup_s"] = round(self.server.proc.start_s or 0.0, 1)
-        return knobs
+        return {**super()._knobs(), **{k: self.options[k] for k in SERVER_KNOBS if k in self.options}}

@@ -229,3 +229,4 @@ def need(module: str, install: str):
         return importlib.import_module(module)
     except ImportError as e:
         raise EngineUnavailable(f"{module} is not importable here ({e}); {install}") from e
+

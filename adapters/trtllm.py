@@ -25,8 +25,8 @@ from typing import Any, AsyncIterator
 
 from adapters import prom
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
-from adapters.openai_compat import OpenAIEngine
-from adapters.serving import SERVER_OPTIONS, ManagedServer, ModalEngine, need
+from adapters.openai_launched import LaunchedOpenAIEngine
+from adapters.serving import ModalEngine, need
 
 INSTALL = ("pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com on a CUDA host "
            "(or launcher = \"docker run --gpus all ... nvcr.io/nvidia/tensorrt-llm/release:TAG\")")
@@ -49,17 +49,16 @@ class TRTLLMEngine(ModalEngine):
              "in_process": "adapters.trtllm:TRTLLMInProcess"}
 
 
-class TRTLLMServer(OpenAIEngine):
+class TRTLLMServer(LaunchedOpenAIEngine):
     name = "trtllm"
-    OPTIONS = OpenAIEngine.OPTIONS | SERVER_OPTIONS | set(KNOBS) | {"enable_block_reuse"}
+    OPTIONS = LaunchedOpenAIEngine.OPTIONS | set(KNOBS) | {"enable_block_reuse"}
+    INSTALL = INSTALL
     METRICS = {"kv_usage": ("trtllm_kv_cache_utilization",), "running": ("trtllm_num_requests_running",),
                "waiting": ("trtllm_num_requests_waiting",), "cache_info": ()}
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         self.metrics_path = self.options.get("metrics_path", "/prometheus/metrics")
-        self.mode = "attach" if self.options.get("url") else "server"
-        self.server = ManagedServer(self.name, model, self.options, "/health", INSTALL) if self.mode == "server" else None
 
     def server_argv(self) -> list[str]:
         s = self.server
@@ -73,18 +72,6 @@ class TRTLLMServer(OpenAIEngine):
             path.write_text(json.dumps(extra, indent=2) + "\n")  # JSON is valid YAML
             args += ["--extra_llm_api_options", str(path)]
         return s.argv(script="trtllm-serve", args=args, container_cmd=["trtllm-serve"])
-
-    async def _connect(self) -> str:
-        if self.server is None:
-            return await super()._connect()
-        return await self.server.start(self.server_argv, lambda wd: {})
-
-    async def _disconnect(self) -> None:
-        if self.server is not None:
-            await self.server.stop()
-
-    def _pid(self) -> int | None:
-        return self.server.pid if self.server else None
 
     def _knobs(self) -> dict[str, Any]:
         return {**super()._knobs(), **{k: self.options[k] for k in KNOBS if k in self.options},

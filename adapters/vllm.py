@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
-from adapters.openai_compat import OpenAIEngine
-from adapters.serving import SERVER_OPTIONS, ManagedServer, ModalEngine, kv_bytes_per_token, need
+from adapters.openai_launched import LaunchedOpenAIEngine
+from adapters.serving import ModalEngine, kv_bytes_per_token, need
 
 INSTALL = ("pip install 'inferlab[vllm]' into the interpreter that runs it, or run "
            "scripts/setup_vllm_venv.sh and set launcher = \".venv-vllm\"")
@@ -94,17 +94,18 @@ class VLLMEngine(ModalEngine):
              "in_process": "adapters.vllm:VLLMInProcess"}
 
 
-class VLLMServer(OpenAIEngine):
+class VLLMServer(LaunchedOpenAIEngine):
     """vLLM's OpenAI server: launched (no `url` option) or attached (`url`)."""
 
     name = "vllm"
-    OPTIONS = OpenAIEngine.OPTIONS | SERVER_OPTIONS | set(KNOBS)
+    OPTIONS = LaunchedOpenAIEngine.OPTIONS | set(KNOBS)
+    INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
-        self.mode = "attach" if self.options.get("url") else "server"
         self.args = engine_args(model, dtype, self.options) if self.mode == "server" else {}
-        self.server = ManagedServer(self.name, model, self.options, "/health", INSTALL) if self.mode == "server" else None
+        if self.server is not None:
+            self.server.options.setdefault("launcher", default_launcher())
 
     def server_argv(self) -> list[str]:
         s = self.server
@@ -112,24 +113,11 @@ class VLLMServer(OpenAIEngine):
                                                   "--dtype", self.dtype, "--disable-uvicorn-access-log",
                                                   *to_flags(self.args)])
 
-    async def _connect(self) -> str:
-        if self.server is None:
-            return await super()._connect()
-        self.server.options.setdefault("launcher", default_launcher())
-        return await self.server.start(self.server_argv, lambda wd: server_env(wd, self.args))
-
-    async def _disconnect(self) -> None:
-        if self.server is not None:
-            await self.server.stop()
-
-    def _pid(self) -> int | None:
-        return self.server.pid if self.server else None
+    def server_env(self, work_dir: Path | None) -> dict[str, str]:
+        return server_env(work_dir, self.args)
 
     def _knobs(self) -> dict[str, Any]:
-        knobs = {**super()._knobs(), **self.args}
-        if self.server is not None and self.server.proc is not None:
-            knobs["startup_s"] = round(self.server.proc.start_s or 0.0, 1)
-        return knobs
+        return {**super()._knobs(), **self.args}
 
 
 class _Stats:

@@ -1,7 +1,6 @@
 """TGI adapter: command line, a real recorded stream and log, and our own server's TGI routes."""
 from __future__ import annotations
 
-import sys
 
 import pytest
 

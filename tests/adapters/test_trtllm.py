@@ -9,7 +9,6 @@ import pytest
 
 from adapters import prom
 from adapters.base import EngineUnavailable
-from adapters.launcher import Launcher
 from adapters.trtllm import TRTLLMEngine
 from tests.adapters.adapter_util import random_prompts, reference_greedy, run_all, tokens
 from tests.adapters.own_server import inferlab_serve

@@ -118,7 +118,7 @@ async def test_recorded_vllm_stream_metrics_and_kv():
 async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
     if not (VENV / "bin" / "python").exists():
         pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
-    from reference_engine import LLM, SamplingParams
+    from reference_engine import LLM
 
     prompts = random_prompts(tiny_llama, 4, seed=0)
     e = VLLMEngine(str(tiny_llama), "float32", {"launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096,
@@ -148,7 +148,6 @@ async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
     check_stream(got, "long")
     assert got[-1].finish_reason == "abort" and len(tokens(got)) < 400
 
-    from reference_engine import LLM
 
     ref = reference_greedy(LLM(str(tiny_llama), dtype="float32"), prompts, 32)
     for events, out, ids in zip(runs, ref, prompts):
