@@ -151,8 +151,10 @@ def _flags(runs: Runs) -> list[str]:
         for level, s in e.summary.items():
             c = s["token_checks"]
             if c["stopped_early"]:
+                why = ("TGI has no `ignore_eos`" if (e.manifest.get("info") or {}).get("knobs", {}).get("ignore_eos")
+                       == "unsupported" else "the engine did not honour `ignore_eos`")
                 out.append(f"- **{e.label}** {level}: {c['stopped_early']} request(s) stopped before max_tokens "
-                           "(the engine did not honour `ignore_eos`); its throughput counts fewer tokens.")
+                           f"({why}); its throughput counts fewer tokens.")
             if c["reported_count_mismatch"] or c["prompt_count_mismatch"]:
                 out.append(f"- **{e.label}** {level}: token counts reported by the engine differ from the ids "
                            f"({c['reported_count_mismatch']} output, {c['prompt_count_mismatch']} prompt).")

@@ -103,7 +103,8 @@ class EngineRun:
             await _quiet_stop(engine)
             return "failed"
         m["info"] = info.to_dict()
-        m["same_process"] = info.pid is None or info.pid == os.getpid()
+        # An attached server's process is unknown (pid None) but it is not ours.
+        m["same_process"] = info.pid == os.getpid() or (info.pid is None and info.mode == "in_process")
         self._save()
         sampler = MemorySampler(engine, info.pid or os.getpid(), asyncio.get_running_loop()).start()
         try:
