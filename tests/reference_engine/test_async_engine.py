@@ -52,3 +52,20 @@ async def test_concurrent_streams_match_offline_and_abort_frees_blocks(tiny_qwen
         assert engine.stats().kv_used_blocks == 0
     finally:
         await engine.shutdown()
+
+
+async def test_streamed_text_never_shows_a_stop_string(tiny_llama):
+    llm = LLM(str(tiny_llama))
+    prompt = random_prompts(llm.engine.model_config.vocab_size, 1, 20, 21, seed=3)[0]
+    [free] = llm.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
+    i = next(i for i in range(len(free.text) // 2, len(free.text) - 3) if free.text[i:i + 4].strip())
+    stop = free.text[i:i + 4]
+    engine = await AsyncEngine(EngineConfig(str(tiny_llama))).start()
+    try:
+        deltas = [d async for d in engine.generate(prompt, SamplingParams(max_tokens=32, temperature=0.0,
+                                                                         ignore_eos=True, stop=[stop]))]
+    finally:
+        await engine.shutdown()
+    text = "".join(d.text_delta for d in deltas)
+    assert text == free.text[: free.text.index(stop)]
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == stop

@@ -66,11 +66,12 @@ def test_stop_token_ids_and_stop_strings(tiny_llama):
     assert a.token_ids == free.token_ids[: first + 1]
     assert a.finish_reason == "stop" and a.stop_reason == stop_id
     # stop string: a piece of the free-running text; the output text ends right before it
-    needle = free.text[len(free.text) // 2:][:3]
-    if needle.strip():
-        [b] = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[needle]))
-        assert b.finish_reason == "stop" and b.stop_reason == needle
-        assert b.text == free.text[: free.text.index(needle)]
+    needle = next(free.text[i:i + 3] for i in range(len(free.text) // 2, len(free.text) - 2)
+                  if free.text[i:i + 3].strip())
+    [b] = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[needle]))
+    assert b.finish_reason == "stop" and b.stop_reason == needle
+    assert b.text == free.text[: free.text.index(needle)]
+    assert len(b.token_ids) < len(free.token_ids)
 
 
 def test_max_model_len_caps_generation(make_tiny):

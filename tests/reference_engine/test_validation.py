@@ -1,7 +1,6 @@
 """Bad input gets a clear error naming the problem, and the engine keeps serving the rest."""
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 
