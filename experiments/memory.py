@@ -28,11 +28,13 @@ class ProcessTree:
     Python (milliseconds, holding the GIL), so the tree is rediscovered only every
     `refresh` calls; reading each known process's RSS is cheap."""
 
-    def __init__(self, pid: int, refresh: int = 20):
+    def __init__(self, pid: int | None, refresh: int = 20):
         self.pid, self.refresh, self.calls = pid, refresh, 0
         self.procs: list[psutil.Process] = []
 
     def rss(self) -> int | None:
+        if self.pid is None:  # an attached server: its process is not ours to see
+            return None
         if self.calls % self.refresh == 0 or not self.procs:
             try:
                 root = psutil.Process(self.pid)
@@ -74,7 +76,7 @@ class _GPU:
 
 
 class MemorySampler:
-    def __init__(self, engine: Engine, pid: int, loop: asyncio.AbstractEventLoop, interval_s: float = 0.1,
+    def __init__(self, engine: Engine, pid: int | None, loop: asyncio.AbstractEventLoop, interval_s: float = 0.1,
                  engine_every: int = 5):
         self.engine, self.pid, self.loop, self.interval = engine, pid, loop, interval_s
         self.engine_every = engine_every

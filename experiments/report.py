@@ -146,7 +146,10 @@ def _flags(runs: Runs) -> list[str]:
         if e.manifest.get("same_process"):
             out.append(f"- **{e.label}** ran inside the harness's interpreter: its latency numbers are perturbed "
                        "by the client (in-process mode is for offline throughput only).")
-        if e.manifest.get("kv_pinned") is False and any(c[1].get("kv", {}).get("tokens") for c in runs.configs):
+        if (e.manifest.get("info") or {}).get("mode") == "attach":
+            out.append(f"- **{e.label}** was attached to a server started elsewhere: its process memory is not "
+                       "measured here and its KV budget was set by whoever started it.")
+        elif e.manifest.get("kv_pinned") is False and any(c[1].get("kv", {}).get("tokens") for c in runs.configs):
             out.append(f"- **{e.label}** does not take a pinned KV budget in tokens; see its KV capacity above.")
         for level, s in e.summary.items():
             c = s["token_checks"]

@@ -105,8 +105,12 @@ class EngineRun:
         m["info"] = info.to_dict()
         # An attached server's process is unknown (pid None) but it is not ours.
         m["same_process"] = info.pid == os.getpid() or (info.pid is None and info.mode == "in_process")
+        if info.mode == "attach":  # we did not start it, so we did not size its KV cache either
+            m["kv_pinned"] = False
         self._save()
-        sampler = MemorySampler(engine, info.pid or os.getpid(), asyncio.get_running_loop()).start()
+        # RSS of the engine's process tree; nothing for an attached server (never the harness's own RSS)
+        pid = info.pid if info.pid is not None else (os.getpid() if m["same_process"] else None)
+        sampler = MemorySampler(engine, pid, asyncio.get_running_loop()).start()
         try:
             for kind, value in cfg.load.levels():
                 failure = await self._level(engine, sampler, kind, value)

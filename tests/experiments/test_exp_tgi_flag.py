@@ -66,3 +66,6 @@ async def test_report_flags_tgi_rows_that_stopped_early(exp_model, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "out" / "tgi_flag" / "tgi" / "requests.jsonl").read_text().splitlines()]
     assert any(len(r["output_token_ids"]) < 16 and r["finish_reason"] == "stop" for r in lines)
     assert "ran inside the harness's interpreter" not in report  # attached: the engine is another process
+    assert "was attached to a server started elsewhere" in report
+    manifest = json.loads((tmp_path / "out" / "tgi_flag" / "tgi" / "manifest.json").read_text())
+    assert manifest["kv_pinned"] is False
