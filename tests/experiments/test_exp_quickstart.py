@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_quickstart_end_to_end(tmp_path):
+    vllm = (REPO / ".venv-vllm" / "bin" / "python").exists()
+    if vllm:  # the quickstart's optional vLLM run finds `.venv-vllm` in the working directory
+        (tmp_path / ".venv-vllm").symlink_to(REPO / ".venv-vllm")
     p = subprocess.run([sys.executable, "-m", "experiments.cli", "run",
                         str(REPO / "experiments/configs/quickstart.toml"), "--no-progress"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=900,
@@ -40,3 +43,12 @@ def test_quickstart_end_to_end(tmp_path):
     hf = json.loads((run / "hf/manifest.json").read_text())
     assert hf["same_process"] is False and hf["info"]["mode"] == "own_process"  # isolate = ["hf"]
     assert "| hf (naive baseline) | ok | own_process |" in report
+    if vllm:  # vLLM for real, through the harness: same greedy tokens, pinned KV, server gone after
+        import psutil
+
+        v = json.loads((run / "vllm/manifest.json").read_text())
+        assert v["status"] == "ok" and v["info"]["kv_capacity_tokens"] == 4096 and v["kv_pinned"] is True
+        assert not psutil.pid_exists(v["info"]["pid"]) or psutil.Process(v["info"]["pid"]).status() == "zombie"
+        for level in ("concurrency=1", "concurrency=4"):
+            assert f"| vllm | {level} | 16 | 1.000 | 1.000 |" in report
+        assert "| vllm | ok | server | 0.32.0 | float32 | 4096 | yes |" in report
