@@ -125,6 +125,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None: ...
 
+    @property
+    def in_process(self) -> bool:
+        """True when the engine computes inside this Python process (and so shares its GIL)."""
+        return False
+
     async def reset_prefix_cache(self) -> bool:
         """Return True if the engine's prefix cache was reset; False if it has none."""
         return False

@@ -32,6 +32,8 @@ class HFEngine(Engine):
     name = "hf"
     OPTIONS = frozenset({"max_batch_size", "device", "attn_implementation", "kv_cache_tokens"})
 
+    in_process = True  # generate() runs in a thread of this interpreter
+
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)

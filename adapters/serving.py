@@ -60,6 +60,10 @@ class ModalEngine(Engine):
         module, cls = self.IMPLS[self.mode].split(":")
         self._impl: Engine = getattr(importlib.import_module(module), cls)(model, dtype, self.options)
 
+    @property
+    def in_process(self) -> bool:
+        return self.mode == "in_process"
+
     async def start(self) -> EngineInfo:
         info = await self._impl.start()
         info.mode = self.mode

@@ -144,9 +144,12 @@ class Config(_Strict):
     engines: list[str] | None = None
     optional_engines: list[str] = []  # run when installed; skipped with a note when unavailable
     engine_options: dict[str, dict[str, Any]] = {}
-    # in-process adapters to run in a process of their own (experiments/isolate.py), so that
-    # their latency is measured without sharing the harness's interpreter
+    # In-process adapters (HF, reference with mode = "in_process") always run in a process of
+    # their own (experiments/isolate.py), so the client never shares their interpreter lock;
+    # `same_interpreter` opts an engine out (offline throughput only; the report flags it).
+    # `isolate` moves any other adapter into a child process too.
     isolate: list[str] = []
+    same_interpreter: list[str] = []
     workload: Workload = Workload()
     load: Load = Load()
     sampling: Sampling = Sampling()
@@ -161,9 +164,11 @@ class Config(_Strict):
         names = self.engine_list() + ([] if self.engine else self.optional_engines)
         if not names:
             raise ValueError('no engine: set engine = "reference" or engines = ["reference", "hf"]')
-        for n in names + list(self.engine_options) + self.isolate:
+        for n in names + list(self.engine_options) + self.isolate + self.same_interpreter:
             if n not in registry.ADAPTERS:
                 raise ValueError(f"unknown engine {n!r}; known engines: {', '.join(registry.names())}")
+        if set(self.isolate) & set(self.same_interpreter):
+            raise ValueError("an engine cannot be in both isolate and same_interpreter")
         if len(set(names)) != len(names):
             raise ValueError(f"engine listed twice in {names}")
         if self.make_model is None and not Path(self.model).is_dir():

@@ -56,7 +56,7 @@ def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict
     while True:
         try:
             engine = cls(model, cfg.dtype, {**opts, **offered})  # validates the options either way
-            if name in cfg.isolate:
+            if name in cfg.isolate or (engine.in_process and name not in cfg.same_interpreter):
                 engine = Isolated(registry.ADAPTERS[name], model, cfg.dtype, {**opts, **offered})
             return engine, {**opts, **offered}, \
                 cfg.kv.tokens is not None and ("kv_cache_tokens" in offered or "kv_cache_tokens" in opts)

@@ -68,3 +68,21 @@ def test_isolate_in_a_config(tmp_path, exp_model, paced):
     assert m["status"] == "ok" and m["info"]["mode"] == "own_process" and m["same_process"] is False
     recs = [json.loads(s) for s in (tmp_path / "res/iso/paced/requests.jsonl").read_text().splitlines()]
     assert all(r["output_token_ids"] == token_ids(r["prompt_token_ids"], 0, 5) for r in recs) and len(recs) == 4
+
+
+def test_in_process_engines_leave_the_harness_interpreter_unless_told(tmp_path, exp_model):
+    """The light-observer rule: an in-process adapter runs in a child process by default."""
+    from experiments.config import load
+    from experiments.runner import build_engine
+
+    body = """
+        engine = "reference"
+        [engine_options.reference]
+        mode = "in_process"
+    """
+    cfg = load(write_config(tmp_path / "a.toml", exp_model, body))
+    engine, _, _ = build_engine(cfg, "reference", tmp_path)
+    assert type(engine).__name__ == "Isolated"
+    cfg = load(write_config(tmp_path / "b.toml", exp_model, 'same_interpreter = ["reference"]\n' + body))
+    engine, _, _ = build_engine(cfg, "reference", tmp_path)
+    assert engine.in_process and type(engine).__name__ == "ReferenceEngine"

@@ -41,7 +41,7 @@ def test_quickstart_end_to_end(tmp_path):
     assert m["status"] == "ok" and m["info"]["mode"] == "server" and m["info"]["kv_capacity_tokens"] == 4096
     assert m["same_process"] is False and m["git_commit"] and m["hardware"]["cores_logical"] >= 1
     hf = json.loads((run / "hf/manifest.json").read_text())
-    assert hf["same_process"] is False and hf["info"]["mode"] == "own_process"  # isolate = ["hf"]
+    assert hf["same_process"] is False and hf["info"]["mode"] == "own_process"  # in-process adapters get their own process
     assert "| hf (naive baseline) | ok | own_process |" in report
     if vllm:  # vLLM for real, through the harness: same greedy tokens, pinned KV, server gone after
         import psutil
