@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
-from adapters.base import Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot, TokenEvent
+from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot, TokenEvent,
+                           check_options)
 from adapters.launcher import Launcher, ServerProcess, free_port
 
 MODES = ("server", "attach", "in_process")
@@ -234,3 +235,45 @@ def need(module: str, install: str):
     except ImportError as e:
         raise EngineUnavailable(f"{module} is not importable here ({e}); {install}") from e
 
+
+
+class HTTPServerEngine(Engine):
+    """An engine reached over its own HTTP protocol: at `options["url"]` (attach), or at a
+    server launched from the launch options (`ManagedServer`). Subclasses give `server_argv`,
+    open their clients on `await self.connect()` and close them in `close_clients`."""
+
+    OPTIONS = SERVER_OPTIONS | {"url", "kv_cache_tokens"}
+    INSTALL = ""
+
+    def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
+        super().__init__(model, dtype, options)
+        check_options(self.name, self.options, self.OPTIONS)
+        self.url = self.options.get("url")
+        self.server = None if self.url else ManagedServer(self.name, model, self.options, "/health", self.INSTALL)
+        self.info: EngineInfo | None = None
+        self._aborted: set[str] = set()  # ids whose remaining events are dropped
+
+    @property
+    def mode(self) -> str:
+        return "attach" if self.url else "server"
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pid if self.server else None
+
+    def server_argv(self) -> list[str]:
+        raise NotImplementedError
+
+    async def connect(self) -> str:
+        """The base URL: the attached one, or the launched server's once it is healthy."""
+        return self.url.rstrip("/") if self.url else await self.server.start(self.server_argv, lambda wd: {})
+
+    async def close_clients(self) -> None:
+        """Close the subclass's HTTP clients (called by `stop`, before the server goes)."""
+
+    async def stop(self) -> None:
+        try:
+            await self.close_clients()
+        finally:
+            if self.server is not None:
+                await self.server.stop()

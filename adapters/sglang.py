@@ -28,7 +28,7 @@ from adapters import prom
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent, check_options)
 from adapters.deltas import Cumulative, Incremental, NotCumulative
-from adapters.serving import SERVER_OPTIONS, ManagedServer, ModalEngine, need
+from adapters.serving import HTTPServerEngine, ModalEngine, need
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
 KNOBS = {"mem_fraction_static": "--mem-fraction-static", "max_running_requests": "--max-running-requests",
@@ -63,23 +63,19 @@ class SGLangEngine(ModalEngine):
              "in_process": "adapters.sglang:SGLangInProcess"}
 
 
-class SGLangServer(Engine):
+class SGLangServer(HTTPServerEngine):
     """Options: url (attach) or the launch options of adapters/serving.py, kv_cache_tokens,
     and the server flags in `KNOBS` (booleans become bare flags)."""
 
     name = "sglang"
-    OPTIONS = SERVER_OPTIONS | {"url", "kv_cache_tokens", *KNOBS}
+    OPTIONS = HTTPServerEngine.OPTIONS | set(KNOBS)
+    INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
-        check_options(self.name, self.options, self.OPTIONS)
-        self.url = self.options.get("url")
-        self.server = None if self.url else ManagedServer(self.name, model, self.options, "/health", INSTALL)
         self.client: httpx.AsyncClient | None = None
         self.incremental = False
-        self.info: EngineInfo | None = None
         self._responses: dict[str, httpx.Response] = {}
-        self._aborted: set[str] = set()
 
     def flags(self) -> list[str]:
         out: list[str] = []
@@ -104,7 +100,7 @@ class SGLangServer(Engine):
         if self.info is not None:
             return self.info
         try:
-            base = self.url.rstrip("/") if self.url else await self.server.start(self.server_argv, lambda wd: {})
+            base = await self.connect()
             self.client = httpx.AsyncClient(base_url=base, trust_env=False,
                                             timeout=httpx.Timeout(30.0, read=None, pool=None),
                                             limits=httpx.Limits(max_connections=None))
@@ -115,7 +111,7 @@ class SGLangServer(Engine):
             self.info = EngineInfo(engine=self.name, version=str(si.get("version", "unknown")), model=self.model,
                                    dtype=self.dtype, kv_capacity_tokens=si.get("max_total_num_tokens"),
                                    block_size=si.get("page_size"), knobs=knobs,
-                                   mode="attach" if self.url else "server", pid=self.server.pid if self.server else None)
+                                   mode=self.mode, pid=self.pid)
         except BaseException:
             await self.stop()
             raise
@@ -199,14 +195,10 @@ class SGLangServer(Engine):
             snap.num_waiting = int(waiting) if waiting is not None else None
         return snap
 
-    async def stop(self) -> None:
+    async def close_clients(self) -> None:
         client, self.client = self.client, None
-        try:
-            if client is not None:
-                await client.aclose()
-        finally:
-            if self.server is not None:
-                await self.server.stop()
+        if client is not None:
+            await client.aclose()
 
 
 class SGLangInProcess(Engine):

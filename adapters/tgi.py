@@ -30,9 +30,9 @@ from typing import Any, AsyncIterator
 import httpx
 
 from adapters import prom
-from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
-                           RequestError, TokenEvent, check_options)
-from adapters.serving import SERVER_OPTIONS, ManagedServer, ModalEngine, need
+from adapters.base import (EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
+                           RequestError, TokenEvent)
+from adapters.serving import HTTPServerEngine, ModalEngine, need
 
 INSTALL = ("install text-generation-launcher (TGI) on a GPU host, or set launcher = "
            "\"docker run --gpus all --shm-size 1g --network host -v {model}:{model} "
@@ -54,20 +54,16 @@ class TGIEngine(ModalEngine):
     IMPLS = {"server": "adapters.tgi:TGIServer", "attach": "adapters.tgi:TGIServer"}
 
 
-class TGIServer(Engine):
+class TGIServer(HTTPServerEngine):
     name = "tgi"
-    OPTIONS = SERVER_OPTIONS | {"url", "kv_cache_tokens", *KNOBS}
+    OPTIONS = HTTPServerEngine.OPTIONS | set(KNOBS)
+    INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
-        check_options(self.name, self.options, self.OPTIONS)
-        self.url = self.options.get("url")
-        self.server = None if self.url else ManagedServer(self.name, model, self.options, "/health", INSTALL)
         self.client: Any = None
         self.http: httpx.AsyncClient | None = None
         self.tokenizer: Any = None
-        self.info: EngineInfo | None = None
-        self._aborted: set[str] = set()
 
     def server_argv(self) -> list[str]:
         s = self.server
@@ -86,7 +82,7 @@ class TGIServer(Engine):
             return self.info
         hub = need("huggingface_hub", "pip install huggingface-hub")
         try:
-            base = self.url.rstrip("/") if self.url else await self.server.start(self.server_argv, lambda wd: {})
+            base = await self.connect()
             self.http = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             info = await self._info(base)
             self.client = hub.AsyncInferenceClient(base_url=base)
@@ -97,8 +93,7 @@ class TGIServer(Engine):
                      **{k: self.options[k] for k in (*KNOBS, "kv_cache_tokens") if k in self.options}}
             self.info = EngineInfo(engine=self.name, version=str(info.get("version", "unknown")),
                                    model=str(info.get("model_id", self.model)), dtype=self.dtype,
-                                   kv_capacity_tokens=cap, knobs=knobs, mode="attach" if self.url else "server",
-                                   pid=self.server.pid if self.server else None)
+                                   kv_capacity_tokens=cap, knobs=knobs, mode=self.mode, pid=self.pid)
         except BaseException:
             await self.stop()
             raise
@@ -174,11 +169,7 @@ class TGIServer(Engine):
             snap.num_waiting = int(waiting) if waiting is not None else None
         return snap
 
-    async def stop(self) -> None:
+    async def close_clients(self) -> None:
         http, self.http, self.client = self.http, None, None
-        try:
-            if http is not None:
-                await http.aclose()
-        finally:
-            if self.server is not None:
-                await self.server.stop()
+        if http is not None:
+            await http.aclose()
