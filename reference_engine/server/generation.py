@@ -197,3 +197,12 @@ async def until_disconnect(request, coro):
         if not work.done():
             work.cancel()
     return work.result() if work in done else None
+
+
+async def run_whole(request, batch: Batch) -> list[Choice] | None:
+    """A non-streaming request: run the batch to its end, or abort it when the client leaves
+    (None). The batch's requests are released either way."""
+    try:
+        return await until_disconnect(request, batch.run())
+    finally:
+        batch.close()

@@ -22,7 +22,7 @@ from reference_engine.sampling_params import SamplingParams
 
 from . import openai_format as fmt
 from .errors import bad_request, from_value_error
-from .generation import SAMPLING_FIELDS, Batch, Choice, until_disconnect
+from .generation import SAMPLING_FIELDS, Batch, Choice, run_whole
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .sse import DONE, SSEResponse, event
 from .state import ServerState, get_state
@@ -99,11 +99,7 @@ async def _respond(request: Request, batch: Batch, stream_body, whole_body):
     """Stream (SSE, abort on disconnect) or wait for everything (abort if the client leaves)."""
     if stream_body is not None:
         return SSEResponse(stream_body, on_close=batch.close)
-    try:
-        choices = await until_disconnect(request, batch.run())
-    finally:
-        batch.close()
-    if choices is None:
+    if await run_whole(request, batch) is None:
         return Response(status_code=CLIENT_GONE)
     return JSONResponse(whole_body())
 

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from reference_engine.sampling_params import SamplingParams
 
 from .errors import bad_request, from_value_error
-from .generation import SAMPLING_FIELDS, Batch, Choice, until_disconnect
+from .generation import SAMPLING_FIELDS, Batch, Choice, run_whole
 from .openai_routes import CLIENT_GONE
 from .protocol import TGICompatRequest, TGIParameters, TGIRequest, TokenizeRequest
 from .sse import SSEResponse, event
@@ -105,10 +105,7 @@ def _start(st: ServerState, req: TGIRequest) -> tuple[Batch, int | None, int]:
 
 async def _generate(st: ServerState, req: TGIRequest, request: Request, as_list: bool):
     batch, seed, input_len = _start(st, req)
-    try:
-        choices = await until_disconnect(request, batch.run())
-    finally:
-        batch.close()
+    choices = await run_whole(request, batch)
     if choices is None:
         return Response(status_code=CLIENT_GONE)
     c, p, tok = choices[0], req.parameters, st.engine.tokenizer
