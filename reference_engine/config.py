@@ -55,7 +55,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     record_steps: bool = False
     attention_backend: str = "torch"
-    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (`serve`: cores - 1)
     seed: int = 0
 
     def __post_init__(self) -> None:
