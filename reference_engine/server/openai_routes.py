@@ -104,6 +104,12 @@ async def _respond(request: Request, batch: Batch, stream_body, whole_body):
     return JSONResponse(whole_body())
 
 
+def _stream_end(req, batch: Batch, head: dict) -> list[str]:
+    """The last SSE events: the usage chunk when `stream_options.include_usage`, then [DONE]."""
+    usage = [event(head | {"choices": [], "usage": fmt.usage(batch.num_prompt_tokens, batch.num_completion_tokens)})]
+    return (usage if req.include_usage else []) + [DONE]
+
+
 async def _guard(gen):
     """Errors after the 200 went out can only travel as an SSE event; then [DONE]."""
     try:
@@ -160,10 +166,8 @@ async def completions(req: CompletionRequest, request: Request):
                     first.add(c.index)
                     ch["prompt_token_ids"] = c.prompt_ids
             yield event(head | {"choices": [ch]} | _chunk_usage(req, batch))
-        if req.include_usage:
-            yield event(head | {"choices": [], "usage": fmt.usage(batch.num_prompt_tokens,
-                                                                   batch.num_completion_tokens)})
-        yield DONE
+        for tail in _stream_end(req, batch, head):
+            yield tail
 
     return await _respond(request, batch, _guard(chunks()) if req.stream else None, whole)
 
@@ -212,9 +216,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
             if ids:
                 ch["token_ids"] = d.new_token_ids
             yield event(head | {"choices": [ch]} | _chunk_usage(req, batch))
-        if req.include_usage:
-            yield event(head | {"choices": [], "usage": fmt.usage(batch.num_prompt_tokens,
-                                                                   batch.num_completion_tokens)})
-        yield DONE
+        for tail in _stream_end(req, batch, head):
+            yield tail
 
     return await _respond(request, batch, _guard(chunks()) if req.stream else None, whole)
