@@ -89,6 +89,12 @@ class EngineInfo:
     knobs: dict[str, Any] = field(default_factory=dict)
     mode: str = "in_process"  # in_process | server | attach
     pid: int | None = None  # the engine's root process, for memory sampling
+    # Full URL of the engine's Prometheus text (None: it exports none). The harness scrapes it
+    # itself, only between measured levels, for the server's own view (experiments/server_view.py).
+    metrics_url: str | None = None
+    # Fairness settings this engine could not honour, setting -> why in words
+    # (e.g. {"dtype": "TGI runs float16/bfloat16 only; float32 was asked, float16 ran"}).
+    unhonoured: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
