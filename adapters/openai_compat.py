@@ -170,7 +170,8 @@ class OpenAIEngine(Engine):
             knobs = {**self._knobs(), "events_carry_token_ids": self.events_carry_token_ids}
             self.info = EngineInfo(engine=self.name, version=await self._version(), model=self.served_model_name,
                                    dtype=self.dtype, kv_capacity_tokens=cap, block_size=bs, knobs=knobs,
-                                   mode=self.mode, pid=self._pid())
+                                   mode=self.mode, pid=self._pid(),
+                                   metrics_url=self.base_url + self.metrics_path if self._has_metrics else None)
         except httpx.TransportError as e:  # nothing listening, or it hung up
             await self.stop()
             raise EngineUnavailable(f"no OpenAI-compatible server answers at {self.base_url} ({e!r}); "
