@@ -131,6 +131,16 @@ class SLO(_Strict):
     e2el_ms: float | None = Field(None, gt=0)
 
 
+class Observer(_Strict):
+    """What the harness asks the engine besides the workload. By default nothing during a
+    measured level: the engine's gauges and its own latency histograms are read just before
+    and just after each level. `timeline_s` samples the gauges during levels at that period
+    (a timeline perturbs the engine it watches; such levels are flagged)."""
+
+    timeline_s: float | None = Field(None, gt=0)
+    server_view: bool = True  # scrape the engine's /metrics before and after each level
+
+
 class KV(_Strict):
     tokens: int | None = Field(None, ge=1)  # the pinned KV budget, passed as option kv_cache_tokens
 
@@ -155,6 +165,7 @@ class Config(_Strict):
     sampling: Sampling = Sampling()
     slo: SLO = SLO()
     kv: KV = KV()
+    observer: Observer = Observer()
     seed: int = 0
 
     @model_validator(mode="after")

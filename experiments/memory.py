@@ -3,15 +3,17 @@
 Each sample: RSS of the engine's process tree (the engine's pid and all descendants; the
 harness's own pid for an in-process engine) and GPU memory (NVML for the whole device when
 pynvml is present, else torch.cuda for this process when torch is already imported and
-sees a GPU). Every `engine_every`-th sample (default: every 0.5 s) also asks the engine for
-its KV report (`engine.snapshot()`, run on the harness's event loop with a short timeout):
-for a server that is an HTTP scrape of its metrics, which costs the client CPU, so it is
-taken less often than the cheap process numbers.
+sees a GPU). Neither touches the engine: RSS is read from the kernel, and the process tree
+is rediscovered only between measured levels (`refresh()`), because scanning /proc holds
+the interpreter lock for milliseconds.
+
+The engine's own KV and queue gauges are not sampled here by default: asking a server
+for them during a level perturbs it (see experiments/observer.py). The runner reads them
+before and after each level; an opt-in timeline (`Timeline`) samples them during it.
 Invariant: the sampler only reads; it never touches the engine's state.
 """
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 import time
@@ -20,28 +22,32 @@ from typing import Any
 import pandas as pd
 import psutil
 
-from adapters.base import Engine
 
 
 class ProcessTree:
     """RSS of a process and its descendants. Finding the descendants scans all of /proc in
-    Python (milliseconds, holding the GIL), so the tree is rediscovered only every
-    `refresh` calls; reading each known process's RSS is cheap."""
+    Python (milliseconds, holding the interpreter lock), so it happens only in `refresh()`
+    (called between levels) or when no process is known yet; reading each known process's
+    RSS is cheap."""
 
-    def __init__(self, pid: int | None, refresh: int = 20):
-        self.pid, self.refresh, self.calls = pid, refresh, 0
+    def __init__(self, pid: int | None):
+        self.pid = pid
         self.procs: list[psutil.Process] = []
+
+    def refresh(self) -> None:
+        if self.pid is None:
+            return
+        try:
+            root = psutil.Process(self.pid)
+            self.procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            self.procs = []
 
     def rss(self) -> int | None:
         if self.pid is None:  # an attached server: its process is not ours to see
             return None
-        if self.calls % self.refresh == 0 or not self.procs:
-            try:
-                root = psutil.Process(self.pid)
-                self.procs = [root] + root.children(recursive=True)
-            except psutil.Error:
-                return None
-        self.calls += 1
+        if not self.procs:
+            self.refresh()
         total, alive = 0, False
         for p in self.procs:
             try:
@@ -76,39 +82,36 @@ class _GPU:
 
 
 class MemorySampler:
-    def __init__(self, engine: Engine, pid: int | None, loop: asyncio.AbstractEventLoop, interval_s: float = 0.1,
-                 engine_every: int = 5):
-        self.engine, self.pid, self.loop, self.interval = engine, pid, loop, interval_s
-        self.engine_every = engine_every
+    """Process and GPU memory every `interval_s`; with a `timeline` (see observer.Timeline)
+    attached, also its engine gauges at the timeline's own rate."""
+
+    def __init__(self, pid: int | None, interval_s: float = 0.1):
+        self.pid, self.interval = pid, interval_s
         self.samples: list[dict[str, Any]] = []
-        self.marks: dict[str, int] = {}
+        self.timeline = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferlab-memory", daemon=True)
         self._gpu = _GPU()
         self._tree = ProcessTree(pid)
+        self._lock = threading.Lock()
 
     def start(self) -> "MemorySampler":
+        self._tree.refresh()
         self._thread.start()
         return self
 
-    def mark(self, label: str) -> None:
-        """Note the sample index where a phase starts (e.g. 'after_warmup:concurrency=4')."""
-        self.marks[label] = len(self.samples)
+    def refresh(self) -> None:
+        """Rediscover the engine's process tree (between levels only: it holds the GIL)."""
+        with self._lock:
+            self._tree.refresh()
 
     def sample(self) -> dict[str, Any]:
-        s: dict[str, Any] = {"t_ns": time.perf_counter_ns(), "rss_bytes": self._tree.rss(),
-                             "gpu_bytes": self._gpu.used()}
-        if len(self.samples) % self.engine_every:
-            return s
-        try:
-            fut = asyncio.run_coroutine_threadsafe(self.engine.snapshot(), self.loop)
-            snap = fut.result(timeout=1.0)
-            s.update(kv_used_tokens=snap.kv_used_tokens, kv_capacity_tokens=snap.kv_capacity_tokens,
-                     kv_usage=snap.kv_usage, num_running=snap.num_running, num_waiting=snap.num_waiting)
-            if snap.gpu_bytes is not None:
-                s["gpu_bytes"] = snap.gpu_bytes
-        except Exception:  # engine busy or gone: keep the process numbers
-            pass
+        with self._lock:
+            s: dict[str, Any] = {"t_ns": time.perf_counter_ns(), "rss_bytes": self._tree.rss(),
+                                 "gpu_bytes": self._gpu.used()}
+        tl = self.timeline
+        if tl is not None and tl.due():
+            s.update(tl.sample())
         return s
 
     def _run(self) -> None:

@@ -139,3 +139,21 @@ def agreement(base: dict[str, list[int]], other: dict[str, list[int]]) -> dict[s
             n += 1
         prefix += n / max(len(a), len(b), 1)
     return {"requests": len(common), "exact": exact / len(common), "prefix": prefix / len(common)}
+
+
+def mean_decoding(records: list[dict[str, Any]]) -> float | None:
+    """Time-averaged number of requests between their first and their last token, over the
+    time at least one was (the client's view of the decode batch size)."""
+    spans = [(r["events"][0][0], r["events"][-1][0]) for r in records if len(r["events"]) >= 2]
+    if not spans:
+        return None
+    busy = sum(b - a for a, b in spans)
+    covered, end = 0, None
+    for a, b in sorted(spans):  # length of the union of the spans
+        if end is None or a > end:
+            covered += b - a
+            end = b
+        elif b > end:
+            covered += b - end
+            end = b
+    return busy / covered if covered > 0 else None

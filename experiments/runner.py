@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from adapters import registry
-from adapters.base import Engine, EngineUnavailable
+from adapters.base import Engine, EngineInfo, EngineUnavailable
 from experiments.config import Config
 from experiments.isolate import Isolated
 from experiments.load import LoadGenerator, Outcome, arrivals, chains
 from experiments.memory import MemorySampler
+from experiments.observer import Bracket, Timeline
 from experiments.progress import Progress
 from experiments.results import EngineDir, git_commit, hardware, record, versions
 from experiments.workloads import WorkItem
@@ -110,10 +111,12 @@ class EngineRun:
         self._save()
         # RSS of the engine's process tree; nothing for an attached server (never the harness's own RSS)
         pid = info.pid if info.pid is not None else (os.getpid() if m["same_process"] else None)
-        sampler = MemorySampler(engine, pid, asyncio.get_running_loop()).start()
+        sampler = MemorySampler(pid).start()
+        if not cfg.observer.server_view:
+            info.metrics_url = None  # the user asked for no scrapes at all
         try:
             for kind, value in cfg.load.levels():
-                failure = await self._level(engine, sampler, kind, value)
+                failure = await self._level(engine, info, sampler, kind, value)
                 if failure:
                     m.update(status="failed", reason=failure)
                     return "failed"
@@ -127,7 +130,10 @@ class EngineRun:
             self.dir.close()
             await _quiet_stop(engine)
 
-    async def _level(self, engine: Engine, sampler: MemorySampler, kind: str, value: float) -> str | None:
+    async def _level(self, engine: Engine, info: EngineInfo, sampler: MemorySampler, kind: str,
+                     value: float) -> str | None:
+        """Warm-up, then the bracket's before-reading, the measured requests with nothing else
+        sent to the engine (unless a timeline is configured), and the after-reading."""
         cfg, plan = self.plan.cfg, self.plan
         level = f"{kind}={value:g}"
         done = self.done.get(level, set())
@@ -140,7 +146,14 @@ class EngineRun:
         await warm.closed([[w] for w in plan.warm], int(value) if kind == "concurrency" else len(plan.warm) or 1)
         if warm.failure:
             return f"warm-up failed: {warm.failure}"
+        sampler.refresh()
+        bracket = Bracket(engine, info)
+        await bracket.open()
+        timeline = None
+        if cfg.observer.timeline_s:
+            timeline = Timeline(engine, info, asyncio.get_running_loop(), cfg.observer.timeline_s)
         start_idx = len(sampler.samples)
+        sampler.timeline = timeline
         plan.progress.level(f"{self.name} {level}", sum(len(c) for c in todo))
 
         def on_done(o: Outcome) -> None:
@@ -149,22 +162,45 @@ class EngineRun:
                 plan.progress.done(len(o.token_ids))
 
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
+        sent = sum(len(c) for c in todo)
         cpu0, loop0, t0 = _cpu_s(), time.thread_time(), time.perf_counter()
-        if kind == "concurrency":
-            await gen.closed(todo, int(value))
-        else:
-            await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed))
+        try:
+            if kind == "concurrency":
+                await gen.closed(todo, int(value))
+            else:
+                await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed))
+        finally:
+            sampler.timeline = None
+            if timeline is not None:
+                timeline.close()
         wall, cpu, loop_cpu = time.perf_counter() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
+        memory = sampler.summary(start_idx)
+        observed = await bracket.close(sent)
         prev = self.manifest["levels"].get(level, {})
         self.manifest["levels"][level] = {
             "harness_cpu_s": prev.get("harness_cpu_s", 0.0) + cpu,
             "harness_loop_cpu_s": prev.get("harness_loop_cpu_s", 0.0) + loop_cpu,
             "wall_s": prev.get("wall_s", 0.0) + wall,
-            "sent": prev.get("sent", 0) + sum(len(c) for c in todo),
-            "memory": sampler.summary(start_idx),
+            "sent": prev.get("sent", 0) + sent,
+            "memory": _with_bracket(memory, observed),
+            "observer": {"timeline": timeline.summary() if timeline else None,
+                         "snapshot_before": observed.get("snapshot_before"),
+                         "snapshot_after": observed.get("snapshot_after")},
+            "server_view": observed.get("server_view"),
         }
         self._save()
         return gen.failure
+
+
+def _with_bracket(memory: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any]:
+    """KV capacity and the engine's gauges from the readings around the level, where the
+    timeline (off by default) gave none."""
+    after = observed.get("snapshot_after") or {}
+    before = observed.get("snapshot_before") or {}
+    if memory.get("kv_capacity_tokens") is None:
+        memory["kv_capacity_tokens"] = after.get("kv_capacity_tokens") or before.get("kv_capacity_tokens")
+    memory["kv_usage_before"], memory["kv_usage_after"] = before.get("kv_usage"), after.get("kv_usage")
+    return memory
 
 
 async def _quiet_stop(engine: Engine) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.base import UNKNOWN_TOKEN_ID
-from experiments import bandwidth, metrics
+from experiments import bandwidth, metrics, observer
 from experiments.results import EngineDir
 
 CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
@@ -106,6 +106,7 @@ def summarize(runs: Runs) -> None:
             lv = e.manifest.get("levels", {}).get(level, {})
             s["memory"] = lv.get("memory", {})
             s["harness"] = _harness(lv, e.manifest)
+            _observed(s, lv, recs)
             s["bandwidth"] = _bandwidth(shapes[(model, dtype)], s, level, recs)
             e.summary[level] = s
         EngineDir(e.run_dir, e.name).write("summary.json", {"engine": e.name, "status": e.manifest.get("status"),
@@ -125,13 +126,26 @@ def _harness(lv: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
             "cpu_ms_per_request": cpu / sent * 1e3 if cpu is not None and sent else None, "warning": warn}
 
 
+def _observed(s: dict[str, Any], lv: dict[str, Any], recs: list[dict[str, Any]]) -> None:
+    """The server's own view beside the client's, and readings that cannot be the engine's."""
+    view = lv.get("server_view")
+    cmp = observer.compare(s, view)
+    own_itl = (cmp or {}).get("rows", {}).get("itl", {}).get("server_ms")
+    bunch = observer.bunched(recs, own_itl or s["itl_ms"]["mean"])  # means are robust to bunching
+    s["server_view"] = view
+    s["client_vs_server"] = cmp
+    s["bunched"] = bunch
+    s["implausible"] = observer.implausible(s, cmp, bunch)
+    s["observer"] = lv.get("observer") or {}
+    s["mean_in_flight"] = metrics.mean_decoding(recs)
+
+
 def _bandwidth(shape: dict[str, Any] | None, s: dict[str, Any], level: str, recs: list[dict[str, Any]]) -> dict:
     if shape is None:
         return {}
-    kind, _, v = level.partition("=")
-    running = s["memory"].get("mean_num_running")
-    if not running:  # the engine did not report its batch: the client-side bound
-        running = min(float(v), len(recs)) if kind == "concurrency" else None
+    running = s["memory"].get("mean_num_running")  # the engine's own count, when a timeline ran
+    if not running:  # else the client's: requests between their first and last token, time-averaged
+        running = s.get("mean_in_flight")
     ctx = s["prompt_tokens"] / len(recs) + s["output_tokens"] / len(recs) / 2
     return {**bandwidth.decode_estimate(shape, s["tpot_ms"]["median"], running, ctx),
             "weight_bytes": shape["weight_bytes"], "kv_bytes_per_token": shape["kv_bytes_per_token"]}

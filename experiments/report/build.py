@@ -1,0 +1,65 @@
+"""`build`: summarize run folders, draw the plots and write report.md (sections in their own modules)."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from experiments import bandwidth, plots
+from experiments.report import observer, sections
+from experiments.report.md import fmt, group
+from experiments.report.rows import BANDWIDTH, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
+from experiments.summary import load_runs, same_prompts, summarize
+
+FAIRNESS = """Same model directory, same dtype, same token-exact prompts, same sampling (greedy + `ignore_eos`
++ fixed output length by default), same arrival schedule (seeded), same KV budget *in tokens* where
+the engine allows pinning it, warm-up excluded, one engine on the device at a time, nothing sent to the
+engine during a measured level but the workload (its metrics are read just before and just after; a
+timeline during the level is opt-in and flagged), and the harness outside the engine's process for
+latency comparisons, with its own CPU share recorded. Rows an engine could not make fair are flagged below."""
+
+DEFINITIONS = """- **TTFT**: send -> first event carrying >= 1 token. **E2EL**: send -> last token event.
+- **ITL**: gap between consecutive token-bearing events, split evenly over the later event's tokens; pooled.
+- **TPOT**: (E2EL - TTFT) / (output tokens - 1), per request.
+- **Throughput**: tokens / wall time (first send -> last finish). **Goodput**: requests/s meeting every SLO.
+- Token counts come from the returned token ids; the engine-reported and re-tokenized counts are cross-checks."""
+
+
+def build(dirs: list[Path], out: Path) -> Path:
+    """Summarize `dirs`, draw the plots and write `out/report.md`; returns its path."""
+    runs = load_runs([Path(d) for d in dirs])
+    summarize(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    pngs = plots.latency_cdfs(runs, out / "plots") + plots.sweep(runs, out / "plots")
+    names = ", ".join(c[1]["name"] for c in runs.configs)
+    md = [f"# inferlab report: {names}", "",
+          f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
+          + ", ".join(f"`{d}`" for d, _, _ in runs.configs) + ".", ""] + sections.provenance(runs) + [
+          "", "## Engines", ""] + sections.engines(runs)
+    sp = same_prompts(runs)
+    md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
+           "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + sections.flags(runs)
+    md += ["", "## Metric definitions", "", DEFINITIONS, ""]
+    md += ["## Latency", ""] + group(runs, latency_rows()) + [""]
+    md += ["## The server's own view", ""] + observer.section(runs) + [""]
+    for title, rows in (("Throughput", THROUGHPUT), ("Memory", MEMORY),
+                        ("Token-count checks", CHECKS), ("Harness CPU (the observer's cost)", HARNESS)):
+        md += [f"## {title}", ""] + group(runs, rows) + [""]
+    md.insert(md.index("## Harness CPU (the observer's cost)") - 1,
+              "Re-tokenizing streamed text is a cross-check only: random-token outputs of a random-weight model "
+              "often re-tokenize to a different count (BPE merges across token boundaries).\n")
+    md += ["## Greedy-token agreement", ""] + sections.agreement_section(runs) + [""]
+    peak = next((e.manifest.get("peak_bandwidth") for e in runs.engines if e.manifest.get("peak_bandwidth")), {})
+    md += ["## How far from the hardware (estimate)", "",
+           f"Formula: {bandwidth.FORMULA}. Weights and KV bytes come from the model's safetensors headers and "
+           "config.json; activations and overheads are ignored, so this is an estimate.", "",
+           f"Measured peak in this run (copy of {peak.get('size_mb', '?')} MB, read + write): "
+           f"CPU {fmt(peak.get('cpu_gbps'))} GB/s, GPU {fmt(peak.get('gpu_gbps'))} GB/s.", ""]
+    md += group(runs, BANDWIDTH) + [""]
+    md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + [""]
+    md += ["## Config", ""]
+    for d, cfg, toml in runs.configs:
+        md += [f"`{d}/config.toml`:", "", "```toml", toml.strip() or "(missing)", "```", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    return path

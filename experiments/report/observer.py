@@ -1,0 +1,88 @@
+"""The report's "client vs the server's own view" section and the observer's flags.
+
+Per engine and level: the client's TTFT / ITL / TPOT / E2EL means beside the same
+requests' means from the engine's own histograms (scraped just before and just after the
+level), the difference, and a flag where they disagree beyond the limits in
+experiments/observer.py. Also the cost of every scrape, and whether a timeline ran.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from experiments import observer
+from experiments.report.md import fmt, table
+from experiments.summary import Runs
+
+METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2EL"))
+
+
+def section(runs: Runs) -> list[str]:
+    rows = []
+    for e in runs.engines:
+        for level in runs.levels:
+            s = e.summary.get(level)
+            if not s:
+                continue
+            cmp = s.get("client_vs_server")
+            if cmp is None:
+                rows.append([e.label, level, "–", "–", "–", "–", _why_none(e, s)])
+                continue
+            for key, name in METRICS:
+                r = cmp["rows"].get(key)
+                if r is None:
+                    continue
+                diff = r["diff_ms"]
+                rel = f"{diff / r['server_ms']:+.0%}" if diff is not None and r["server_ms"] else "–"
+                rows.append([e.label, level, name, fmt(r["client_ms"]), fmt(r["server_ms"]),
+                             f"{fmt(diff)} ({rel})", f"{fmt(int(r['server_count']))} counted"])
+    if not rows:
+        return ["No engine in this report exports latency histograms."]
+    intro = ("Client means against the engine's own histograms for the same requests (one scrape of its "
+             "Prometheus metrics just before the level, one just after; nothing reaches the engine during the "
+             f"level unless a timeline is configured). A level is flagged when the client's TTFT exceeds the "
+             f"server's by more than {observer.TTFT_ABS_MS:g} ms + {observer.TTFT_REL:.0%}, or ITL/E2EL differ by "
+             f"more than {observer.ITL_REL:.0%}. The client's TTFT includes the HTTP round trip and the server's "
+             "request parsing, so a few milliseconds above the server's is expected.")
+    return [intro, ""] + table(["engine", "level", "metric", "client mean (ms)", "server mean (ms)",
+                                "client − server (ms)", "server saw"], rows) + [""] + _scrapes(runs)
+
+
+def _why_none(e, s: dict[str, Any]) -> str:
+    view = s.get("server_view")
+    if view and view.get("error"):
+        return f"scrape failed: {view['error']}"
+    if (e.manifest.get("info") or {}).get("metrics_url"):
+        return "no latency histograms in its metrics"
+    return "the engine exports no metrics"
+
+
+def _scrapes(runs: Runs) -> list[str]:
+    rows = []
+    for e in runs.engines:
+        for level in runs.levels:
+            s = e.summary.get(level)
+            if not s:
+                continue
+            view, tl = s.get("server_view") or {}, (s.get("observer") or {}).get("timeline")
+            ms = view.get("scrape_ms") or [None, None]
+            rows.append([e.label, level, fmt(ms[0]), fmt(ms[1]),
+                         f"every {tl['every_s']:g} s: {tl['scrapes']} scrapes, mean {fmt(tl['scrape_ms_mean'])} ms, "
+                         f"max {fmt(tl['scrape_ms_max'])} ms" if tl else "off"])
+    return ["What the harness asked of each engine besides the workload (scrape latencies in ms):", ""] + \
+        table(["engine", "level", "scrape before", "scrape after", "timeline during the level"], rows)
+
+
+def flags(e, level: str, s: dict[str, Any]) -> list[str]:
+    """Flag lines for one engine and level: server disagreement, implausible readings, a timeline."""
+    out = []
+    cmp = s.get("client_vs_server")
+    if cmp and cmp["flags"]:
+        out.append(f"- **{e.label}** {level}: " + "; ".join(cmp["flags"]) + f" — {observer.CAUSES}.")
+    for line in s.get("implausible") or []:
+        out.append(f"- **{e.label}** {level}: {line}.")
+    tl = (s.get("observer") or {}).get("timeline")
+    if tl:
+        out.append(f"- **{e.label}** {level}: possibly perturbed by the observer: the engine's gauges were "
+                   f"scraped every {tl['every_s']:g} s during the level ({tl['scrapes']} scrapes, max "
+                   f"{fmt(tl['scrape_ms_max'])} ms each).")
+    return out

@@ -1,0 +1,78 @@
+"""The report's prose sections: where the numbers came from, the engines as they ran,
+the flags, and the greedy-token agreement."""
+from __future__ import annotations
+
+from experiments.report import observer
+from experiments.report.md import fmt, table
+from experiments.summary import Runs, agreement
+
+
+def provenance(runs: Runs) -> list[str]:
+    """The commands that produced the runs, and the machine they ran on (from the manifests)."""
+    lines, seen = [], set()
+    for e in runs.engines:
+        m = e.manifest
+        cmd, hw = m.get("command"), m.get("hardware") or {}
+        if cmd and cmd not in seen:
+            seen.add(cmd)
+            lines.append(f"- command: `{cmd}` (started {m.get('started_at', '?')}, git {str(m.get('git_commit'))[:10]})")
+        machine = f"{hw.get('cpu', '?')}, {hw.get('cores_logical', '?')} logical cores, " \
+                  f"{(hw.get('ram_bytes') or 0) / 2**30:.0f} GiB RAM, GPUs: {', '.join(hw.get('gpus') or []) or 'none'}"
+        if machine not in seen:
+            seen.add(machine)
+            lines.append(f"- machine: {machine}")
+    return lines
+
+
+def engines(runs: Runs) -> list[str]:
+    rows = []
+    for e in runs.engines:
+        m, info = e.manifest, e.manifest.get("info") or {}
+        mode = info.get("mode", "–") + (" (same interpreter)" if m.get("same_process") else "")
+        label = e.label + (" (naive baseline)" if e.name == "hf" else "")
+        rows.append([label, m.get("status", "–"), mode, info.get("version", "–"), info.get("dtype", "–"),
+                     fmt(info.get("kv_capacity_tokens")), fmt(m.get("kv_pinned")), fmt(m.get("sessions")),
+                     (m.get("reason") or "").replace("|", "/").replace("\n", " ")[:300]])
+    return table(["engine", "status", "mode", "version", "dtype", "KV capacity (tokens)", "KV pinned",
+                   "sessions", "reason"], rows)
+
+
+def flags(runs: Runs) -> list[str]:
+    out = []
+    for e in runs.engines:
+        if e.manifest.get("same_process"):
+            out.append(f"- **{e.label}** ran inside the harness's interpreter: its latency numbers are perturbed "
+                       "by the client (in-process mode is for offline throughput only).")
+        if (e.manifest.get("info") or {}).get("mode") == "attach":
+            out.append(f"- **{e.label}** was attached to a server started elsewhere: its process memory is not "
+                       "measured here and its KV budget was set by whoever started it.")
+        elif e.manifest.get("kv_pinned") is False and any(c[1].get("kv", {}).get("tokens") for c in runs.configs):
+            out.append(f"- **{e.label}** does not take a pinned KV budget in tokens; see its KV capacity above.")
+        for setting, why in ((e.manifest.get("info") or {}).get("unhonoured") or {}).items():
+            out.append(f"- **{e.label}** could not honour `{setting}`: {why}.")
+        for level, s in e.summary.items():
+            c = s["token_checks"]
+            if c["stopped_early"]:
+                why = ("TGI has no `ignore_eos`" if (e.manifest.get("info") or {}).get("knobs", {}).get("ignore_eos")
+                       == "unsupported" else "the engine did not honour `ignore_eos`")
+                out.append(f"- **{e.label}** {level}: {c['stopped_early']} request(s) stopped before max_tokens "
+                           f"({why}); its throughput counts fewer tokens.")
+            if c["reported_count_mismatch"] or c["prompt_count_mismatch"]:
+                out.append(f"- **{e.label}** {level}: token counts reported by the engine differ from the ids "
+                           f"({c['reported_count_mismatch']} output, {c['prompt_count_mismatch']} prompt).")
+            if s["harness"].get("warning") and not e.manifest.get("same_process"):
+                out.append(f"- **{e.label}** {level}: {s['harness']['warning']}.")
+            out += observer.flags(e, level, s)
+    return out or ["- none"]
+
+
+def agreement_section(runs: Runs) -> list[str]:
+    base = runs.baseline
+    agr = agreement(runs)
+    if base is None or not agr:
+        return ["Only one engine finished requests; nothing to compare."]
+    rows = [[label, lv, fmt(a["requests"]), fmt(a["exact"], 3), fmt(a["prefix"], 3)]
+            for label, levels in agr.items() for lv, a in levels.items()]
+    return [f"Against **{base.label}**, over the requests both finished (greedy sampling should agree; "
+            "small numeric differences can flip a near-tie and everything after it):", ""] + \
+        table(["engine", "level", "requests", "identical outputs", "mean matching prefix"], rows)

