@@ -11,6 +11,7 @@ have exactly one query token each; prefill (or chunked-prefill) sequences follow
 from __future__ import annotations
 
 import abc
+import importlib
 from dataclasses import dataclass
 
 import torch
@@ -105,9 +106,15 @@ def _sdpa(q, k, v, scale, mask):
 
 
 BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchBackend}
+# Backends that need an optional package, imported only when chosen so that the engine imports
+# without it: name -> "module:function" returning the class (or raising a one-line ImportError).
+LAZY_BACKENDS: dict[str, str] = {"triton": "reference_engine.triton_attention:backend_class"}
 
 
 def get_backend(name: str) -> type[AttentionBackend]:
+    if name not in BACKENDS and name in LAZY_BACKENDS:
+        module, func = LAZY_BACKENDS[name].split(":")
+        BACKENDS[name] = getattr(importlib.import_module(module), func)()
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join({**BACKENDS, **LAZY_BACKENDS})}")
     return BACKENDS[name]
