@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("reference_engine.server.cli:main", "serve the reference engine over OpenAI + TGI HTTP routes"),
     "run": ("experiments.commands:run_main", "run an experiment config and write results/<name>/report.md"),
     "report": ("experiments.commands:report_main", "rebuild or merge reports from run folders"),
+    "check-observer": ("experiments.check_observer:main", "run one level with the harness and with a bare client, "
+                                                         "beside the engine's own view: does the harness disturb it?"),
     "list-engines": ("experiments.commands:list_engines_main", "list the registered engine adapters"),
 }
 

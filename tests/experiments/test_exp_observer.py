@@ -137,3 +137,27 @@ async def test_an_opt_in_timeline_is_flagged_with_its_cost(tmp_path, exp_model, 
     assert "possibly perturbed by the observer" in r["report"]
     # the perturbation is real: the server's nominal TTFT is 20 ms, and its own view shows the stalls too
     assert s["ttft_ms"]["mean"] > 50 and s["client_vs_server"]["rows"]["ttft"]["server_ms"] > 50
+
+
+@pytest.mark.slow
+async def test_check_observer_agrees_by_default_and_catches_a_timeline(tmp_path, exp_model, slow_server, capsys):
+    from experiments.check_observer import main
+
+    body = f"""
+        engine = "openai"
+        [engine_options.openai]
+        url = "{slow_server}"
+        [workload]
+        num_requests = 12
+        input_len = 32
+        output_len = 32
+        [load]
+        concurrency = [4]
+        """
+    quiet = write_config(tmp_path / "quiet.toml", exp_model, body)
+    noisy = write_config(tmp_path / "noisy.toml", exp_model, body + "[observer]\ntimeline_s = 0.1\n")
+    assert await asyncio.to_thread(main, [str(quiet)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: OK" in out and "server (bare run)" in out
+    assert await asyncio.to_thread(main, [str(noisy)]) == 1
+    assert "verdict: DISAGREE" in capsys.readouterr().out

