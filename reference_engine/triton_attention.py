@@ -22,8 +22,8 @@ step the backend launches (kernels in `reference_engine/kernels/paged_attention.
    or fp32 in; scores, softmax (online, exp2) and accumulation in fp32.
 3. Split-K (flash-decoding): when the grid is smaller than the GPU and contexts are long (decode
    batches), each program's keys are cut into `splits` tile-aligned parts; every part writes a
-   normalized partial output and its log-sum-exp, and `merge_splits_kernel`, grid `(N, H)`,
-   combines them. `TritonBackend(num_splits=...)` fixes the count (tests, captured graphs).
+   normalized partial output and its log-sum-exp, and `merge_splits_kernel`, grid
+   `(N, cdiv(H, BLOCK_H))` (BLOCK_H*splits*D ~ 4096), combines them. `TritonBackend(num_splits=...)` fixes the count (tests, captured graphs).
 
 Block shapes: BLOCK_N = 64 keys (32 if head_dim > 128); query rows BLOCK_R = 64 (16 for
 decode-only steps), i.e. BLOCK_M = BLOCK_R // (H/Hkv) tokens. Any cache block size works: each
@@ -50,6 +50,7 @@ INSTALL_HINT = (f"attention backend 'triton' needs the triton package: pip insta
 SPLIT_MIN_KEYS = 256  # a split gets at least this many keys, so the merge stays a small fraction
 MAX_SPLITS = 32
 STORE_TILE = 4096  # elements one KV-store program moves per tensor
+MERGE_TILE = 4096  # partial-output elements one merge program reads
 
 
 @functools.cache
@@ -192,9 +193,11 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
         SPLIT=splits > 1, UPCAST=kern.INTERPRETED and q.dtype == torch.bfloat16,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None)
     if splits > 1:
-        kern.merge_splits_kernel[(n, h)](
-            part_o, part_lse, out, splits, d, *po_strides, *pl_strides, *out.stride(),
-            BLOCK_S=_pow2(splits), BLOCK_D=block_d)
+        block_s = _pow2(splits)
+        block_h = min(_pow2(h), max(1, MERGE_TILE // (block_s * block_d)))
+        kern.merge_splits_kernel[(n, _cdiv(h, block_h))](
+            part_o, part_lse, out, h, splits, d, *po_strides, *pl_strides, *out.stride(),
+            BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_D=block_d)
     return out
 
 

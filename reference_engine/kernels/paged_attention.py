@@ -41,7 +41,7 @@ def store_kv_kernel(
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
     slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
     dst = (slot // block_size) * s_kcb + (slot % block_size) * s_kcs  # (BLOCK_T,) row offset in the cache
-    hd = tl.arange(0, BLOCK_H * BLOCK_D)  # one (head, dim) pair per column
+    hd = tl.arange(0, BLOCK_H * BLOCK_D).to(tl.int64)  # one (head, dim) pair per column
     h = hd // BLOCK_D
     d = hd % BLOCK_D
     mask = (slot >= 0)[:, None] & ((h < num_kv_heads) & (d < head_dim))[None, :]  # (BLOCK_T, BLOCK_H*BLOCK_D)
@@ -100,14 +100,16 @@ def paged_attention_kernel(
     # earlier chunks, the context a speculative verification builds on) is already in the cache.
     first_pos = tl.load(seq_lens_ptr + seq) - q_len
 
+    # Offsets that get multiplied by strides are int64 (a large cache or batch must not wrap);
+    # positions stay int32, where block-table arithmetic is cheap.
     r = tl.arange(0, BLOCK_R)
     tok = qb * BLOCK_M + r // GROUP  # token index within the chunk
-    head = kvh * GROUP + r % GROUP  # query head
+    head = (kvh * GROUP + r % GROUP).to(tl.int64)  # query head
     row_ok = (r < BLOCK_M * GROUP) & (tok < q_len)
     pos = first_pos + tok  # (BLOCK_R,) absolute position: sees keys at positions <= pos
-    d = tl.arange(0, BLOCK_D)
+    d = tl.arange(0, BLOCK_D).to(tl.int64)
     d_ok = d < head_dim
-    rows = (q_start + tok).to(tl.int64)  # token row in q / out
+    rows = q_start.to(tl.int64) + tok  # token row in q / out
     q = tl.load(q_ptr + rows[:, None] * s_qt + head[:, None] * s_qh + d[None, :] * s_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_R, BLOCK_D)
     if UPCAST:
@@ -132,7 +134,7 @@ def paged_attention_kernel(
         kpos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) absolute key positions
         k_ok = kpos < k_hi
         # One table lookup per key, so BLOCK_N need not equal (or divide) the cache block size.
-        blk = tl.load(table + (kpos // block_size) * s_btn, mask=k_ok, other=0).to(tl.int64)
+        blk = tl.load(table + (kpos // block_size).to(tl.int64) * s_btn, mask=k_ok, other=0).to(tl.int64)
         off = (kpos % block_size).to(tl.int64)
         kt = tl.load(k_head + (blk * s_kb + off * s_ks)[None, :],
                      mask=d_ok[:, None] & k_ok[None, :], other=0.0)  # (BLOCK_D, BLOCK_N)
@@ -162,10 +164,10 @@ def paged_attention_kernel(
     o = acc / l_safe[:, None]
     o_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        tl.store(part_o_ptr + rows[:, None] * s_pt + head[:, None] * s_ph + split * s_ps + d[None, :] * s_pd,
+        tl.store(part_o_ptr + rows[:, None] * s_pt + head[:, None] * s_ph + split.to(tl.int64) * s_ps + d[None, :] * s_pd,
                  o, mask=o_mask)
         lse = tl.where(has, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(part_lse_ptr + rows * s_lt + head * s_lh + split * s_ls, lse, mask=row_ok)
+        tl.store(part_lse_ptr + rows * s_lt + head * s_lh + split.to(tl.int64) * s_ls, lse, mask=row_ok)
     else:
         tl.store(out_ptr + rows[:, None] * s_ot + head[:, None] * s_oh + d[None, :] * s_od,
                  o.to(out_ptr.dtype.element_ty), mask=o_mask)
@@ -174,29 +176,31 @@ def paged_attention_kernel(
 @triton.jit
 def merge_splits_kernel(
     part_o_ptr, part_lse_ptr, out_ptr,
-    num_splits, head_dim,
+    num_heads, num_splits, head_dim,
     s_pt, s_ph, s_ps, s_pd,
     s_lt, s_lh, s_ls,
     s_ot, s_oh, s_od,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Grid (N, H): combine one (token, head)'s split partials, each weighted by 2^(lse - max lse)."""
+    """Grid (N, cdiv(H, BLOCK_H)): for one token and BLOCK_H heads, combine the split partials,
+    each weighted by 2^(lse - max lse)."""
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    sp = tl.arange(0, BLOCK_S)
-    s_ok = sp < num_splits
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
-    lse = tl.load(part_lse_ptr + t * s_lt + h * s_lh + sp * s_ls, mask=s_ok, other=float("-inf"))  # (BLOCK_S,)
-    m = tl.reduce(lse, 0, _MAX)
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+    sp = tl.arange(0, BLOCK_S).to(tl.int64)
+    d = tl.arange(0, BLOCK_D).to(tl.int64)
+    hs_ok = (h < num_heads)[:, None] & (sp < num_splits)[None, :]  # (BLOCK_H, BLOCK_S)
+    lse = tl.load(part_lse_ptr + t * s_lt + h[:, None] * s_lh + sp[None, :] * s_ls,
+                  mask=hs_ok, other=float("-inf"))
+    m = tl.reduce(lse, 1, _MAX)
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # 0 for empty splits
-    o = tl.load(part_o_ptr + t * s_pt + h * s_ph + sp[:, None] * s_ps + d[None, :] * s_pd,
-                mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_S, BLOCK_D)
-    o = tl.where(w[:, None] > 0.0, o, 0.0)  # weight 0 must not meet a non-finite partial (0 * inf = NaN)
-    total = tl.reduce(w, 0, _SUM)
-    res = tl.reduce(w[:, None] * o, 0, _SUM) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + t * s_ot + h * s_oh + d * s_od, res.to(out_ptr.dtype.element_ty), mask=d_ok)
+    w = tl.exp2(lse - m[:, None])  # (BLOCK_H, BLOCK_S), 0 for splits that saw no key
+    o_ptr = part_o_ptr + t * s_pt + (h[:, None] * s_ph + sp[None, :] * s_ps)[:, :, None] + (d * s_pd)[None, None, :]
+    o = tl.load(o_ptr, mask=hs_ok[:, :, None] & (d < head_dim)[None, None, :], other=0.0)  # (BLOCK_H, BLOCK_S, BLOCK_D)
+    o = tl.where(w[:, :, None] > 0.0, o, 0.0)  # weight 0 must not meet a non-finite partial (0 * inf = NaN)
+    total = tl.reduce(w, 1, _SUM)
+    res = tl.reduce(w[:, :, None] * o, 1, _SUM) / tl.where(total > 0.0, total, 1.0)[:, None]  # (BLOCK_H, BLOCK_D)
+    tl.store(out_ptr + t * s_ot + h[:, None] * s_oh + d[None, :] * s_od, res.to(out_ptr.dtype.element_ty),
+             mask=(h < num_heads)[:, None] & (d < head_dim)[None, :])
 
 
 INTERPRETED = not isinstance(paged_attention_kernel, triton.runtime.jit.JITFunction)

@@ -146,7 +146,7 @@ def test_split_k_on_mixed_batch():
 def test_cache_block_size_other_than_key_tile(block_size):
     """Key tiles of 16 spanning parts of 12-slot blocks, or halves of 32-slot blocks."""
     b = block_size
-    seqs = [(b - 1, 1), (b, 1), (2 * b, 1), (b + 1, b - 1), (b, 2 * b + 1), (2 * b - 2, 3)]
+    seqs = [(b - 1, 1), (b, 1), (2 * b, 1), (b + 1, b - 1), (b // 2, b + 2), (2 * b - 2, 3)]
     case = make_case(seqs, block_size=b, group=2, seed=b)
     assert_close(*run_both(case, **SMALL), torch.float32)
 
