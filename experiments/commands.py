@@ -66,7 +66,7 @@ def run_main(argv: list[str]) -> int:
     run_dir = Path(a.out) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     engines = {}
-    for name in cfg.all_engines():
+    for name in cfg.all_engines():  # every adapter validates its options before anything runs
         try:
             engines[name] = build_engine(cfg, name, run_dir / name)
         except (ValueError, TypeError) as e:
@@ -82,10 +82,17 @@ def run_main(argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if main else None
     try:
         with plan.progress:
-            for name, (engine, options, kv_pinned) in engines.items():
-                statuses[name] = run_engine(plan, name, engine, options, kv_pinned)
+            for name, repeat in interleaved(list(engines), cfg.repeats):
+                if statuses.get(name) == "unavailable":
+                    continue  # not installed: no point asking again next repeat
+                if repeat > 1:  # a fresh adapter per repeat: each start is a cold start
+                    engines[name] = build_engine(cfg, name, run_dir / name)
+                status = run_engine(plan, name, *engines[name], repeat=repeat)
+                if statuses.get(name) in (None, "ok", "skipped"):
+                    statuses[name] = status
                 why = _reason(run_dir, name)
-                plan.progress.note(f"{name}: {statuses[name]}" + (f" ({why})" if why else ""))
+                rep = f" repeat {repeat}" if cfg.repeats > 1 else ""
+                plan.progress.note(f"{name}{rep}: {status}" + (f" ({why})" if why else ""))
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
@@ -95,6 +102,11 @@ def run_main(argv: list[str]) -> int:
     if missing:
         return _fail("; ".join(_reason(run_dir, n) or f"engine {n!r} is not available" for n in missing))
     return 1 if "failed" in statuses.values() else 0
+
+
+def interleaved(engines: list[str], repeats: int) -> list[tuple[str, int]]:
+    """(engine, repeat) in run order: A B A B ..., so drift over time hits every engine alike."""
+    return [(name, r) for r in range(1, repeats + 1) for name in engines]
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -75,18 +75,30 @@ class Workload(_Strict):
         return self
 
 
+class Search(_Strict):
+    """`load.mode = "search"`: the highest open-loop rate at which at least `goodput` of the
+    requests meet every SLO, found by doubling from `start_rate` until a level fails, then
+    bisecting; at most `max_levels` levels per engine (and repeat)."""
+
+    start_rate: float = Field(1.0, gt=0)
+    max_levels: int = Field(8, ge=2, le=30)
+    goodput: float = Field(0.95, gt=0, le=1)
+
+
 class Load(_Strict):
     """How it is sent. Closed loop: at most `concurrency` in flight. Open loop: arrivals at
     `rate` req/s (Poisson when burstiness = 1, gamma otherwise; "inf" sends all at once).
-    A list sweeps; each level reruns the same requests after its own warm-up."""
+    A list sweeps; each level reruns the same requests after its own warm-up. Search: open
+    loop at rates the search picks (see `Search`)."""
 
-    mode: Literal["closed", "open"] = "closed"
+    mode: Literal["closed", "open", "search"] = "closed"
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)
     warmup: int = Field(2, ge=0)
     seed: int = 0
     timeout_s: float = Field(600.0, gt=0)  # per request: a stuck engine fails the run instead of hanging it
+    search: Search = Search()
 
     @field_validator("concurrency", "rate", mode="before")
     @classmethod
@@ -109,7 +121,10 @@ class Load(_Strict):
         return v
 
     def levels(self) -> list[tuple[str, float]]:
-        """(name, value) per sweep level, e.g. ("concurrency", 4) or ("rate", inf)."""
+        """(name, value) per sweep level, e.g. ("concurrency", 4) or ("rate", inf). A search
+        picks its levels as it goes (experiments/search.py): none are known in advance."""
+        if self.mode == "search":
+            return []
         return [("concurrency", c) for c in self.concurrency] if self.mode == "closed" else [("rate", r) for r in self.rate]
 
 
@@ -166,6 +181,10 @@ class Config(_Strict):
     slo: SLO = SLO()
     kv: KV = KV()
     observer: Observer = Observer()
+    # Each engine runs `repeats` times, interleaved (A B A B ...) so drift hits every engine
+    # alike; tables show the median over repeats with a 95 % interval.
+    repeats: int = Field(1, ge=1, le=50)
+    cost_per_hour: float | None = Field(None, gt=0)  # the machine's price: cost per million output tokens
     seed: int = 0
 
     @model_validator(mode="after")
@@ -182,6 +201,8 @@ class Config(_Strict):
             raise ValueError("an engine cannot be in both isolate and same_interpreter")
         if len(set(names)) != len(names):
             raise ValueError(f"engine listed twice in {names}")
+        if self.load.mode == "search" and not any(v is not None for v in self.slo.model_dump().values()):
+            raise ValueError('load.mode = "search" needs at least one SLO ([slo] ttft_ms, tpot_ms or e2el_ms)')
         if self.make_model is None and not Path(self.model).is_dir():
             raise ValueError(f"model directory {self.model!r} does not exist (set make_model = {{...}} to create it)")
         return self

@@ -55,8 +55,9 @@ def stats(values: Iterable[float]) -> dict[str, float | None]:
 
 
 def wall_seconds(records: list[dict[str, Any]]) -> float:
-    """First send -> last finish, summed over sessions (a resumed run's gap is not counted)."""
-    df = pd.DataFrame({"session": [r.get("session", 0) for r in records],
+    """First send -> last finish, summed over sessions and repeats (the gaps between them
+    are not counted)."""
+    df = pd.DataFrame({"session": [(r.get("repeat", 1), r.get("session", 0)) for r in records],
                        "send": [r["send_ns"] for r in records],
                        "done": [r["done_ns"] for r in records]})
     g = df.groupby("session").agg(first=("send", "min"), last=("done", "max"))

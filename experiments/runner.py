@@ -22,6 +22,7 @@ from typing import Any
 from adapters import registry
 from adapters.base import Engine, EngineInfo, EngineUnavailable
 from experiments.config import Config
+from experiments import search
 from experiments.isolate import Isolated
 from experiments.load import LoadGenerator, Outcome, arrivals, chains
 from experiments.memory import MemorySampler
@@ -75,57 +76,72 @@ def _cpu_s() -> float:
 
 
 class EngineRun:
-    def __init__(self, plan: Plan, name: str, session: int, previous: dict[str, Any] | None):
-        self.plan, self.name, self.session = plan, name, session
+    """One repeat of one engine: start, every level, stop. The manifest is the engine's
+    (shared by its repeats): `repeats[r]` holds this repeat's status and sessions, and
+    `levels[level][r]` what was measured."""
+
+    def __init__(self, plan: Plan, name: str, repeat: int, previous: dict[str, Any] | None):
+        self.plan, self.name, self.repeat = plan, name, repeat
         self.dir = EngineDir(plan.run_dir, name)
         self.manifest: dict[str, Any] = previous or {}
-        self.done = self.dir.done_ids() if plan.resume else {}
+        self.rep: dict[str, Any] = self.manifest.setdefault("repeats", {}).setdefault(str(repeat), {})
+        self.session = self.rep.get("sessions", 0) + 1
+        self.done = self.dir.done_ids(repeat) if plan.resume else {}
+        self.last_records: list[dict[str, Any]] = []  # the latest level's finished records
 
     def _save(self) -> None:
+        reps = self.manifest.get("repeats", {})
+        worst = next((r for r in reps.values() if r.get("status") in ("failed", "running", "unavailable")), None)
+        self.manifest["status"] = worst["status"] if worst else "ok"
+        self.manifest["reason"] = worst.get("reason") if worst else None
         self.dir.write("manifest.json", self.manifest)
+
+    def _end(self, status: str, reason: str | None = None) -> str:
+        self.rep.update(status=status, reason=reason)
+        self._save()
+        return status
 
     async def run(self, engine: Engine, options: dict[str, Any], kv_pinned: bool) -> str:
         cfg, m = self.plan.cfg, self.manifest
-        m.update(engine=self.name, status="running", reason=None, options=options, kv_pinned=kv_pinned,
-                 sessions=self.session, config_hash=cfg.digest(), git_commit=git_commit(), packages=versions(),
-                 hardware=hardware(), peak_bandwidth=self.plan.peak, started_at=_now(),
+        m.update(engine=self.name, options=options, kv_pinned=kv_pinned, config_hash=cfg.digest(),
+                 git_commit=git_commit(), packages=versions(), hardware=hardware(), peak_bandwidth=self.plan.peak,
                  command=" ".join(["inferlab", *sys.argv[1:]]) if sys.argv[0].endswith("inferlab") else None)
+        m.setdefault("started_at", _now())
         m.setdefault("levels", {})
+        self.rep.update(status="running", reason=None, sessions=self.session, started_at=_now())
         self._save()
         try:
             info = await engine.start()
         except EngineUnavailable as e:
-            m.update(status="unavailable", reason=str(e))
-            self._save()
-            return "unavailable"
+            return self._end("unavailable", str(e))
         except Exception as e:  # the engine could not start: a failed run, with why
-            m.update(status="failed", reason=f"start failed: {type(e).__name__}: {e}")
-            self._save()
             await _quiet_stop(engine)
-            return "failed"
-        m["info"] = info.to_dict()
+            return self._end("failed", f"start failed: {type(e).__name__}: {e}")
+        m["info"] = self.rep["info"] = info.to_dict()
         # An attached server's process is unknown (pid None) but it is not ours.
         m["same_process"] = info.pid == os.getpid() or (info.pid is None and info.mode == "in_process")
-        if info.mode == "attach":  # we did not start it, so we did not size its KV cache either
-            m["kv_pinned"] = False
+        if info.mode == "attach" or "kv_cache_tokens" in info.unhonoured:
+            m["kv_pinned"] = False  # we did not size its KV cache, or it could not take the size we gave
         self._save()
         # RSS of the engine's process tree; nothing for an attached server (never the harness's own RSS)
         pid = info.pid if info.pid is not None else (os.getpid() if m["same_process"] else None)
         sampler = MemorySampler(pid).start()
         if not cfg.observer.server_view:
             info.metrics_url = None  # the user asked for no scrapes at all
+        cpu0 = _cpu_s()
         try:
-            for kind, value in cfg.load.levels():
-                failure = await self._level(engine, info, sampler, kind, value)
+            levels = search.levels(self, engine, info, sampler) if cfg.load.mode == "search" else \
+                _fixed(self, engine, info, sampler, cfg.load.levels())
+            async for failure in levels:
                 if failure:
-                    m.update(status="failed", reason=failure)
-                    return "failed"
-            m["status"] = "ok"
-            return "ok"
+                    return self._end("failed", failure)
+            return self._end("ok")
         finally:
             sampler.stop()
-            sampler.frame().to_csv(self.dir.path / f"memory-s{self.session}.csv", index=False)
-            m["finished_at"] = _now()
+            sampler.frame().to_csv(self.dir.path / f"memory-r{self.repeat}-s{self.session}.csv", index=False)
+            self.rep["finished_at"] = m["finished_at"] = _now()
+            self.rep["harness_cpu_s"] = self.rep.get("harness_cpu_s", 0.0) + _cpu_s() - cpu0
+            m["harness_process_cpu_s"] = _cpu_s()  # the whole harness process so far, imports included
             self._save()
             self.dir.close()
             await _quiet_stop(engine)
@@ -154,11 +170,16 @@ class EngineRun:
             timeline = Timeline(engine, info, asyncio.get_running_loop(), cfg.observer.timeline_s)
         start_idx = len(sampler.samples)
         sampler.timeline = timeline
-        plan.progress.level(f"{self.name} {level}", sum(len(c) for c in todo))
+        rep = f" (repeat {self.repeat})" if cfg.repeats > 1 else ""
+        plan.progress.level(f"{self.name} {level}{rep}", sum(len(c) for c in todo))
+
+        self.last_records = []
 
         def on_done(o: Outcome) -> None:
             if o.ok:
-                self.dir.append(record(o, level, self.session))
+                rec = record(o, level, self.session, self.repeat)
+                self.dir.append(rec)
+                self.last_records.append(rec)
                 plan.progress.done(len(o.token_ids))
 
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
@@ -176,8 +197,8 @@ class EngineRun:
         wall, cpu, loop_cpu = time.perf_counter() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
         memory = sampler.summary(start_idx)
         observed = await bracket.close(sent)
-        prev = self.manifest["levels"].get(level, {})
-        self.manifest["levels"][level] = {
+        prev = self.manifest["levels"].setdefault(level, {}).get(str(self.repeat), {})
+        self.manifest["levels"][level][str(self.repeat)] = {
             "harness_cpu_s": prev.get("harness_cpu_s", 0.0) + cpu,
             "harness_loop_cpu_s": prev.get("harness_loop_cpu_s", 0.0) + loop_cpu,
             "wall_s": prev.get("wall_s", 0.0) + wall,
@@ -214,14 +235,22 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def run_engine(plan: Plan, name: str, engine: Engine, options: dict[str, Any], kv_pinned: bool) -> str:
-    """Run one engine through all levels; returns its status (ok | failed | unavailable | skipped)."""
+async def _fixed(er: EngineRun, engine: Engine, info: EngineInfo, sampler: MemorySampler,
+                 levels: list[tuple[str, float]]):
+    """The config's own levels, in order; yields each level's failure (None when it passed)."""
+    for kind, value in levels:
+        yield await er._level(engine, info, sampler, kind, value)
+
+
+def run_engine(plan: Plan, name: str, engine: Engine, options: dict[str, Any], kv_pinned: bool,
+               repeat: int = 1) -> str:
+    """Run one repeat of one engine through all levels; returns its status
+    (ok | failed | unavailable | skipped)."""
     ed = EngineDir(plan.run_dir, name)
-    prev = ed.read("manifest.json") if plan.resume else None
-    if prev and prev.get("status") == "ok":
+    if repeat == 1 and not plan.resume and ed.path.exists():
+        shutil.rmtree(ed.path)  # a fresh run: this engine's folder starts empty
+    prev = ed.read("manifest.json")
+    if plan.resume and prev and (prev.get("repeats") or {}).get(str(repeat), {}).get("status") == "ok":
         return "skipped"
-    if not plan.resume and ed.path.exists():
-        shutil.rmtree(ed.path)
-    session = (prev or {}).get("sessions", 0) + 1
-    er = EngineRun(plan, name, session, prev)
+    er = EngineRun(plan, name, repeat, prev)
     return asyncio.run(er.run(engine, options, kv_pinned))

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from adapters.base import UNKNOWN_TOKEN_ID
-from experiments import bandwidth, metrics, observer
+from experiments import bandwidth, intervals, metrics, observer
 from experiments.results import EngineDir
 
 CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
@@ -100,17 +102,68 @@ def summarize(runs: Runs) -> None:
             except (OSError, ValueError, KeyError):
                 shapes[(model, dtype)] = None
         for level, recs in e.records.items():
-            known = [r for r in recs if not _has_unknown(r)]
-            # placeholder ids (text-only engines) make a re-tokenized count meaningless
-            s = metrics.summarize(recs, cfg.get("slo") or {}, retok[model] if len(known) == len(recs) else None)
-            lv = e.manifest.get("levels", {}).get(level, {})
-            s["memory"] = lv.get("memory", {})
-            s["harness"] = _harness(lv, e.manifest)
-            _observed(s, lv, recs)
-            s["bandwidth"] = _bandwidth(shapes[(model, dtype)], s, level, recs)
+            by_rep: dict[int, list[dict[str, Any]]] = {}
+            for r in recs:
+                by_rep.setdefault(r.get("repeat", 1), []).append(r)
+            per = {r: _one(e, level, r, rr, cfg, shapes[(model, dtype)], retok[model])
+                   for r, rr in sorted(by_rep.items())}
+            if len(per) == 1:  # one run: intervals over its requests (latency only)
+                s = next(iter(per.values()))
+                s["ci"], s["ci_basis"] = _request_ci(recs), "requests"
+            else:  # medians over the repeats, intervals over the repeats
+                ci: dict[str, list[float]] = {}
+                s = intervals.merge(list(per.values()), ci)
+                s["ci"], s["ci_basis"] = ci, "repeats"
+                s["per_repeat"] = {str(r): v for r, v in per.items()}
+            s["repeats"] = sorted(per)
             e.summary[level] = s
         EngineDir(e.run_dir, e.name).write("summary.json", {"engine": e.name, "status": e.manifest.get("status"),
                                                             "levels": e.summary})
+
+
+def _one(e: EngineResult, level: str, repeat: int, recs: list[dict[str, Any]], cfg: dict[str, Any],
+         shape: dict[str, Any] | None, retok: Any) -> dict[str, Any]:
+    """The metrics of one repeat of one level."""
+    known = [r for r in recs if not _has_unknown(r)]
+    # placeholder ids (text-only engines) make a re-tokenized count meaningless
+    s = metrics.summarize(recs, cfg.get("slo") or {}, retok if len(known) == len(recs) else None)
+    lv_all = e.manifest.get("levels", {}).get(level, {})
+    lv = lv_all.get(str(repeat)) or (lv_all if "memory" in lv_all else {})  # (runs before repeats existed)
+    s["memory"] = lv.get("memory", {})
+    s["harness"] = _harness(lv, e.manifest)
+    _observed(s, lv, recs)
+    s["bandwidth"] = _bandwidth(shape, s, level, recs)
+    cost = cfg.get("cost_per_hour")
+    if cost and s.get("output_throughput"):  # the machine's price per hour over tokens per hour
+        s["cost_per_m_output"] = cost / (s["output_throughput"] * 3600) * 1e6
+    return s
+
+
+LATENCY = ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
+STATS = {"mean": np.mean, "median": np.median, "p90": lambda a, **k: np.percentile(a, 90, **k),
+         "p99": lambda a, **k: np.percentile(a, 99, **k)}
+
+
+def _request_ci(recs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """95 % intervals of the latency statistics of one run, resampling its requests."""
+    rows = [metrics.per_request(r) for r in recs]
+    out: dict[str, list[float]] = {}
+    rng = np.random.default_rng(intervals.SEED)
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        a = np.asarray([r[key] for r in rows], dtype=float)
+        a = a[a == a]
+        if a.size < 2:
+            continue
+        boot = a[rng.integers(0, a.size, size=(intervals.B, a.size))]  # (B, n): one resample per row
+        for name, fn in STATS.items():
+            lo, hi = np.percentile(fn(boot, axis=1), [2.5, 97.5])
+            out[f"{key}.{name}"] = [float(lo), float(hi)]
+    itl = [np.asarray(r["itl_ms"], dtype=float) for r in rows]
+    for name, fn in STATS.items():
+        ci = intervals.request_ci(itl, fn, b=200)
+        if ci:
+            out[f"itl_ms.{name}"] = list(ci)
+    return out
 
 
 def _harness(lv: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments import bandwidth, plots
-from experiments.report import observer, sections
+from experiments.report import observer, sections, verdict
 from experiments.report.md import fmt, group
 from experiments.report.rows import BANDWIDTH, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
@@ -30,7 +30,7 @@ def build(dirs: list[Path], out: Path) -> Path:
     summarize(runs)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(exist_ok=True)
-    pngs = plots.latency_cdfs(runs, out / "plots") + plots.sweep(runs, out / "plots")
+    pngs = plots.latency_cdfs(runs, out / "plots") + plots.sweep(runs, out / "plots") + plots.search(runs, out / "plots")
     names = ", ".join(c[1]["name"] for c in runs.configs)
     md = [f"# inferlab report: {names}", "",
           f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
@@ -40,6 +40,8 @@ def build(dirs: list[Path], out: Path) -> Path:
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
            "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + sections.flags(runs)
     md += ["", "## Metric definitions", "", DEFINITIONS, ""]
+    md += ["## Who is faster", "", verdict.basis(runs), ""] + verdict.lines(runs) + [""]
+    md += verdict.search_section(runs)
     md += ["## Latency", ""] + group(runs, latency_rows()) + [""]
     md += ["## The server's own view", ""] + observer.section(runs) + [""]
     for title, rows in (("Throughput", THROUGHPUT), ("Memory", MEMORY),

@@ -1,7 +1,7 @@
 """Markdown building blocks shared by the report's sections."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from experiments.summary import Runs
 
@@ -26,8 +26,10 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def group(runs: Runs, rows: list[tuple[str, Callable[[dict], Any]]]) -> list[str]:
+def group(runs: Runs, rows: list[tuple[str, str, str]]) -> list[str]:
     """One table: a row per (level, metric), a column per engine that finished requests."""
+    from experiments.report.rows import cell
+
     multi = len(runs.levels) > 1
     engines = [e for e in runs.engines if e.summary]
     if not engines:
@@ -35,10 +37,9 @@ def group(runs: Runs, rows: list[tuple[str, Callable[[dict], Any]]]) -> list[str
     header = (["level"] if multi else []) + ["metric"] + [e.label for e in engines]
     body = []
     for level in runs.levels:
-        for name, get in rows:
-            cells = []
-            for e in engines:
-                s = e.summary.get(level)
-                cells.append(get(s) if s else "–")
+        for name, path, unit in rows:
+            cells = [cell(e.summary[level], path, unit) if level in e.summary else "–" for e in engines]
+            if all(c == "–" for c in cells):
+                continue  # a metric no engine has at this level (e.g. cost without cost_per_hour)
             body.append(([level] if multi else []) + [name] + cells)
     return table(header, body)

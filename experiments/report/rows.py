@@ -1,53 +1,78 @@
-"""The metric rows of the report's side-by-side tables: (label, summary -> cell)."""
+"""The metric rows of the report's side-by-side tables: (label, path into the summary, unit).
+
+A cell is the summary's value at that path (the median over repeats when there are
+several) followed by its 95 % interval `[lo–hi]` where the summary has one (see
+experiments/intervals.py). Units: "f2"/"f3"/"f1" decimals, "int", "mib" (bytes shown in MiB),
+"pct" (a fraction shown in percent).
+"""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
+from experiments.intervals import get
 from experiments.report.md import fmt, mib
 
-Rows = list[tuple[str, Callable[[dict], Any]]]
+Row = tuple[str, str, str]
 
 
-def latency_rows() -> list[tuple[str, Callable[[dict], Any]]]:
-    rows = []
-    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL")):
-        for st in ("mean", "median", "p90", "p99"):
-            rows.append((f"{label} {st} (ms)", lambda s, k=key, t=st: fmt(s[k][t])))
-    return rows
+def show(v: Any, unit: str) -> str:
+    if unit == "mib":
+        return mib(v)
+    if unit == "pct":
+        return "–" if v is None else f"{100 * v:.1f} %"
+    if unit == "int":
+        return fmt(int(round(v)) if isinstance(v, float) and v == v else v)
+    return fmt(v, int(unit[1]) if unit.startswith("f") else 2)
 
 
-THROUGHPUT = [
-    ("requests", lambda s: fmt(s["num_requests"])),
-    ("wall time (s)", lambda s: fmt(s["duration_s"])),
-    ("output tokens/s", lambda s: fmt(s["output_throughput"])),
-    ("total tokens/s", lambda s: fmt(s["total_throughput"])),
-    ("requests/s", lambda s: fmt(s["request_throughput"], 3)),
-    ("goodput (req/s)", lambda s: fmt(s["goodput"], 3)),
-    ("requests meeting SLOs", lambda s: fmt(s["slo_met"])),
+def cell(s: dict[str, Any], path: str, unit: str) -> str:
+    v = get(s, path)
+    ci = (s.get("ci") or {}).get(path)
+    if ci is None or v is None:
+        return show(v, unit)
+    return f"{show(v, unit)} [{show(ci[0], unit)}–{show(ci[1], unit)}]"
+
+
+def latency_rows() -> list[Row]:
+    return [(f"{label} {st} (ms)", f"{key}.{st}", "f2")
+            for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL"))
+            for st in ("mean", "median", "p90", "p99")]
+
+
+THROUGHPUT: list[Row] = [
+    ("requests", "num_requests", "int"),
+    ("wall time (s)", "duration_s", "f2"),
+    ("output tokens/s", "output_throughput", "f2"),
+    ("total tokens/s", "total_throughput", "f2"),
+    ("requests/s", "request_throughput", "f3"),
+    ("goodput (req/s)", "goodput", "f3"),
+    ("requests meeting SLOs", "slo_met", "int"),
+    ("cost per million output tokens", "cost_per_m_output", "f3"),
 ]
-MEMORY = [
-    ("peak RSS, engine process tree (MiB)", lambda s: mib(s["memory"].get("peak_rss_bytes"))),
-    ("RSS after warm-up (MiB)", lambda s: mib(s["memory"].get("after_warmup_rss_bytes"))),
-    ("peak GPU memory (MiB)", lambda s: mib(s["memory"].get("peak_gpu_bytes"))),
-    ("KV capacity (tokens)", lambda s: fmt(s["memory"].get("kv_capacity_tokens"))),
-    ("peak KV usage", lambda s: fmt(s["memory"].get("peak_kv_usage"), 3)),
-    ("mean running seqs", lambda s: fmt(s["memory"].get("mean_num_running"))),
+MEMORY: list[Row] = [
+    ("peak RSS, engine process tree (MiB)", "memory.peak_rss_bytes", "mib"),
+    ("RSS after warm-up (MiB)", "memory.after_warmup_rss_bytes", "mib"),
+    ("peak GPU memory (MiB)", "memory.peak_gpu_bytes", "mib"),
+    ("KV capacity (tokens)", "memory.kv_capacity_tokens", "int"),
+    ("peak KV usage (timeline only)", "memory.peak_kv_usage", "f3"),
+    ("mean running seqs (timeline only)", "memory.mean_num_running", "f2"),
+    ("mean requests decoding (client)", "mean_in_flight", "f2"),
 ]
-CHECKS = [
-    ("stopped before max_tokens", lambda s: fmt(s["token_checks"]["stopped_early"])),
-    ("engine-reported count != ids", lambda s: fmt(s["token_checks"]["reported_count_mismatch"])),
-    ("engine prompt count != sent ids", lambda s: fmt(s["token_checks"]["prompt_count_mismatch"])),
-    ("re-tokenized text count != ids", lambda s: fmt(s["token_checks"]["retokenized_mismatch"])),
+CHECKS: list[Row] = [
+    ("stopped before max_tokens", "token_checks.stopped_early", "int"),
+    ("engine-reported count != ids", "token_checks.reported_count_mismatch", "int"),
+    ("engine prompt count != sent ids", "token_checks.prompt_count_mismatch", "int"),
+    ("re-tokenized text count != ids", "token_checks.retokenized_mismatch", "int"),
 ]
-BANDWIDTH = [
-    ("running seqs (mean)", lambda s: fmt(s["bandwidth"].get("running_seqs"))),
-    ("mean context (tokens)", lambda s: fmt(s["bandwidth"].get("mean_context"), 1)),
-    ("bytes per decode step (MiB)", lambda s: mib(s["bandwidth"].get("step_bytes"))),
-    ("median TPOT (ms)", lambda s: fmt(s["bandwidth"].get("tpot_ms"))),
-    ("achieved GB/s (estimate)", lambda s: fmt(s["bandwidth"].get("achieved_gbps"))),
+BANDWIDTH: list[Row] = [
+    ("running seqs (mean)", "bandwidth.running_seqs", "f2"),
+    ("mean context (tokens)", "bandwidth.mean_context", "f1"),
+    ("bytes per decode step (MiB)", "bandwidth.step_bytes", "mib"),
+    ("median TPOT (ms)", "bandwidth.tpot_ms", "f2"),
+    ("achieved GB/s (estimate)", "bandwidth.achieved_gbps", "f2"),
 ]
-HARNESS = [
-    ("harness CPU (s)", lambda s: fmt(s["harness"]["cpu_s"])),
-    ("share of one core", lambda s: fmt(s["harness"]["core_share"], 3)),
-    ("CPU per request (ms)", lambda s: fmt(s["harness"]["cpu_ms_per_request"])),
+HARNESS: list[Row] = [
+    ("harness CPU (s)", "harness.cpu_s", "f2"),
+    ("share of one core", "harness.core_share", "f3"),
+    ("CPU per request (ms)", "harness.cpu_ms_per_request", "f2"),
 ]

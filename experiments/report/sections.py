@@ -31,10 +31,17 @@ def engines(runs: Runs) -> list[str]:
         mode = info.get("mode", "–") + (" (same interpreter)" if m.get("same_process") else "")
         label = e.label + (" (naive baseline)" if e.name == "hf" else "")
         rows.append([label, m.get("status", "–"), mode, info.get("version", "–"), info.get("dtype", "–"),
-                     fmt(info.get("kv_capacity_tokens")), fmt(m.get("kv_pinned")), fmt(m.get("sessions")),
+                     fmt(info.get("kv_capacity_tokens")), fmt(m.get("kv_pinned")), _runs(m),
                      (m.get("reason") or "").replace("|", "/").replace("\n", " ")[:300]])
     return table(["engine", "status", "mode", "version", "dtype", "KV capacity (tokens)", "KV pinned",
-                   "sessions", "reason"], rows)
+                   "repeats (sessions)", "reason"], rows)
+
+
+def _runs(m: dict) -> str:
+    reps = m.get("repeats") or {}
+    if not reps:  # a run folder from before repeats existed
+        return fmt(m.get("sessions"))
+    return f"{len(reps)} ({sum(r.get('sessions', 0) for r in reps.values())})"
 
 
 def flags(runs: Runs) -> list[str]:

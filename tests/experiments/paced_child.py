@@ -1,9 +1,11 @@
 """The paced engine as a process of its own (see paced_engine.py): JSON lines in on stdin
-({id, prompt, max_tokens, ttft_ms, period_ms, pattern}), JSON lines out on stdout
-({id, ids, fin, due, t = the perf_counter_ns when written}) at the scheduled times. A thread per request; one lock per write."""
+({id, prompt, max_tokens, ttft_ms, period_ms, pattern, capacity}), JSON lines out on stdout
+({id, ids, fin, due, t = the perf_counter_ns when written}) at the scheduled times. A thread per
+request (or `capacity` worker threads and a FIFO queue, when set); one lock per write."""
 from __future__ import annotations
 
 import json
+import queue
 import sys
 import threading
 import time
@@ -30,6 +32,20 @@ def serve(req: dict) -> None:
         pos += n
 
 
+def worker(q: queue.Queue) -> None:
+    while True:
+        serve(q.get())
+
+
 print(json.dumps({"ready": True}), flush=True)  # the parent's start() waits for this
+waiting: queue.Queue | None = None
 for raw in sys.stdin:
-    threading.Thread(target=serve, args=(json.loads(raw),), daemon=True).start()
+    req = json.loads(raw)
+    if req.get("capacity"):  # a planted saturation: `capacity` requests served at a time, the rest queue (FIFO)
+        if waiting is None:
+            waiting = queue.Queue()
+            for _ in range(req["capacity"]):
+                threading.Thread(target=worker, args=(waiting,), daemon=True).start()
+        waiting.put(req)
+    else:
+        threading.Thread(target=serve, args=(req,), daemon=True).start()

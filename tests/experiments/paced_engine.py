@@ -10,7 +10,8 @@ Token ids are a pure function of (prompt, position), so outputs are reproducible
 
 Options: ttft_ms (20), period_ms (2 = 500 events/s), pattern ([1]), kv_cache_tokens
 (accepted, reported as capacity), unavailable (a message: start() raises EngineUnavailable),
-truth_path (where stop() writes `truth` as JSON).
+truth_path (where stop() writes `truth` as JSON), capacity (requests served at once; the rest
+queue first come first served: a planted saturation rate of capacity / service time).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def token_ids(prompt: list[int], start: int, n: int) -> list[int]:
 
 class PacedEngine(Engine):
     name = "paced"
-    OPTIONS = {"ttft_ms", "period_ms", "pattern", "kv_cache_tokens", "log_path", "unavailable", "truth_path"}
+    OPTIONS = {"ttft_ms", "period_ms", "pattern", "kv_cache_tokens", "log_path", "unavailable", "truth_path",
+               "capacity"}
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -91,7 +93,8 @@ class PacedEngine(Engine):
             raise RuntimeError(f"engine process exited with code {self.proc.returncode}")
         self.proc.stdin.write((json.dumps({"id": rid, "prompt": request.prompt_token_ids,
                                            "max_tokens": request.sampling.max_tokens, "ttft_ms": self.ttft_ms,
-                                           "period_ms": self.period_ms, "pattern": self.pattern}) + "\n").encode())
+                                           "period_ms": self.period_ms, "pattern": self.pattern,
+                                           "capacity": self.options.get("capacity")}) + "\n").encode())
         try:
             while True:
                 msg = await q.get()

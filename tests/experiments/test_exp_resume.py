@@ -73,7 +73,7 @@ def test_killed_engine_keeps_finished_requests_and_resume_completes(tmp_path, ex
 
     assert run_main([str(cfg), "--out", str(out), "--resume", "--no-progress"]) == 0
     m = json.loads((ed / "manifest.json").read_text())
-    assert m["status"] == "ok" and m["sessions"] == 2 and m["reason"] is None
+    assert m["status"] == "ok" and m["repeats"]["1"]["sessions"] == 2 and m["reason"] is None
     done = lines(ed / "requests.jsonl")
     assert done[: len(first)] == first  # nothing finished was lost or rewritten
     ids = [r["request_id"] for r in done]

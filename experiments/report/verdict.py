@@ -1,0 +1,76 @@
+"""Who is faster, said only where the intervals allow it; and the best load under the SLOs.
+
+Per level and headline metric, the engine with the best median is named the winner over
+each engine whose 95 % interval does not overlap its own; where every interval overlaps,
+the line says "no significant difference". With one run, throughput has no interval, so
+it is shown but not ranked.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from experiments import intervals
+from experiments.report.md import fmt, table
+from experiments.summary import Runs
+
+HEADLINE = (("output tokens/s", "output_throughput", True), ("TTFT median (ms)", "ttft_ms.median", False),
+            ("TPOT median (ms)", "tpot_ms.median", False))
+
+
+def basis(runs: Runs) -> str:
+    reps = sorted({r for e in runs.engines for s in e.summary.values() for r in s.get("repeats", [1])})
+    n = max(reps) if reps else 1
+    if n > 1:
+        return (f"Every number is the median over {n} repeats (engines interleaved A B A B …, each repeat a cold "
+                "start), with a 95 % bootstrap interval over the repeats in brackets.")
+    return ("One run per engine: latency statistics carry a 95 % bootstrap interval over the requests in brackets; "
+            "throughput has one value per run and so no interval (set `repeats = 3` for intervals on everything).")
+
+
+def _cand(s: dict[str, Any], path: str) -> tuple[float, float, float] | None:
+    v, ci = intervals.get(s, path), (s.get("ci") or {}).get(path)
+    return (v, ci[0], ci[1]) if v is not None and ci else None
+
+
+def lines(runs: Runs) -> list[str]:
+    out = []
+    for level in runs.levels:
+        for label, path, higher in HEADLINE:
+            cands = {e.label: _cand(e.summary[level], path) for e in runs.engines if level in e.summary}
+            if len(cands) < 2:
+                continue
+            if any(c is None for c in cands.values()):
+                out.append(f"- {level}, {label}: not ranked (no interval for "
+                           + ", ".join(k for k, c in cands.items() if c is None) + ")")
+                continue
+            w = intervals.winner(cands, higher)
+            if w["winner"] is None:
+                out.append(f"- {level}, {label}: no significant difference ({', '.join(cands)}: intervals overlap)")
+            else:
+                tie = f"; no significant difference from {', '.join(w['ties'])}" if w["ties"] else ""
+                out.append(f"- {level}, {label}: **{w['winner']}** is better than {', '.join(w['beats'])} "
+                           f"(intervals do not overlap){tie}")
+    return out or ["- only one engine finished requests: nothing to rank"]
+
+
+def search_section(runs: Runs) -> list[str]:
+    """One number per engine: the highest rate meeting the SLOs (median over repeats)."""
+    rows = []
+    for e in runs.engines:
+        found = [r.get("search") for r in (e.manifest.get("repeats") or {}).values() if r.get("search")]
+        if not found:
+            continue
+        best = intervals.median_ci(f["best_rate"] for f in found if f.get("best_rate") is not None)
+        fails = [f["failing_rate"] for f in found if f.get("failing_rate") is not None]
+        target = found[0].get("target", 0.95)
+        rows.append([e.label, f"{fmt(best[0], 3)} [{fmt(best[1], 3)}–{fmt(best[2], 3)}]" if best else
+                     "– (even the lowest rate tried failed)", fmt(min(fails), 3) if fails else "– (never failed)",
+                     f"{target:.0%}", str(len(found)), str(sum(len(f["points"]) for f in found))])
+    if not rows:
+        return []
+    return ["## Best load under the SLOs", "",
+            "The highest Poisson rate (requests/s) at which the share of requests meeting every SLO stays at or "
+            "above the target, found by doubling then bisection (experiments/search.py). The lowest failing rate "
+            "bounds it from above: the answer is known to within their difference.", ""] + \
+        table(["engine", "best rate (req/s)", "lowest failing rate", "target", "repeats", "levels run"], rows) + \
+        ["", "![goodput_vs_rate](plots/goodput_vs_rate.png)", ""]

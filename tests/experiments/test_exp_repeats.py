@@ -1,0 +1,115 @@
+"""Repeats run interleaved and every table shows medians with intervals; a winner is named
+only where intervals allow; the SLO search finds a planted saturation rate."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.commands import run_main
+from tests.experiments.exp_util import write_config
+
+
+def _lines(path):
+    return [json.loads(s) for s in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_repeats_interleave_and_report_medians_with_intervals(tmp_path, exp_model, paced):
+    cfg = write_config(tmp_path / "c.toml", exp_model, """
+        engines = ["paced", "paced2"]
+        repeats = 2
+        cost_per_hour = 2.0
+        [engine_options.paced]
+        period_ms = 2
+        [engine_options.paced2]
+        period_ms = 6            # planted: three times the TPOT of paced
+        [workload]
+        num_requests = 8
+        output_len = 16
+        [load]
+        concurrency = [2]
+        warmup = 1
+        """)
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    run = tmp_path / "res" / "t"
+    first = {}
+    for eng in ("paced", "paced2"):
+        recs = _lines(run / eng / "requests.jsonl")
+        assert sorted({r["repeat"] for r in recs}) == [1, 2] and len(recs) == 16
+        for rep in (1, 2):
+            first[(eng, rep)] = min(r["send_ns"] for r in recs if r["repeat"] == rep)
+        m = json.loads((run / eng / "manifest.json").read_text())
+        assert m["status"] == "ok" and set(m["repeats"]) == {"1", "2"}
+        assert set(m["levels"]["concurrency=2"]) == {"1", "2"}
+    order = sorted(first, key=first.get)
+    assert order == [("paced", 1), ("paced2", 1), ("paced", 2), ("paced2", 2)]  # A B A B
+    s = json.loads((run / "paced/summary.json").read_text())["levels"]["concurrency=2"]
+    assert s["ci_basis"] == "repeats" and s["repeats"] == [1, 2]
+    lo, hi = s["ci"]["tpot_ms.median"]
+    assert lo <= s["tpot_ms"]["median"] <= hi
+    assert s["cost_per_m_output"] == pytest.approx(2.0 / (s["output_throughput"] * 3600) * 1e6, rel=0.2)
+    report = (run / "report.md").read_text()
+    assert "median over 2 repeats" in report
+    assert "TPOT median (ms): **paced** is better than paced2 (intervals do not overlap)" in report
+    row = next(x for x in report.splitlines() if x.startswith("| TPOT median (ms) |"))
+    assert row.count("[") == 2  # both engines' cells carry an interval
+    assert "cost per million output tokens" in report
+
+
+@pytest.mark.slow
+def test_one_run_has_request_intervals_and_no_throughput_ranking(tmp_path, exp_model, paced):
+    cfg = write_config(tmp_path / "c.toml", exp_model, """
+        engines = ["paced", "paced2"]
+        [engine_options.paced]
+        period_ms = 3
+        [engine_options.paced2]
+        period_ms = 3            # the same engine twice: no significant latency difference
+        [workload]
+        num_requests = 12
+        output_len = 16
+        [load]
+        concurrency = [2]
+        warmup = 1
+        """)
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    report = (tmp_path / "res/t/report.md").read_text()
+    assert "bootstrap interval over the requests" in report
+    assert "TPOT median (ms): no significant difference" in report
+    assert "output tokens/s: not ranked (no interval" in report
+
+
+@pytest.mark.slow
+def test_search_finds_a_planted_saturation_rate(tmp_path, exp_model, paced):
+    # 2 requests at a time, each 10 ms to first token + 19 x 2 ms: saturation at 2 / 0.048 s = 41.7 req/s
+    planted = 2 / 0.048
+    cfg = write_config(tmp_path / "c.toml", exp_model, """
+        engine = "paced"
+        [engine_options.paced]
+        ttft_ms = 10
+        period_ms = 2
+        capacity = 2
+        [workload]
+        num_requests = 40
+        output_len = 20
+        [load]
+        mode = "search"
+        burstiness = 1000          # near-regular arrivals: a queue forms only past saturation
+        warmup = 1
+        [load.search]
+        start_rate = 8
+        max_levels = 8
+        [slo]
+        ttft_ms = 30
+        """)
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    m = json.loads((tmp_path / "res/t/paced/manifest.json").read_text())
+    found = m["repeats"]["1"]["search"]
+    best, failing = found["best_rate"], found["failing_rate"]
+    step = failing - best  # the last bisection step
+    assert len(found["points"]) == 8
+    assert best - step <= planted <= failing + step, found["points"]
+    assert step <= planted / 8  # 8 levels: doubling to 64 then bisecting down to a step of 2-4 req/s
+    report = (tmp_path / "res/t/report.md").read_text()
+    assert "## Best load under the SLOs" in report and "goodput_vs_rate.png" in report
+    assert (tmp_path / "res/t/plots/goodput_vs_rate.png").is_file()
