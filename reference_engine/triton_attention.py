@@ -26,7 +26,8 @@ step the backend launches (kernels in `reference_engine/kernels/paged_attention.
    `(N, cdiv(H, BLOCK_H))` (BLOCK_H*splits*D ~ 4096), combines them. `TritonBackend(num_splits=...)` fixes the count (tests, captured graphs).
 
 Block shapes: BLOCK_N = 64 keys (32 if head_dim > 128); query rows BLOCK_R = 64 (16 for
-decode-only steps), i.e. BLOCK_M = BLOCK_R // (H/Hkv) tokens. Any cache block size works: each
+decode-only steps), i.e. BLOCK_M = BLOCK_R // (H/Hkv) tokens; fp32 halves both (32 and 32).
+num_warps 4, Triton's default pipelining. Any cache block size works: each
 key's block id is looked up individually.
 
 On CPU the kernels run in Triton's interpreter when TRITON_INTERPRET=1 is set before
@@ -125,16 +126,19 @@ class StepPlan:
 
 
 def plan_step(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_query_len: int, max_seq_len: int,
-              num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
-              num_splits: int | None = None, block_r: int | None = None,
-              block_n: int | None = None) -> StepPlan:
+              num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+              dtype: torch.dtype = torch.float16, *, num_splits: int | None = None,
+              block_r: int | None = None, block_n: int | None = None) -> StepPlan:
     """Block shapes and query-block offsets for one step (device ops only, no host sync).
 
     num_splits None picks by `pick_num_splits`; block_r / block_n override the defaults."""
     group = num_heads // num_kv_heads
     b = seq_lens.shape[0]
-    block_n = block_n or (64 if head_dim <= 128 else 32)
-    target = block_r or (16 if max_query_len <= 1 else 64)
+    # fp32 tiles take twice the registers and shared memory: halve them (64x64 fp32 needs ~116 KB
+    # of shared memory at head_dim 128, more than sm_86/89 GPUs have).
+    wide = dtype != torch.float32
+    block_n = block_n or (64 if head_dim <= 128 and wide else 32)
+    target = block_r or (16 if max_query_len <= 1 else 64 if wide else 32)
     block_m = max(1, min(max_query_len, target // group))
     rows = _pow2(max(16, block_m * group))
     cu_q = cu_seqlens_q.to(torch.int32)
@@ -224,7 +228,7 @@ class TritonBackend(AttentionBackend):
         # TODO(runner): persistent cu_seqlens_q / max_query_len fields would spare this copy.
         cu_q = torch.tensor(meta.query_start, dtype=torch.int32, device=k_cache.device)
         return plan_step(cu_q, meta.seq_lens, max(meta.query_lens, default=0), max(meta.seq_lens_list, default=0),
-                         num_tokens, num_heads, k_cache.shape[2], k_cache.shape[3],
+                         num_tokens, num_heads, k_cache.shape[2], k_cache.shape[3], k_cache.dtype,
                          num_splits=self.num_splits, block_r=self.block_r, block_n=self.block_n)
 
     def forward(self, layer, q, k, v, meta, scale):

@@ -257,3 +257,41 @@ def test_engine_greedy_tokens_match_torch_backend(tiny_llama):
         llm = LLM(str(tiny_llama), attention_backend=backend, max_num_batched_tokens=16, block_size=8)
         outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["triton"] == outs["torch"]
+
+
+def _compile(kernel, types: dict[str, str], consts: dict, arch: int):
+    """Compile a kernel to a cubin for sm_`arch` with triton's bundled ptxas: no GPU needed."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    fn = JITFunction(kernel.fn)  # the fixture made the module's kernels interpreted; compile the source
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_kernels_compile_for_gpus(kernels, dtype):
+    """The compiled (non-interpreter) path: every kernel, with the tiles the backend picks for a
+    Llama-8B-like layer (32 heads, 8 kv heads, head_dim 128), lowers to cubin for sm_80 and sm_90
+    and fits sm_86's 99 KB of shared memory."""
+    from triton.runtime.jit import JITFunction
+
+    if not isinstance(triton.language.standard._elementwise_max, JITFunction):
+        pytest.skip("triton itself was imported with TRITON_INTERPRET=1: its helpers cannot compile")
+    el = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    cu, lens = torch.tensor([0, 1, 2, 300], dtype=torch.int32), torch.tensor([900, 40, 300])
+    prefill = ta.plan_step(cu, lens, 298, 900, 300, 32, 8, 128, dtype)
+    decode = ta.plan_step(cu[:3], lens[:2], 1, 900, 2, 32, 8, 128, dtype, num_splits=8)
+    types = {n: f"*{el}" for n in ["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_ptr", "v_ptr"]}
+    types.update(part_o_ptr="*fp32", part_lse_ptr="*fp32", block_tables_ptr="*i32", seq_lens_ptr="*i32",
+                 cu_q_ptr="*i32", cu_qblk_ptr="*i32", scale_log2="fp32", slot_ptr="*i64")
+    for arch in (80, 90):
+        for plan in (prefill, decode):
+            c = _compile(kernels.paged_attention_kernel, types, dict(
+                GROUP=4, BLOCK_M=plan.block_m, BLOCK_R=plan.block_r, BLOCK_N=plan.block_n, BLOCK_D=128,
+                SPLIT=plan.num_splits > 1, UPCAST=False, DOT_PRECISION="ieee" if el == "fp32" else None), arch)
+            assert c.metadata.shared <= 99 * 1024, (plan, c.metadata.shared)
+    _compile(kernels.merge_splits_kernel, types, dict(BLOCK_H=4, BLOCK_S=8, BLOCK_D=128), 90)
+    _compile(kernels.store_kv_kernel, types, dict(BLOCK_T=4, BLOCK_H=8, BLOCK_D=128), 90)
