@@ -11,6 +11,7 @@ Invariant: every stream ends with exactly one delta whose `finished` is True
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from importlib import metadata
 from pathlib import Path
@@ -52,6 +53,7 @@ class AsyncEngine:
         self._ops: list[tuple] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._step_lock = threading.Lock()  # held while a step runs in the worker thread
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> "AsyncEngine":
@@ -107,12 +109,16 @@ class AsyncEngine:
         s.num_waiting += sum(1 for op in self._ops if op[0] == "add")
         return s
 
-    def reset_prefix_cache(self) -> bool:
-        return False  # no prefix cache yet
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """`LLMEngine.reset_prefix_cache` between two steps (waits for a running step to end, so it
+        may block the event loop for one step). False while requests hold blocks, as in vLLM."""
+        core = self._started()
+        with self._step_lock:
+            return core.reset_prefix_cache(reset_running_requests)
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None) -> RequestStream:
+                    request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
         """Validate now (ValueError on bad input), queue for the next step, return the stream."""
         core = self._started()
         if self._task is None:
@@ -124,13 +130,13 @@ class AsyncEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         stream = RequestStream(rid)
         self._streams[rid] = stream
-        self._ops.append(("add", prompt_token_ids, params, rid))
+        self._ops.append(("add", prompt_token_ids, params, rid, cache_salt))
         self._wake.set()
         return stream
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[TokenDelta]:
-        stream = self.add_request(prompt_token_ids, params, request_id)
+                       request_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[TokenDelta]:
+        stream = self.add_request(prompt_token_ids, params, request_id, cache_salt)
         try:
             async for delta in stream:
                 yield delta
@@ -160,15 +166,19 @@ class AsyncEngine:
         ops, self._ops = self._ops, []
         for op in ops:
             if op[0] == "add":
-                _, ids, params, rid = op
+                _, ids, params, rid, salt = op
                 if rid not in self._streams:
                     continue  # aborted before it was ever queued
                 try:
-                    self.core.add_request(ids, params, rid)
+                    self.core.add_request(ids, params, rid, cache_salt=salt)
                 except ValueError as e:
                     self._streams.pop(rid).queue.put_nowait(e)
             else:
                 self._apply_abort(op[1])
+
+    def _step(self) -> list[TokenDelta]:
+        with self._step_lock:
+            return self.core.step()
 
     async def _loop(self) -> None:
         core = self.core
@@ -180,7 +190,7 @@ class AsyncEngine:
             if not core.has_unfinished():
                 continue
             try:
-                deltas = await asyncio.to_thread(core.step)
+                deltas = await asyncio.to_thread(self._step)
             except Exception as e:  # a bug in a step: fail the in-flight requests, keep serving
                 for rid in list(core.requests):
                     core.abort(rid)

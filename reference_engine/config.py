@@ -6,6 +6,7 @@ what is supported.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,49 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 DEFAULT_KV_BYTES = 1 << 30
+SPEC_METHODS = ("ngram", "draft_model")
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM's `speculative_config` keys: method ("ngram" | "draft_model"), num_speculative_tokens,
+    prompt_lookup_min / prompt_lookup_max (ngram; both default to 5 as in vLLM, one given sets the
+    other), model (draft_model: a smaller model directory sharing the target's tokenizer)."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    model: str | None = None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "SpeculativeConfig":
+        if not isinstance(raw, dict):
+            raise ValueError(f"speculative_config must be a dict, got {type(raw).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {unknown}; known: {sorted(known)}")
+        raw = dict(raw)
+        raw.setdefault("method", "draft_model" if raw.get("model") else None)  # vLLM infers it from `model`
+        if raw["method"] not in SPEC_METHODS:
+            raise ValueError(f"speculative_config.method must be one of {SPEC_METHODS}, got {raw['method']!r}")
+        k = raw.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}")
+        spec = cls(**raw)
+        if spec.method == "ngram":
+            lo, hi = spec.prompt_lookup_min, spec.prompt_lookup_max
+            spec.prompt_lookup_min = lo if lo is not None else (hi if hi is not None else 5)
+            spec.prompt_lookup_max = hi if hi is not None else spec.prompt_lookup_min
+            lo, hi = spec.prompt_lookup_min, spec.prompt_lookup_max
+            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo}, {hi}")
+            if spec.model is not None:
+                raise ValueError("speculative_config.model is for method 'draft_model', not 'ngram'")
+        elif not spec.model:
+            raise ValueError("speculative_config.model (the draft model's directory) is required for 'draft_model'")
+        return spec
 
 
 @dataclass
@@ -57,6 +101,12 @@ class EngineConfig:
     attention_backend: str = "torch"
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (`serve`: cores - 1)
     seed: int = 0
+    enable_prefix_caching: bool = True
+    speculative_config: dict | None = None  # vLLM's shape: {"method": "ngram", "num_speculative_tokens": 3}
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.from_dict(self.speculative_config) if self.speculative_config else None
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
@@ -70,6 +120,10 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The engine: requests in, token deltas out, one `step()` at a time.
 
 `LLMEngine` is the synchronous core: `add_request` validates and queues, `step` runs
-schedule -> forward -> sample -> stop checks -> detokenize, and returns one `TokenDelta`
-per request that produced tokens (or finished) in that step. `LLM` is the offline
+schedule -> forward -> sample (or verify drafts, then propose new ones) -> stop checks and
+detokenize -> commit (scheduler.update_from_output), and returns one `TokenDelta` per
+request that produced tokens (or finished) in that step; a delta may carry several tokens. `LLM` is the offline
 batch API on top of it; `AsyncEngine` (async_engine.py) drives the same core from asyncio.
 
 Invariant: a request leaves the engine (blocks freed) in the same step it finishes,
@@ -13,12 +14,13 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from reference_engine.config import EngineConfig, ModelConfig
+from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.model_runner import ModelRunner
 from reference_engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
@@ -42,8 +44,13 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     num_requests_finished: int
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up at admission (vLLM's meaning)
+    prefix_cache_hits: int = 0  # of which found cached
+    kv_cached_blocks: int = 0  # blocks indexed in the prefix cache (held or free)
+    spec_decode_num_drafts: int = 0  # requests x steps with draft tokens verified
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # index: draft position
 
 
 class LLMEngine:
@@ -54,7 +61,8 @@ class LLMEngine:
         self.runner = ModelRunner(cfg)
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
-        self.scheduler = Scheduler(cfg, self.runner.pool)
+        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(cfg, self.kv, self.runner.num_lookahead)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputProcessor(self.tokenizer, _eos_ids(cfg.model, self.model_config, self.tokenizer),
                                        self.max_model_len, keep_results=keep_results)
@@ -64,6 +72,9 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.num_requests_finished = 0
+        k = self.runner.num_spec_tokens
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * k
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -89,13 +100,16 @@ class LLMEngine:
                              f"({self.cfg.max_num_batched_tokens})")
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None) -> str:
+        """Queue a request. `cache_salt`: only requests with the same salt share prefix-cache blocks."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, prompt_token_ids, params, arrival_time=arrival_time or time.monotonic())
+        req = Request(request_id, prompt_token_ids, params, arrival_time=arrival_time or time.monotonic(),
+                      cache_salt=cache_salt)
         if params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         self.requests[request_id] = req
@@ -111,6 +125,11 @@ class LLMEngine:
         self._release(req)
         return self.outputs.process(req, None, None)
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget all cached blocks (True), or fail while requests hold blocks (False), as vLLM does;
+        with `reset_running_requests`, running requests are preempted first (they recompute)."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
@@ -120,54 +139,77 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        kinds = [(r.request_id, n, "decode" if n == 1 and r.output_token_ids and
-                  r.num_computed_tokens == r.num_tokens - 1 else "prefill") for r, n in sched.scheduled]
-        samplers, new_ids, logprobs = self.runner.run(sched.scheduled)
-        for req, n in sched.scheduled:
-            req.num_computed_tokens += n
-        deltas, finished = [], []
+        kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
+                  else "prefill") for r, n in sched.scheduled]
+        queries, hits = self.kv.queries, self.kv.hits
+        out = self.runner.run(sched.scheduled, sched.spec_tokens)
+        deltas = []
         now = time.monotonic()
-        for req, tok, lp in zip(samplers, new_ids, logprobs):
-            req.output_token_ids.append(tok)
+        for req, toks, lps in zip(out.reqs, out.token_ids, out.logprobs):
             if req.first_token_time is None:  # prompt counted once its prefill is done (as vLLM does)
                 req.first_token_time = now
                 self.prompt_tokens_total += req.num_prompt_tokens
-            self.generation_tokens_total += 1
-            deltas.append(self.outputs.process(req, tok, lp))  # may finish req (stop / length)
-            if req.is_finished:
-                self._release(req)
-                finished.append(req.request_id)
+            before = len(req.output_token_ids)
+            deltas.append(self.outputs.process(req, toks, lps))  # appends; may finish req (stop / length)
+            self.generation_tokens_total += len(req.output_token_ids) - before
+        self._count_spec(sched, out.num_accepted)
+        finished = self.scheduler.update_from_output(sched, out.num_accepted, out.drafts)
+        for req in finished:
+            self._forget(req)
         self._steps += 1
         if self.step_records is not None:
-            self._record(kinds, sched.preempted, finished, time.perf_counter() - t0)
+            self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0,
+                         self.kv.queries - queries, self.kv.hits - hits)
         return deltas
+
+    def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:
+        for rid, drafts in sched.spec_tokens.items():
+            a = num_accepted.get(rid, 0)
+            self.num_drafts += 1
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_tokens += a
+            for pos in range(a):
+                self.accepted_per_pos[pos] += 1
 
     def _release(self, req: Request) -> None:
         self.scheduler.finish(req)
+        self._forget(req)
+
+    def _forget(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
         self.num_requests_finished += 1
 
-    def _record(self, kinds, preempted, finished, dt) -> None:
-        pool = self.runner.pool
+    def _record(self, kinds, sched, out, finished, dt, queries, hits) -> None:
+        kv, bs = self.kv, self.kv.block_size
         self.step_records.append(StepRecord(
             step=self._steps, duration_s=dt, scheduled=kinds,
             num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
             num_decode_tokens=sum(n for _, n, k in kinds if k == "decode"),
-            preempted=[r.request_id for r in preempted], finished=finished,
-            kv_blocks_used=pool.num_used, kv_blocks_free=pool.num_free,
+            preempted=[r.request_id for r in sched.preempted], finished=finished,
+            kv_blocks_used=kv.num_used, kv_blocks_free=kv.num_free, kv_blocks_cached=kv.num_cached,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             block_tables={r.request_id: list(r.block_table) for r in self.scheduler.running},
+            prefix_hits=dict(sched.prefix_hits),
+            prefix_hit_blocks={r.request_id: r.num_cached_tokens // bs for r in self.scheduler.running},
+            prefix_cache_queries=queries, prefix_cache_hits=hits,
+            spec_proposed={rid: len(d) for rid, d in sched.spec_tokens.items()},
+            spec_accepted={rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
+            new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
         ))
 
     def stats(self) -> EngineStats:
-        pool = self.runner.pool
+        kv = self.kv
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_used_blocks=pool.num_used, kv_total_blocks=pool.num_blocks,
-            kv_usage=pool.num_used / pool.num_blocks, kv_capacity_tokens=self.runner.kv_capacity_tokens,
-            block_size=pool.block_size, num_preemptions_total=self.scheduler.num_preemptions,
+            kv_used_blocks=kv.num_used, kv_total_blocks=kv.num_blocks,
+            kv_usage=kv.num_used / kv.num_blocks, kv_capacity_tokens=self.runner.kv_capacity_tokens,
+            block_size=kv.block_size, num_preemptions_total=self.scheduler.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
             num_requests_finished=self.num_requests_finished,
+            prefix_cache_queries=kv.queries, prefix_cache_hits=kv.hits, kv_cached_blocks=kv.num_cached,
+            spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos),
         )
 
 

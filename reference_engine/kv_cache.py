@@ -4,15 +4,19 @@ Memory: per layer, a key and a value tensor shaped `(num_blocks, block_size, Hkv
 Token `t` of a request lives in block `block_table[t // block_size]` at offset
 `t % block_size`; its flat slot is `block * block_size + offset`.
 
+The pool only counts references and keeps the free blocks in eviction order; what a
+block holds (its prefix-cache hash) is the KV-cache manager's business
+(`kv_cache_manager.py`), which is the only caller.
+
 Invariants:
-- a block is either free (in `free_ids`) or held (ref_count >= 1), never both;
-- `allocate`/`free` are O(1) per block (a deque of free ids);
+- a block is either free (in `free_ids`, ref_count 0) or held (ref_count >= 1), never both;
+- `free_ids` is ordered: the head is handed out (and, if cached, evicted) first;
+- `allocate` / `touch` / `free` are O(1) per block (an insertion-ordered dict as a queue);
 - `num_free + num_used == num_blocks` at all times.
-Reference counts are there so that prefix caching can share blocks between requests.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 import torch
 
@@ -26,7 +30,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_count = [0] * num_blocks
-        self.free_ids: deque[int] = deque(range(num_blocks))
+        # An OrderedDict is a queue with O(1) removal from the middle (a cache hit on a free block).
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -40,19 +45,31 @@ class BlockPool:
         return n <= len(self.free_ids)
 
     def allocate(self, n: int) -> list[int]:
+        """Take `n` blocks from the head of the free queue (ref_count 1 each)."""
         if n > len(self.free_ids):
             raise RuntimeError(f"out of KV blocks: want {n}, have {len(self.free_ids)}")
-        ids = [self.free_ids.popleft() for _ in range(n)]
+        ids = [self.free_ids.popitem(last=False)[0] for _ in range(n)]
         for b in ids:
             self.ref_count[b] = 1
         return ids
 
-    def free(self, ids: list[int]) -> None:
+    def touch(self, ids: list[int]) -> None:
+        """Take one more reference to each block (a prefix-cache hit); a free block leaves the queue."""
+        for b in ids:
+            if self.ref_count[b] == 0:
+                del self.free_ids[b]
+            self.ref_count[b] += 1
+
+    def free(self, ids: list[int], front: bool = False) -> None:
+        """Drop one reference to each block; blocks reaching 0 join the free queue in the order given,
+        at its tail (evicted last) or, with `front`, at its head (handed out first)."""
         for b in ids:
             self.ref_count[b] -= 1
             assert self.ref_count[b] >= 0, f"block {b} freed twice"
             if self.ref_count[b] == 0:
-                self.free_ids.append(b)
+                self.free_ids[b] = None
+                if front:
+                    self.free_ids.move_to_end(b, last=False)
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
@@ -65,9 +82,11 @@ def bytes_per_token(model: ModelConfig, dtype: torch.dtype) -> int:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * elem
 
 
-def capacity_blocks(cfg: EngineConfig, model: ModelConfig, dtype: torch.dtype, max_model_len: int) -> int:
-    """Blocks from the budget given in tokens or bytes (default: DEFAULT_KV_BYTES, capped)."""
-    per_tok = bytes_per_token(model, dtype)
+def capacity_blocks(cfg: EngineConfig, model: ModelConfig, dtype: torch.dtype, max_model_len: int,
+                    extra_bytes_per_token: int = 0) -> int:
+    """Blocks from the budget given in tokens or bytes (default: DEFAULT_KV_BYTES, capped).
+    `extra_bytes_per_token`: a draft model's KV, which lives in the same block ids."""
+    per_tok = bytes_per_token(model, dtype) + extra_bytes_per_token
     if cfg.kv_cache_tokens is not None:
         tokens = cfg.kv_cache_tokens
     elif cfg.kv_cache_bytes is not None:

@@ -1,34 +1,40 @@
-"""The model runner: turns one scheduled step into one forward pass and sampled tokens.
+"""The model runner: turns one scheduled step into one forward pass and new tokens per request.
 
-A step is flattened (nano-vllm style) into varlen tensors:
-  input_ids (N,), positions (N,), slot_mapping (N,)   -- N = all scheduled tokens
-  block_tables (B, max_blocks), seq_lens (B,)          -- B = scheduled sequences
-Decodes (one query token) go first so the attention backend can batch them.
-Logits are computed only for sequences that sample this step (a finished prompt or a
-decode), not for every prompt token.
+A step is flattened into varlen tensors (`input_batch.py`), decodes first. Logits are
+computed only for rows that sample: a request whose step reaches the end of its tokens
+samples at its last row, and a request with j draft tokens scheduled after them gets j + 1
+rows, verified together (`spec_decode/verifier.py`): it emits its accepted drafts and then
+one token from the target, so each request gets a *list* of new tokens.
+
+The runner reads block tables; it never changes them (the scheduler's KV-cache manager
+does). With speculation, the proposer runs here too, after verification: a draft model
+writes KV into the same block ids (its own tensors), n-gram lookup only reads tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import AttentionMetadata, get_backend
+from reference_engine.attention import get_backend
 from reference_engine.config import EngineConfig, ModelConfig, parse_dtype
-from reference_engine.kv_cache import BlockPool, allocate_kv_cache, capacity_blocks
+from reference_engine.input_batch import StepBatch, make_batch
+from reference_engine.kv_cache import allocate_kv_cache, capacity_blocks
 from reference_engine.loader import load_model
 from reference_engine.outputs import TokenLogprob
 from reference_engine.request import Request
-from reference_engine.sampler import SamplingBatch, logprobs_of, sample
+from reference_engine.sampler import logprobs_of, make_batch as sampling_batch, sample
+from reference_engine.spec_decode import Draft, make_proposer
+from reference_engine.spec_decode.verifier import verify
 
 
 @dataclass
-class StepBatch:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    sample_rows: torch.Tensor  # (S,) row of each sampling sequence in the flat batch
-    samplers: list[Request]  # the S requests that sample this step, in row order
+class RunnerOutput:
+    reqs: list[Request] = field(default_factory=list)  # the requests that sampled, in row order
+    token_ids: list[list[int]] = field(default_factory=list)  # their new tokens (accepted drafts + 1)
+    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
+    num_accepted: dict[str, int] = field(default_factory=dict)  # per request whose drafts were verified
+    drafts: dict[str, Draft] = field(default_factory=dict)  # proposals for the next step
 
 
 class ModelRunner:
@@ -43,90 +49,86 @@ class ModelRunner:
         limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         self.model, self.model_config = load_model(cfg.model, self.dtype, self.device, self.max_model_len)
-        num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len)
-        self.pool = BlockPool(num_blocks, cfg.block_size)
-        self.kv_cache = allocate_kv_cache(self.model_config, num_blocks, cfg.block_size, self.dtype, self.device)
+        spec = cfg.speculative
+        self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
+                                      self.max_model_len) if spec else None
+        self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
+        extra = self.proposer.kv_bytes_per_token if self.proposer else 0
+        self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
+        if self.num_blocks < 1:
+            raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_blocks, cfg.block_size, self.dtype,
+                                          self.device)
+        if self.proposer:
+            self.proposer.allocate_kv(self.num_blocks)
         self.backend = get_backend(cfg.attention_backend)(self.kv_cache, cfg.block_size)
         self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.pool.num_blocks * self.pool.block_size
+        return self.num_blocks * self.cfg.block_size
 
-    def prepare(self, scheduled: list[tuple[Request, int]]) -> StepBatch:
+    @property
+    def num_lookahead(self) -> int:
+        return self.proposer.num_lookahead if self.proposer else 0
+
+    def prepare(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]]
+                ) -> tuple[StepBatch, list[int], list[Request], list[list[int]]]:
+        """-> batch, logit rows, the requests that sample and their scheduled drafts."""
         order = sorted(scheduled, key=lambda rn: rn[1] != 1)  # stable: decodes first
-        tokens: list[int] = []
-        starts, qlens, tables, samplers, sample_rows = [], [], [], [], []
+        seqs, rows, samplers, drafts = [], [], [], []
         offset = 0
         for req, n in order:
             start = req.num_computed_tokens
-            tokens += _token_slice(req, start, start + n)
-            starts.append(start)
-            qlens.append(n)
-            tables.append(req.block_table)
+            d = spec.get(req.request_id, [])
+            toks = req.tokens(start, start + n - len(d)) + d
+            seqs.append((toks, start, req.block_table))
             offset += n
-            if start + n == req.num_tokens:  # this step reaches the end: sample a token
+            if start + n - len(d) == req.num_tokens:  # reaches the end: sample, verifying any drafts
                 samplers.append(req)
-                sample_rows.append(offset - 1)
-        dev = self.device
-        q_lens = torch.tensor(qlens, dtype=torch.int64)
-        seq_start = torch.tensor(starts, dtype=torch.int64)
-        cu = torch.zeros(len(qlens) + 1, dtype=torch.int64)
-        torch.cumsum(q_lens, 0, out=cu[1:])
-        n_tok = int(cu[-1])
-        # positions: per token, its sequence's start + its index within the chunk
-        positions = torch.arange(n_tok) - torch.repeat_interleave(cu[:-1] - seq_start, q_lens)
-        seq_idx = torch.repeat_interleave(torch.arange(len(qlens)), q_lens)
-        width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
-        bs = self.cfg.block_size
-        slots = block_tables[seq_idx, positions // bs] * bs + positions % bs
-        seq_lens = seq_start + q_lens
-        num_decodes = sum(1 for q in qlens if q == 1)
-        meta = AttentionMetadata(
-            slot_mapping=slots.to(dev), block_tables=block_tables.to(dev), seq_lens=seq_lens.to(dev),
-            query_lens=qlens, seq_lens_list=seq_lens.tolist(), query_start=cu.tolist(),
-            num_decodes=num_decodes, max_decode_len=int(seq_lens[:num_decodes].max()) if num_decodes else 0,
-        )
-        return StepBatch(torch.tensor(tokens, dtype=torch.int64, device=dev), positions.to(dev), meta,
-                         torch.tensor(sample_rows, dtype=torch.int64, device=dev), samplers)
-
-    def sampling_batch(self, reqs: list[Request]) -> SamplingBatch:
-        ps = [r.params for r in reqs]
-        dev = self.device
-
-        def col(name, dtype=torch.float32):
-            return torch.tensor([getattr(p, name) for p in ps], dtype=dtype, device=dev)
-
-        needs_more = any(not p.greedy or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                         or p.frequency_penalty != 0.0 for p in ps)
-        return SamplingBatch(
-            temperature=col("temperature"), top_k=col("top_k", torch.int64), top_p=col("top_p"),
-            min_p=col("min_p"), repetition_penalty=col("repetition_penalty"),
-            presence_penalty=col("presence_penalty"), frequency_penalty=col("frequency_penalty"),
-            prompt_ids=[r.prompt_token_ids for r in reqs], output_ids=[r.output_token_ids for r in reqs],
-            generators=[r.generator for r in reqs], num_logprobs=[p.logprobs for p in ps],
-            all_greedy=not needs_more,
-        )
+                drafts.append(d)
+                rows.extend(range(offset - 1 - len(d), offset))
+        return make_batch(seqs, self.cfg.block_size, self.device), rows, samplers, drafts
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Request, int]]) -> tuple[list[Request], list[int], list[TokenLogprob | None]]:
-        """One forward for the whole step. Returns the sampling requests, their new tokens, logprobs."""
-        batch = self.prepare(scheduled)
+    def run(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]] | None = None) -> RunnerOutput:
+        """One target forward for the whole step (+ the proposer's work with speculation on)."""
+        spec = spec or {}
+        batch, rows, samplers, drafts = self.prepare(scheduled, spec)
         hidden = self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # (N, hidden)
-        if not batch.samplers:
-            return [], [], []
-        raw = self.model.logits(hidden[batch.sample_rows])  # (S, V) float32
-        sb = self.sampling_batch(batch.samplers)
-        ids = sample(raw, sb, self.default_gen)
-        return batch.samplers, ids.tolist(), logprobs_of(raw, ids, sb.num_logprobs)
+        if self.proposer:
+            self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
+        out = RunnerOutput(reqs=samplers)
+        if not samplers:
+            return out
+        raw = self.model.logits(hidden[torch.tensor(rows, device=self.device)])  # (R, V) float32
+        if not spec:  # one row per request: the plain sampling path
+            ps = [r.params for r in samplers]
+            sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers], [r.output_token_ids for r in samplers],
+                                [r.generator for r in samplers], self.device)
+            ids = sample(raw, sb, self.default_gen)
+            out.token_ids = [[t] for t in ids.tolist()]
+            out.logprobs = [None if lp is None else [lp] for lp in logprobs_of(raw, ids, sb.num_logprobs)]
+        else:
+            out.token_ids = verify(raw, samplers, drafts, self.default_gen)
+            out.logprobs = self._logprobs(raw, samplers, drafts, out.token_ids)
+            out.num_accepted = {r.request_id: len(t) - 1 for r, d, t in zip(samplers, drafts, out.token_ids) if d}
+        if self.proposer:
+            limits = [self._max_drafts(r, len(t)) for r, t in zip(samplers, out.token_ids)]
+            proposals = self.proposer.propose(samplers, out.token_ids, limits, self.default_gen)
+            out.drafts = {r.request_id: p for r, p in zip(samplers, proposals) if p.token_ids}
+        return out
 
+    def _max_drafts(self, req: Request, num_new: int) -> int:
+        """Drafts worth proposing: the next step emits at most drafts + 1 tokens, within max_tokens."""
+        left = req.params.max_tokens - len(req.output_token_ids) - num_new
+        return max(0, min(self.num_spec_tokens, left - 1))
 
-def _token_slice(req: Request, start: int, end: int) -> list[int]:
-    """Tokens [start, end) of prompt + output, without concatenating the whole history."""
-    p = req.prompt_token_ids
-    if end <= len(p):
-        return p[start:end]
-    if start >= len(p):
-        return req.output_token_ids[start - len(p):end - len(p)]
-    return p[start:] + req.output_token_ids[: end - len(p)]
+    def _logprobs(self, raw, reqs, drafts, tokens) -> list[list[TokenLogprob] | None]:
+        out, row = [], 0
+        for r, d, t in zip(reqs, drafts, tokens):
+            n = r.params.logprobs
+            out.append(None if n is None else
+                       logprobs_of(raw[row:row + len(t)], torch.tensor(t, device=raw.device), [n] * len(t)))
+            row += len(d) + 1
+        return out

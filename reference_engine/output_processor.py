@@ -1,5 +1,9 @@
 """Output processing: stop checks, incremental detokenization, and the deltas users see.
 
+A step may bring several tokens for a request (accepted draft tokens + one from the target).
+They are appended one at a time, and every stop rule is checked after each, exactly as if
+they had come one per step: a stop inside the run keeps the tokens up to it and drops the rest.
+
 Stop rules, checked after every new token (vLLM's meanings):
 - an EOS id (unless `ignore_eos`)          -> finish_reason "stop", stop_reason None
 - a token in `stop_token_ids`             -> "stop", stop_reason = that id
@@ -44,25 +48,29 @@ class OutputProcessor:
             hold=max((len(s) for s in p.stop), default=1) - 1,
         )
 
-    def process(self, req: Request, token: int | None, lp: TokenLogprob | None) -> TokenDelta:
-        """Account for one new token (None: the request was aborted) and build its delta."""
+    def process(self, req: Request, tokens: list[int] | None, lps: list[TokenLogprob] | None) -> TokenDelta:
+        """Append a step's new tokens (None or []: the request was aborted) and build its delta."""
         st = self.states[req.request_id]
-        new = [] if token is None else [token]
-        if token is not None:
-            if st.logprobs is not None and lp is not None:
-                st.logprobs.append(lp)
+        new: list[int] = []
+        for i, token in enumerate(tokens or ()):
+            req.output_token_ids.append(token)
+            new.append(token)
+            if st.logprobs is not None and lps is not None:
+                st.logprobs.append(lps[i])
             self._check_token_stops(req, token)
-            st.detok.add(new)
+            st.detok.add([token])
             self._check_stop_strings(req, st)
-            if req.is_finished and st.text is None:
-                st.detok.flush()
+            if req.is_finished:
+                break  # a stop inside an accepted run: the rest is dropped
+        if new and req.is_finished and st.text is None:
+            st.detok.flush()
         full = st.text if st.text is not None else st.detok.text
         end = len(full) if req.is_finished else max(st.emitted, len(full) - st.hold)
         delta_text, st.emitted = full[st.emitted:end], end
         delta = TokenDelta(
             request_id=req.request_id, new_token_ids=new, text_delta=delta_text,
             finished=req.is_finished, finish_reason=req.finish_reason, stop_reason=req.stop_reason,
-            logprobs=[lp] if (lp is not None and st.logprobs is not None) else None,
+            logprobs=lps[:len(new)] if (lps is not None and st.logprobs is not None and new) else None,
             num_prompt_tokens=req.num_prompt_tokens, num_output_tokens=len(req.output_token_ids),
         )
         if req.is_finished:

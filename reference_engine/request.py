@@ -5,8 +5,10 @@ the cache runs out (preemption by recompute: the blocks are dropped, and on
 re-admission prompt + generated tokens are prefilled again).
 
 Invariant: `num_computed_tokens <= len(token_ids)`; the KV of tokens
-`[0, num_computed_tokens)` is in the blocks of `block_table`. A request samples a new
-token in a step exactly when that step brings `num_computed_tokens` up to `len(token_ids)`.
+`[0, num_computed_tokens)` is in the blocks of `block_table`. A request samples in a step
+exactly when that step brings `num_computed_tokens` up to `len(token_ids)` (plus any draft
+tokens scheduled after them). Only the KV-cache manager changes `block_table`; draft tokens
+(`spec_token_ids`) are never part of `token_ids` until the target model accepts them.
 """
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None  # per-request RNG when params.seed is set
+    cache_salt: str | None = None  # prefix-cache extra key: only requests with the same salt share blocks
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks, grown lazily
+    num_cached_tokens: int = 0  # tokens found in the prefix cache at the latest admission
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens proposed for the next step
+    spec_probs: torch.Tensor | None = None  # (k, V) the draft's distributions (None: greedy or n-gram)
     # timestamps (time.monotonic)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -56,6 +63,15 @@ class Request:
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without concatenating the whole history."""
+        p = self.prompt_token_ids
+        if end <= len(p):
+            return p[start:end]
+        if start >= len(p):
+            return self.output_token_ids[start - len(p):end - len(p)]
+        return p[start:] + self.output_token_ids[: end - len(p)]
 
     @property
     def num_new_tokens(self) -> int:

@@ -107,19 +107,43 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None], default:
     return (probs / q).argmax(-1)
 
 
-def sample(logits: torch.Tensor, b: SamplingBatch, default_gen: torch.Generator) -> torch.Tensor:
-    """logits: (S, V) float32 -> token ids (S,)."""
-    greedy_ids = logits.argmax(-1)
+def process(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (S, V) -> (the logits each sampling row draws from: penalised, tempered, masked;
+    the greedy rows' tokens (S,)). Speculative verification needs the distributions, not a draw."""
     if b.all_greedy:
-        return greedy_ids
+        return logits, logits.argmax(-1)
     logits = apply_penalties(logits, b)
     greedy_ids = logits.argmax(-1)  # penalties apply to greedy rows too
     temp = torch.where(b.temperature > 0, b.temperature, 1.0)
     x = logits / temp[:, None]
     x = apply_top_k_top_p(x, b.top_k, b.top_p)
-    x = apply_min_p(x, b.min_p)
+    return apply_min_p(x, b.min_p), greedy_ids
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch, default_gen: torch.Generator) -> torch.Tensor:
+    """logits: (S, V) float32 -> token ids (S,)."""
+    if b.all_greedy:
+        return logits.argmax(-1)
+    x, greedy_ids = process(logits, b)
     sampled = draw(x.softmax(-1), b.generators, default_gen)
     return torch.where(b.temperature > 0, sampled, greedy_ids)
+
+
+def make_batch(params: list, prompt_ids: list[list[int]], output_ids: list[list[int]],
+               generators: list[torch.Generator | None], device) -> SamplingBatch:
+    """One row per entry; `params` are SamplingParams."""
+    def col(name, dtype=torch.float32):
+        return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
+
+    needs_more = any(not p.greedy or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                     or p.frequency_penalty != 0.0 for p in params)
+    return SamplingBatch(
+        temperature=col("temperature"), top_k=col("top_k", torch.int64), top_p=col("top_p"),
+        min_p=col("min_p"), repetition_penalty=col("repetition_penalty"),
+        presence_penalty=col("presence_penalty"), frequency_penalty=col("frequency_penalty"),
+        prompt_ids=prompt_ids, output_ids=output_ids, generators=generators,
+        num_logprobs=[p.logprobs for p in params], all_greedy=not needs_more,
+    )
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, num: list[int | None]) -> list[TokenLogprob | None]:

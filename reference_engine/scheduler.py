@@ -1,20 +1,28 @@
-"""The scheduler: which requests run this step, and how many tokens each.
+"""The scheduler: which requests run this step, how many tokens each, and the bookkeeping after.
 
 Semantics follow vLLM v1: there is no separate "prefill phase". Every request simply
 has `num_new_tokens` whose KV is not computed yet (the rest of its prompt, or the one
-token sampled last step), and each step spends one token budget
-(`max_num_batched_tokens`) across them:
+token sampled last step, plus any draft tokens proposed for it), and each step spends one
+token budget (`max_num_batched_tokens`) across them:
 
 1. Running requests first, in admission order. A prompt too long for what is left of
-   the budget gets a chunk of it (chunked prefill). If the pool has no blocks for a
-   request, the most recently admitted running request is preempted (blocks dropped,
-   recomputed later) until it fits, or the request itself is the one preempted.
+   the budget gets a chunk of it (chunked prefill); drafts that do not fit are dropped.
+   If the pool has no blocks for a request, the most recently admitted running request is
+   preempted (blocks released, recomputed later) until it fits, or the request itself is
+   the one preempted.
 2. Then waiting requests, first come first served, while budget, blocks and the
-   `max_num_seqs` cap allow. Nobody is admitted in a step that preempted (it would
+   `max_num_seqs` cap allow. A request starts from the longest prefix of its tokens found
+   in the prefix cache (its own blocks, after a preemption, if nobody evicted them) and
+   spends budget only on the rest. Nobody is admitted in a step that preempted (it would
    just be preempted again). Preempted requests wait at the front of the queue.
 
-Invariant: after `schedule()`, every scheduled request owns enough blocks for
-`num_computed_tokens + num_scheduled` tokens.
+All block bookkeeping goes through the KV-cache manager (`self.kv`). After the forward,
+`update_from_output` commits the step: computed tokens advance by what was scheduled minus
+rejected drafts, full blocks are cached, finished requests are freed, new drafts stored.
+
+Invariants: after `schedule()`, every scheduled request owns blocks for
+`num_computed_tokens + num_scheduled (+ lookahead)` tokens; after `update_from_output`,
+`num_computed_tokens <= num_tokens` and nothing past `num_tokens` is counted as computed.
 """
 from __future__ import annotations
 
@@ -23,14 +31,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from reference_engine.config import EngineConfig
-from reference_engine.kv_cache import BlockPool, blocks_needed
+from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.request import Request, Status
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # drafts scheduled after a request's tokens
     preempted: list[Request] = field(default_factory=list)
+    prefix_hits: dict[str, int] = field(default_factory=dict)  # admitted this step: tokens found cached
 
     @property
     def num_tokens(self) -> int:
@@ -42,9 +52,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: BlockPool):
+    def __init__(self, cfg: EngineConfig, kv: KVCacheManager, num_lookahead: int = 0):
         self.cfg = cfg
-        self.pool = pool
+        self.kv = kv
+        self.num_lookahead = num_lookahead  # slots a draft model writes past the scheduled tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -55,6 +66,7 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # ---- before the forward ---------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.cfg.max_num_batched_tokens
@@ -62,56 +74,82 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_new_tokens, budget)
+            drafts = req.spec_token_ids if req.num_new_tokens == 1 else []
+            n = min(req.num_new_tokens + len(drafts), budget)
             if not chunked and n < req.num_new_tokens:
                 i += 1
                 continue  # waits for a step with room for the whole prompt
             if not self._grow(req, n, out):
                 break  # req itself was preempted: everyone after it already was
             out.scheduled.append((req, n))
+            if n > req.num_new_tokens:
+                out.spec_tokens[req.request_id] = drafts[:n - req.num_new_tokens]
             budget -= n
             i += 1
         if out.preempted:
             return out
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
-            n = min(req.num_new_tokens, budget)
-            if not chunked and n < req.num_new_tokens:
+            hit, num_hit = self.kv.get_computed_blocks(req)
+            n = min(req.num_tokens - num_hit, budget)
+            if not chunked and n < req.num_tokens - num_hit:
                 break
-            need = blocks_needed(n, self.pool.block_size)
-            if not self.pool.can_allocate(need):
+            if not self.kv.allocate_slots(req, n, hit, self._lookahead(req, num_hit + n)):
                 break
             self.waiting.popleft()
-            req.block_table = self.pool.allocate(need)
+            req.num_computed_tokens = req.num_cached_tokens = num_hit
             req.status = Status.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.monotonic()
             self.running.append(req)
             out.scheduled.append((req, n))
+            out.prefix_hits[req.request_id] = num_hit
             budget -= n
         return out
 
+    def _lookahead(self, req: Request, end: int) -> int:
+        """Lookahead slots past token `end`, never past the longest the request can get."""
+        return max(0, min(self.num_lookahead, req.num_prompt_tokens + req.params.max_tokens - end))
+
     def _grow(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Give `req` blocks for `n` more tokens, preempting from the back. False if req was preempted."""
-        need = blocks_needed(req.num_computed_tokens + n, self.pool.block_size) - len(req.block_table)
-        while not self.pool.can_allocate(need):
+        lookahead = self._lookahead(req, req.num_computed_tokens + n)
+        while not self.kv.allocate_slots(req, n, lookahead=lookahead):
             victim = self.running.pop()
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is req:
                 return False
-        if need > 0:
-            req.block_table += self.pool.allocate(need)
         return True
 
     def _preempt(self, req: Request) -> None:
-        self.pool.free(req.block_table)
-        req.block_table = []
+        self.kv.free(req)  # its full blocks stay cached: on re-admission it may find them again
         req.num_computed_tokens = 0
+        req.spec_token_ids, req.spec_probs = [], None
         req.status = Status.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    # ---- after the forward ----------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, num_accepted: dict[str, int],
+                           drafts: dict) -> list[Request]:
+        """Commit a step whose new tokens the output processor has already appended (and cut at
+        any stop). Returns the requests that finished, their blocks released."""
+        finished = []
+        for req, n in sched.scheduled:
+            req.num_computed_tokens += n
+            num_spec = len(sched.spec_tokens.get(req.request_id, ()))
+            if num_spec or self.num_lookahead or req.num_computed_tokens > req.num_tokens:
+                self.kv.rollback(req, num_spec - num_accepted.get(req.request_id, 0))
+            self.kv.cache_full_blocks(req)
+            if req.is_finished:
+                self.finish(req)
+                finished.append(req)
+            else:
+                d = drafts.get(req.request_id)
+                req.spec_token_ids, req.spec_probs = (d.token_ids, d.probs) if d else ([], None)
+        return finished
 
     def finish(self, req: Request) -> None:
         """Release a finished (or aborted) request's blocks and forget it."""
@@ -119,5 +157,11 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.pool.free(req.block_table)
-        req.block_table = []
+        self.kv.free(req)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's semantics: fails while blocks are held, unless running requests are preempted first."""
+        if reset_running_requests:
+            while self.running:
+                self._preempt(self.running.pop())
+        return self.kv.reset_prefix_cache()

@@ -1,6 +1,9 @@
-"""Step records: what each engine step did, for tracing and teaching.
+"""Step records: what each engine step did, for tracing and teaching (`inferlab trace`).
 
 Recording is off by default; when off, nothing below is even constructed.
+Block counts: `kv_blocks_used` are held by requests, `kv_blocks_free` by nobody (some of them
+still cached and reusable until evicted), `kv_blocks_cached` are indexed in the prefix cache
+(held or free); `used + free == num_blocks`.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from dataclasses import dataclass, field
 class StepRecord:
     step: int
     duration_s: float
-    scheduled: list[tuple[str, int, str]]  # (request_id, tokens this step, "prefill" | "decode")
+    scheduled: list[tuple[str, int, str]]  # (request_id, tokens this step incl. drafts, "prefill" | "decode")
     num_prefill_tokens: int
     num_decode_tokens: int
     preempted: list[str]
@@ -21,3 +24,14 @@ class StepRecord:
     num_running: int
     num_waiting: int
     block_tables: dict[str, list[int]] = field(default_factory=dict)  # running requests after the step
+    kv_blocks_cached: int = 0
+    # prefix cache: requests admitted this step -> tokens found cached; per running request, how many
+    # leading blocks of its table came from prefix-cache hits (at its latest admission)
+    prefix_hits: dict[str, int] = field(default_factory=dict)
+    prefix_hit_blocks: dict[str, int] = field(default_factory=dict)
+    prefix_cache_queries: int = 0  # tokens looked up this step
+    prefix_cache_hits: int = 0  # tokens found
+    # speculative decoding: per request whose drafts were verified this step
+    spec_proposed: dict[str, int] = field(default_factory=dict)  # draft tokens verified
+    spec_accepted: dict[str, int] = field(default_factory=dict)  # of which accepted
+    new_tokens: dict[str, int] = field(default_factory=dict)  # tokens each request emitted this step

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from . import errors, openai_routes, tgi_routes
@@ -47,7 +47,7 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
-        name = served_model_name or engine.model_name
+        name = served_model_name or str(engine.config.model)  # the model argument as given, as in vLLM
         app.state.server = ServerState(engine=engine, gate=gate, served_name=name,
                                        metrics=ServerMetrics(engine, name),
                                        aliases={engine.model_name, str(engine.config.model)})
@@ -72,6 +72,14 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request, reset_running_requests: bool = Query(False)) -> Response:
+        # vLLM's route: 200 once reset, 409 while requests hold blocks (unless reset_running_requests).
+        # Runs on the event loop: waits for the current step to end, then resets between steps.
+        if get_state(request).engine.reset_prefix_cache(reset_running_requests):
+            return Response(status_code=200)
+        raise errors.APIError("Prefix cache reset failed: requests still hold KV blocks.", 409, code="conflict")
 
     @app.get("/version")
     async def version(request: Request) -> dict:

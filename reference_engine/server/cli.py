@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -32,6 +33,8 @@ def _engine_flags(group) -> None:
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
         if base is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif base is dict:  # vLLM's spelling: --speculative-config '{"method": "ngram", ...}'
+            group.add_argument(flag, type=json.loads, default=None, metavar="JSON", help="a JSON object")
         else:
             group.add_argument(flag, type=base, default=None, metavar=f.name.upper(),
                                help=f"default: {f.default!r}")
@@ -63,7 +66,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY, else no key)")
     p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
                    help="sequences allowed to wait for their first token; beyond it requests get 503")
-    p.add_argument("--served-model-name", default=None, help="the name clients use (default: the dir's name)")
+    p.add_argument("--served-model-name", default=None, help="the name clients use (default: the model argument as given, as vLLM's)")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -78,7 +78,8 @@ class Batch:
     Raises APIError (400) if the engine rejects any of them; the ones already added are aborted.
     """
 
-    def __init__(self, state, prompts: list[list[int]], params, n: int = 1, prefix: str = "cmpl"):
+    def __init__(self, state, prompts: list[list[int]], params, n: int = 1, prefix: str = "cmpl",
+                 cache_salt: str | None = None):
         self.state, self.id = state, new_id(prefix)
         self.t0 = time.perf_counter()
         self.num_prompt_tokens = sum(len(p) for p in prompts)  # usage counts each prompt once
@@ -89,7 +90,8 @@ class Batch:
             for p, ids in enumerate(prompts):
                 for j in range(n):
                     c = Choice(p * n + j, f"{self.id}-{p * n + j}", ids, t_last=self.t0)
-                    c.stream = state.engine.add_request(ids, params, request_id=c.request_id)
+                    c.stream = state.engine.add_request(ids, params, request_id=c.request_id,
+                                                        cache_salt=cache_salt)
                     self.choices.append(c)
         except BaseException as err:
             state.gate.release(total - len(self.choices))  # slots of the requests never added

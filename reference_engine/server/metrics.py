@@ -12,6 +12,9 @@ process (tests) do not share counts.
 | vllm:prompt_tokens_total / generation_tokens_total | tokens prefilled / generated, as the engine counts them |
 | vllm:num_preemptions_total | preemptions |
 | vllm:prefix_cache_queries_total / _hits_total | prompt tokens looked up in / found in the prefix cache |
+| vllm:spec_decode_num_drafts_total | requests x steps that had draft tokens verified (only with speculation) |
+| vllm:spec_decode_num_draft_tokens_total / _num_accepted_tokens_total | draft tokens verified / accepted |
+| vllm:spec_decode_num_accepted_tokens_per_pos_total{position} | accepted drafts at each draft position |
 | vllm:time_to_first_token_seconds | request accepted by the server -> first token |
 | vllm:inter_token_latency_seconds | gap between token-bearing outputs, split evenly over their tokens |
 | vllm:e2e_request_latency_seconds | request accepted -> finished |
@@ -62,6 +65,17 @@ class _EngineCollector:
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions_total)
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", s.prefix_cache_queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", s.prefix_cache_hits)
+        if s.spec_decode_num_accepted_tokens_per_pos:  # exported only with speculation on, as in vLLM
+            yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", s.spec_decode_num_drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                          s.spec_decode_num_draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                          s.spec_decode_num_accepted_tokens)
+            per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted tokens per draft position.", labels=["model_name", "position"])
+            for pos, n in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+                per_pos.add_metric([self.model, str(pos)], n)
+            yield per_pos
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
                                  labels=["block_size", "num_gpu_blocks"])
         info.add_metric([str(s.block_size), str(s.kv_total_blocks)], 1.0)

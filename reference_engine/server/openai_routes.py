@@ -134,7 +134,7 @@ async def completions(req: CompletionRequest, request: Request):
     st = get_state(request)
     st.check_model(req.model)
     params = _params(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
-    batch = Batch(st, _prompts(st, req), params, n=req.n, prefix="cmpl")
+    batch = Batch(st, _prompts(st, req), params, n=req.n, prefix="cmpl", cache_salt=req.cache_salt)
     created, tok, ids = int(time.time()), st.engine.tokenizer, bool(req.return_token_ids)
 
     def choice_json(c: Choice) -> dict:
@@ -184,7 +184,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None), room)
     top_n = req.top_logprobs or 0
     params = _params(req, max_tokens, top_n if req.logprobs else None)
-    batch = Batch(st, [prompt], params, n=req.n, prefix="chatcmpl")
+    batch = Batch(st, [prompt], params, n=req.n, prefix="chatcmpl", cache_salt=req.cache_salt)
     created, tok, ids = int(time.time()), st.engine.tokenizer, bool(req.return_token_ids)
 
     def lp(lps) -> dict | None:

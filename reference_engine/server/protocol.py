@@ -48,6 +48,7 @@ class SamplingFields(_Body):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
     return_token_ids: bool | None = False
+    cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share blocks
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """SamplingParams keyword arguments for the fields the client set (None = engine default)."""

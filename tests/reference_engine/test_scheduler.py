@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 from reference_engine.config import EngineConfig
-from reference_engine.kv_cache import BlockPool
+from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.request import Request, Status
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.scheduler import Scheduler
 
 
-def _sched(budget=32, blocks=100, block_size=4, max_seqs=8, chunked=True):
+def _sched(budget=32, blocks=100, block_size=4, max_seqs=8, chunked=True, caching=False):
     cfg = EngineConfig(model="unused", max_num_batched_tokens=budget, max_num_seqs=max_seqs,
                        block_size=block_size, enable_chunked_prefill=chunked)
-    return Scheduler(cfg, BlockPool(blocks, block_size))
+    return Scheduler(cfg, KVCacheManager(blocks, block_size, enable_prefix_caching=caching))
 
 
 def _req(rid, n):
@@ -67,10 +67,10 @@ def test_preempts_most_recent_and_readmits_first():
     assert [r.request_id for r in out.preempted] == ["c"]
     assert c.status is Status.PREEMPTED and c.num_computed_tokens == 0 and c.block_table == []
     assert list(s.waiting)[0] is c
-    assert s.pool.num_free + s.pool.num_used == s.pool.num_blocks
+    assert s.kv.num_free + s.kv.num_used == s.kv.num_blocks
     s.finish(a)
     s.finish(b)
-    assert s.pool.num_used == 0
+    assert s.kv.num_used == 0
     _advance(s, out)
     out = s.schedule()
     assert [(r.request_id, n) for r, n in out.scheduled] == [("c", 8)]  # recompute prompt + 1 output
