@@ -23,12 +23,13 @@ step the backend launches (kernels in `reference_engine/kernels/paged_attention.
 3. Split-K (flash-decoding): when the grid is smaller than the GPU and contexts are long (decode
    batches), each program's keys are cut into `splits` tile-aligned parts; every part writes a
    normalized partial output and its log-sum-exp, and `merge_splits_kernel`, grid
-   `(N, cdiv(H, BLOCK_H))` (BLOCK_H*splits*D ~ 4096), combines them. `TritonBackend(num_splits=...)` fixes the count (tests, captured graphs).
+   `(N, cdiv(H, BLOCK_H))` (BLOCK_H*splits*D ~ 4096), combines them.
+   `TritonBackend(num_splits=...)` fixes the count (tests, captured graphs).
 
 Block shapes: BLOCK_N = 64 keys (32 if head_dim > 128); query rows BLOCK_R = 64 (16 for
-decode-only steps), i.e. BLOCK_M = BLOCK_R // (H/Hkv) tokens; fp32 halves both (32 and 32).
-num_warps 4, Triton's default pipelining. Any cache block size works: each
-key's block id is looked up individually.
+decode-only steps), i.e. BLOCK_M = BLOCK_R // (H/Hkv) tokens; fp32 uses 32 keys and 32 rows.
+num_warps 4, Triton's default pipelining. Any cache block size works: each key's block id is
+looked up individually.
 
 On CPU the kernels run in Triton's interpreter when TRITON_INTERPRET=1 is set before
 `reference_engine.kernels.paged_attention` is first imported; that is how CI checks them
@@ -144,7 +145,7 @@ def plan_step(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, max_query_len:
     cu_q = cu_seqlens_q.to(torch.int32)
     q_lens = cu_q[1:] - cu_q[:-1]
     cu_qblk = torch.zeros(b + 1, dtype=torch.int32, device=cu_q.device)
-    torch.cumsum(torch.div(q_lens + block_m - 1, block_m, rounding_mode="floor"), 0, out=cu_qblk[1:])
+    cu_qblk[1:] = torch.cumsum(torch.div(q_lens + block_m - 1, block_m, rounding_mode="floor"), 0)
     # sum(cdiv(q_len, M)) <= N // M + B; with M = 1 it is exactly N.
     grid_q = num_tokens if block_m == 1 else num_tokens // block_m + b
     if num_splits is None:
