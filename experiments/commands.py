@@ -53,7 +53,7 @@ def run_main(argv: list[str]) -> int:
     except ConfigError as e:
         return _fail(str(e))
 
-    from experiments import bandwidth, workloads
+    from experiments import bandwidth, ceilings, workloads
     from experiments.progress import Progress
     from experiments.report import build
     from experiments.runner import Plan, build_engine, run_engine
@@ -75,6 +75,7 @@ def run_main(argv: list[str]) -> int:
     # the run folder describes the whole comparison; `--engine` only refreshes one column of it
     (run_dir / "config.json").write_text((load(a.config) if a.engine else cfg).model_dump_json(indent=2))
     plan = Plan(cfg, run_dir, items, warm, bandwidth.peak_copy_gbps(), resume=a.resume,
+                compute=ceilings.compute_peak(str(cfg.model), cfg.dtype),
                 progress=Progress(False if a.no_progress else None))
     statuses: dict[str, str] = {}
     # SIGTERM unwinds like Ctrl-C, so every started engine (and its server tree) is stopped

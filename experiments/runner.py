@@ -38,8 +38,9 @@ class Plan:
     run_dir: Path
     items: list[WorkItem]
     warm: list[WorkItem]
-    peak: dict[str, Any]
+    peak: dict[str, Any]  # measured copy bandwidth (experiments/bandwidth.py)
     resume: bool = False
+    compute: dict[str, Any] = field(default_factory=dict)  # measured matmul ceiling (experiments/ceilings.py)
     progress: Progress = field(default_factory=lambda: Progress(False))
 
 
@@ -105,6 +106,7 @@ class EngineRun:
         cfg, m = self.plan.cfg, self.manifest
         m.update(engine=self.name, options=options, kv_pinned=kv_pinned, config_hash=cfg.digest(),
                  git_commit=git_commit(), packages=versions(), hardware=hardware(), peak_bandwidth=self.plan.peak,
+                 compute_peak=self.plan.compute,
                  command=" ".join(["inferlab", *sys.argv[1:]]) if sys.argv[0].endswith("inferlab") else None)
         m.setdefault("started_at", _now())
         m.setdefault("levels", {})

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from adapters.base import UNKNOWN_TOKEN_ID
-from experiments import bandwidth, intervals, metrics, observer
+from experiments import bandwidth, ceilings, intervals, metrics, observer
 from experiments.results import EngineDir
 
 CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
@@ -133,6 +133,12 @@ def _one(e: EngineResult, level: str, repeat: int, recs: list[dict[str, Any]], c
     s["harness"] = _harness(lv, e.manifest)
     _observed(s, lv, recs)
     s["bandwidth"] = _bandwidth(shape, s, level, recs)
+    try:
+        params = ceilings.non_embedding_params(cfg["model"])
+    except (OSError, KeyError, ValueError):
+        params = None
+    s["ceilings"] = ceilings.fractions(s, params, e.manifest.get("compute_peak") or {},
+                                       e.manifest.get("peak_bandwidth") or {})
     cost = cfg.get("cost_per_hour")
     if cost and s.get("output_throughput"):  # the machine's price per hour over tokens per hour
         s["cost_per_m_output"] = cost / (s["output_throughput"] * 3600) * 1e6

@@ -24,6 +24,16 @@ DEFINITIONS = """- **TTFT**: send -> first event carrying >= 1 token. **E2EL**: 
 - Token counts come from the returned token ids; the engine-reported and re-tokenized counts are cross-checks."""
 
 
+def ceiling_line(runs) -> str:
+    c = next((e.manifest.get("compute_peak") for e in runs.engines if e.manifest.get("compute_peak")), {})
+    if not c.get("gflops"):
+        return f"Compute ceiling: not measured ({c.get('error', 'no measurement in these runs')})."
+    return (f"Compute ceiling measured in this run: {fmt(c['gflops'])} GFLOP/s ({c['dtype']} matmuls of the model's "
+            f"projection shapes, {c['shapes'][0][0]} tokens, on {c['device']} with {c['threads']} threads; "
+            "experiments/ceilings.py). Prefill GFLOP/s = 2 x non-embedding params x mean prompt tokens / median TTFT "
+            "(a lower bound under concurrency: TTFT includes queueing).")
+
+
 def build(dirs: list[Path], out: Path) -> Path:
     """Summarize `dirs`, draw the plots and write `out/report.md`; returns its path."""
     runs = load_runs([Path(d) for d in dirs])
@@ -56,7 +66,8 @@ def build(dirs: list[Path], out: Path) -> Path:
            f"Formula: {bandwidth.FORMULA}. Weights and KV bytes come from the model's safetensors headers and "
            "config.json; activations and overheads are ignored, so this is an estimate.", "",
            f"Measured peak in this run (copy of {peak.get('size_mb', '?')} MB, read + write): "
-           f"CPU {fmt(peak.get('cpu_gbps'))} GB/s, GPU {fmt(peak.get('gpu_gbps'))} GB/s.", ""]
+           f"CPU {fmt(peak.get('cpu_gbps'))} GB/s, GPU {fmt(peak.get('gpu_gbps'))} GB/s.", "",
+           ceiling_line(runs), ""]
     md += group(runs, BANDWIDTH) + [""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + [""]
     md += ["## Config", ""]

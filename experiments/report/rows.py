@@ -70,6 +70,9 @@ BANDWIDTH: list[Row] = [
     ("bytes per decode step (MiB)", "bandwidth.step_bytes", "mib"),
     ("median TPOT (ms)", "bandwidth.tpot_ms", "f2"),
     ("achieved GB/s (estimate)", "bandwidth.achieved_gbps", "f2"),
+    ("decode: share of the copy bandwidth", "ceilings.decode_of_ceiling", "pct"),
+    ("prefill GFLOP/s (estimate)", "ceilings.prefill_gflops", "f2"),
+    ("prefill: share of the matmul ceiling", "ceilings.prefill_of_ceiling", "pct"),
 ]
 HARNESS: list[Row] = [
     ("harness CPU (s)", "harness.cpu_s", "f2"),
