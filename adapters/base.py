@@ -95,6 +95,16 @@ class EngineInfo:
     # Fairness settings this engine could not honour, setting -> why in words
     # (e.g. {"dtype": "TGI runs float16/bfloat16 only; float32 was asked, float16 ran"}).
     unhonoured: dict[str, str] = field(default_factory=dict)
+    # What the engine actually ran with, read back from the engine itself (its /server_info,
+    # /info, cache_config_info labels, startup log, config), never copied from the options we
+    # passed. Keys (absent = the engine does not tell): dtype, kv_capacity_tokens, kv_blocks,
+    # block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
+    # prefix_caching, cuda_graphs, compile, speculative, tensor_parallel_size, launch_command;
+    # `sources` maps each key to where it was read.
+    effective: dict[str, Any] = field(default_factory=dict)
+    # Memory as the engine reports it, bytes (absent = not exposed; never a guess):
+    # weights, kv_allocated, kv_peak_used, device_total, graph_pool.
+    memory: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
