@@ -114,6 +114,15 @@ class MemorySampler:
             s.update(tl.sample())
         return s
 
+    def now(self) -> int:
+        """Take one sample at once (a level's first and last, however short it is); its index."""
+        tl, self.timeline = self.timeline, None  # never an extra engine scrape
+        try:
+            self.samples.append(self.sample())
+        finally:
+            self.timeline = tl
+        return len(self.samples) - 1
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append(self.sample())

@@ -170,7 +170,7 @@ class EngineRun:
         timeline = None
         if cfg.observer.timeline_s:
             timeline = Timeline(engine, info, asyncio.get_running_loop(), cfg.observer.timeline_s)
-        start_idx = len(sampler.samples)
+        start_idx = sampler.now()
         sampler.timeline = timeline
         rep = f" (repeat {self.repeat})" if cfg.repeats > 1 else ""
         plan.progress.level(f"{self.name} {level}{rep}", sum(len(c) for c in todo))
@@ -197,6 +197,7 @@ class EngineRun:
             if timeline is not None:
                 timeline.close()
         wall, cpu, loop_cpu = time.perf_counter() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
+        sampler.now()
         memory = sampler.summary(start_idx)
         observed = await bracket.close(sent)
         prev = self.manifest["levels"].setdefault(level, {}).get(str(self.repeat), {})

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments import bandwidth, plots
-from experiments.report import observer, sections, verdict
+from experiments.report import observer, sections, settings, verdict
 from experiments.report.md import fmt, group
 from experiments.report.rows import BANDWIDTH, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
@@ -48,12 +48,14 @@ def build(dirs: list[Path], out: Path) -> Path:
           "", "## Engines", ""] + sections.engines(runs)
     sp = same_prompts(runs)
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
-           "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + sections.flags(runs)
+           "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + (settings.fairness_flags(runs) + sections.flags(runs) or ["- none"])
+    md += ["", "## Effective settings, read back", ""] + settings.settings_section(runs)
     md += ["", "## Metric definitions", "", DEFINITIONS, ""]
     md += ["## Who is faster", "", verdict.basis(runs), ""] + verdict.lines(runs) + [""]
     md += verdict.search_section(runs)
     md += ["## Latency", ""] + group(runs, latency_rows()) + [""]
     md += ["## The server's own view", ""] + observer.section(runs) + [""]
+    md += ["## Memory split", ""] + settings.memory_section(runs) + [""]
     for title, rows in (("Throughput", THROUGHPUT), ("Memory", MEMORY),
                         ("Token-count checks", CHECKS), ("Harness CPU (the observer's cost)", HARNESS)):
         md += [f"## {title}", ""] + group(runs, rows) + [""]

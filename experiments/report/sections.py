@@ -70,7 +70,7 @@ def flags(runs: Runs) -> list[str]:
             if s["harness"].get("warning") and not e.manifest.get("same_process"):
                 out.append(f"- **{e.label}** {level}: {s['harness']['warning']}.")
             out += observer.flags(e, level, s)
-    return out or ["- none"]
+    return out
 
 
 def agreement_section(runs: Runs) -> list[str]:

@@ -11,7 +11,8 @@ Token ids are a pure function of (prompt, position), so outputs are reproducible
 Options: ttft_ms (20), period_ms (2 = 500 events/s), pattern ([1]), kv_cache_tokens
 (accepted, reported as capacity), unavailable (a message: start() raises EngineUnavailable),
 truth_path (where stop() writes `truth` as JSON), capacity (requests served at once; the rest
-queue first come first served: a planted saturation rate of capacity / service time).
+queue first come first served: a planted saturation rate of capacity / service time),
+effective / memory (reported as EngineInfo.effective / .memory, to plant settings differences).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def token_ids(prompt: list[int], start: int, n: int) -> list[int]:
 class PacedEngine(Engine):
     name = "paced"
     OPTIONS = {"ttft_ms", "period_ms", "pattern", "kv_cache_tokens", "log_path", "unavailable", "truth_path",
-               "capacity"}
+               "capacity", "effective", "memory"}
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -68,7 +69,8 @@ class PacedEngine(Engine):
         self.reader = asyncio.create_task(self._read())
         return EngineInfo("paced", "1", os.path.basename(self.model), self.dtype,
                           kv_capacity_tokens=self.options.get("kv_cache_tokens"), block_size=16, knobs=self.options,
-                          mode="server", pid=self.proc.pid)
+                          mode="server", pid=self.proc.pid, effective=dict(self.options.get("effective") or {}),
+                          memory=dict(self.options.get("memory") or {}))
 
     async def _read(self) -> None:
         assert self.proc and self.proc.stdout

@@ -113,3 +113,30 @@ def test_search_finds_a_planted_saturation_rate(tmp_path, exp_model, paced):
     report = (tmp_path / "res/t/report.md").read_text()
     assert "## Best load under the SLOs" in report and "goodput_vs_rate.png" in report
     assert (tmp_path / "res/t/plots/goodput_vs_rate.png").is_file()
+
+
+def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model, paced):
+    cfg = write_config(tmp_path / "c.toml", exp_model, """
+        engines = ["paced", "paced2"]
+        [engine_options.paced]
+        effective = { dtype = "float32", prefix_caching = true, max_num_seqs = 8, sources = { dtype = "/info" } }
+        memory = { weights = 104857600, kv_allocated = 52428800 }
+        [engine_options.paced2]
+        effective = { dtype = "float32", prefix_caching = false, max_num_seqs = 8 }
+        [workload]
+        num_requests = 4
+        output_len = 8
+        [load]
+        concurrency = [2]
+        warmup = 0
+        """)
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    report = (tmp_path / "res/t/report.md").read_text()
+    assert "| prefix caching | yes **≠** | no **≠** |" in report
+    assert "| max running sequences | 8 | 8 |" in report  # equal: not marked
+    assert "- **settings**: prefix caching differs between engines: paced yes, paced2 no." in report
+    assert "- paced: dtype from /info" in report
+    row = next(x for x in report.splitlines() if x.startswith("| paced | 100.0 | 50.0 |"))
+    assert row.endswith("(RSS) |")  # peak sampled from the engine's process tree; other = peak - 150 MiB
+    assert next(x for x in report.splitlines() if x.startswith("| paced2 |") and "(RSS)" in x).startswith(
+        "| paced2 | – | – |")  # not exposed: a dash, never a guess

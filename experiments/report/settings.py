@@ -1,0 +1,131 @@
+"""What each engine actually ran with, and its memory split the same way for every engine.
+
+Settings come from `EngineInfo.effective`: values the adapter read back from the engine
+itself (its info routes, cache-config labels, startup log), each with its source. A cell
+that differs from the other engines' is marked **≠**; a difference that breaks a fairness
+rule (dtype, a pinned KV budget, prefix caching, speculation, parallelism) is also flagged.
+
+Memory: weights, KV allocated and KV peak used as the engine reports them
+(`EngineInfo.memory`, or a snapshot's `kv_peak_used_tokens`), the process tree's or the
+device's peak as sampled, and activations/other = peak − weights − KV allocated where all
+three are known. A dash where a part is not exposed: never a guess.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from experiments.report.md import mib, table
+from experiments.summary import Runs
+
+SETTINGS = (("dtype", "dtype"), ("kv_capacity_tokens", "KV capacity (tokens)"), ("kv_blocks", "KV blocks"),
+            ("block_size", "block / page size (tokens)"), ("max_num_seqs", "max running sequences"),
+            ("max_num_batched_tokens", "max batched tokens"), ("max_model_len", "max model length"),
+            ("chunked_prefill", "chunked prefill"), ("prefix_caching", "prefix caching"),
+            ("cuda_graphs", "CUDA graphs"), ("compile", "compiled (torch.compile / engine build)"),
+            ("speculative", "speculative decoding"), ("tensor_parallel_size", "tensor parallel size"))
+# Settings whose difference breaks a fairness rule, and why.
+FAIRNESS = {"dtype": "engines ran in different dtypes", "prefix_caching": "prefix caching differs between engines",
+            "speculative": "speculative decoding differs between engines",
+            "tensor_parallel_size": "engines ran on different numbers of devices"}
+
+
+def _effective(e) -> dict[str, Any]:
+    return ((e.manifest.get("info") or {}).get("effective")) or {}
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v).replace("|", "/")
+
+
+def differences(runs: Runs) -> dict[str, dict[str, Any]]:
+    """setting -> {engine label: value} for every setting on which two engines that report it differ."""
+    out = {}
+    for key, _ in SETTINGS:
+        vals = {e.label: _effective(e).get(key) for e in runs.engines if _effective(e).get(key) is not None}
+        if len({_show(v) for v in vals.values()}) > 1:
+            out[key] = vals
+    return out
+
+
+def fairness_flags(runs: Runs) -> list[str]:
+    diff, out = differences(runs), []
+    for key, why in FAIRNESS.items():
+        if key in diff:
+            out.append(f"- **settings**: {why}: " + ", ".join(f"{k} {_show(v)}" for k, v in diff[key].items()) + ".")
+    pinned = any(c[1].get("kv", {}).get("tokens") for c in runs.configs)
+    if pinned and "kv_capacity_tokens" in diff:
+        out.append("- **settings**: the KV budget is pinned in the config but the engines report different "
+                   "capacities: " + ", ".join(f"{k} {_show(v)}" for k, v in diff["kv_capacity_tokens"].items()) +
+                   " (block rounding, or an engine that cannot take a budget in tokens).")
+    return out
+
+
+def settings_section(runs: Runs) -> list[str]:
+    engines = [e for e in runs.engines if _effective(e)]
+    if not engines:
+        return ["No engine in this report read its settings back."]
+    diff = differences(runs)
+    rows = []
+    for key, label in SETTINGS:
+        cells = [_show(_effective(e).get(key)) + (" **≠**" if key in diff and _effective(e).get(key) is not None
+                                                   else "") for e in engines]
+        if any(c != "–" for c in cells):
+            rows.append([label] + cells)
+    lines = ["Read back from each engine (not the options we passed); **≠** marks a value that differs between "
+             "engines. Sources:", ""]
+    for e in engines:
+        src = _effective(e).get("sources") or {}
+        if src:
+            lines.append(f"- {e.label}: " + "; ".join(f"{k} from {v}" for k, v in sorted(src.items())))
+    lines.append("")
+    lines += table(["setting"] + [e.label for e in engines], rows)
+    cmds = [(e.label, _effective(e).get("launch_command")) for e in engines if _effective(e).get("launch_command")]
+    if cmds:
+        lines += ["", "Exact launch commands:", ""] + [f"- {k}: `{c}`" for k, c in cmds]
+    return lines
+
+
+def _peak(e) -> tuple[int | None, str]:
+    """The engine's peak memory: device when sampled, else process tree RSS."""
+    best, where = None, "–"
+    for s in e.summary.values():
+        mem = s.get("memory") or {}
+        for key, label in (("peak_gpu_bytes", "GPU"), ("peak_rss_bytes", "RSS")):
+            v = mem.get(key)
+            if v is not None and (best is None or v > best):
+                best, where = int(v), label
+        if mem.get("peak_gpu_bytes") is not None:
+            break
+    return best, where
+
+
+def _kv_peak_used(e) -> int | None:
+    info = e.manifest.get("info") or {}
+    per_tok = (info.get("memory") or {}).get("kv_bytes_per_token")
+    peaks = []
+    for s in e.summary.values():
+        after = ((s.get("observer") or {}).get("snapshot_after") or {}).get("extra") or {}
+        tok = after.get("kv_peak_used_tokens") or (s.get("memory") or {}).get("peak_kv_used_tokens")
+        if tok is not None and per_tok:
+            peaks.append(int(tok * per_tok))
+    return max(peaks) if peaks else (info.get("memory") or {}).get("kv_peak_used")
+
+
+def memory_section(runs: Runs) -> list[str]:
+    rows = []
+    for e in runs.engines:
+        m = (e.manifest.get("info") or {}).get("memory") or {}
+        peak, where = _peak(e)
+        w, kv = m.get("weights"), m.get("kv_allocated")
+        other = peak - w - kv if None not in (peak, w, kv) else None
+        rows.append([e.label, mib(w), mib(kv), mib(_kv_peak_used(e)), mib(other),
+                     f"{mib(peak)} ({where})" if peak is not None else "–"])
+    return ["The same split for every engine, in MiB: weights and KV as the engine reports them, the peak as "
+            "sampled (GPU memory where there is a GPU, else the RSS of the engine's process tree), and "
+            "activations/other = peak − weights − KV allocated (the interpreter and libraries included on CPU). "
+            "A dash where an engine does not expose a part.", ""] + \
+        table(["engine", "weights", "KV allocated", "KV peak used", "activations / other", "peak"], rows)
