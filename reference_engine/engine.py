@@ -136,12 +136,12 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[TokenDelta]:
         t0 = time.perf_counter()
+        queries, hits = self.kv.queries, self.kv.hits  # admissions in schedule() count lookups
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
         kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
                   else "prefill") for r, n in sched.scheduled]
-        queries, hits = self.kv.queries, self.kv.hits
         out = self.runner.run(sched.scheduled, sched.spec_tokens)
         deltas = []
         now = time.monotonic()
