@@ -195,8 +195,9 @@ class Config(_Strict):
         if not names:
             raise ValueError('no engine: set engine = "reference" or engines = ["reference", "hf"]')
         for n in names + list(self.engine_options) + self.isolate + self.same_interpreter:
-            if n not in registry.ADAPTERS:
-                raise ValueError(f"unknown engine {n!r}; known engines: {', '.join(registry.names())}")
+            if self.adapter(n) not in registry.ADAPTERS:
+                raise ValueError(f"unknown engine {self.adapter(n)!r}; known engines: {', '.join(registry.names())} "
+                                 f"(a variant names its engine: [engine_options.{n}] adapter = \"vllm\")")
         if set(self.isolate) & set(self.same_interpreter):
             raise ValueError("an engine cannot be in both isolate and same_interpreter")
         if len(set(names)) != len(names):
@@ -206,6 +207,11 @@ class Config(_Strict):
         if self.make_model is None and not Path(self.model).is_dir():
             raise ValueError(f"model directory {self.model!r} does not exist (set make_model = {{...}} to create it)")
         return self
+
+    def adapter(self, name: str) -> str:
+        """The registered engine behind a config name: itself, or a variant's `adapter` option
+        (e.g. engines = ["vllm", "vllm-nocache"] with [engine_options.vllm-nocache] adapter = "vllm")."""
+        return str(self.engine_options.get(name, {}).get("adapter", name))
 
     def engine_list(self) -> list[str]:
         """The required engines: `engine`, else `engines` (optional ones not included)."""

@@ -48,8 +48,9 @@ def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict
     """The adapter with the config's options; the KV budget and a server log path are
     offered too and dropped if this adapter rejects them. Returns (engine, options, kv_pinned).
     A ValueError about the user's own options propagates (a config error)."""
-    cls = registry.get(name)
-    opts = dict(cfg.engine_options.get(name, {}))
+    adapter = cfg.adapter(name)  # a variant ("vllm-nocache") runs its adapter with its own options
+    cls = registry.get(adapter)
+    opts = {k: v for k, v in cfg.engine_options.get(name, {}).items() if k != "adapter"}
     offered: dict[str, Any] = {}
     if cfg.kv.tokens is not None and "kv_cache_tokens" not in opts:
         offered["kv_cache_tokens"] = cfg.kv.tokens
@@ -60,7 +61,7 @@ def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict
         try:
             engine = cls(model, cfg.dtype, {**opts, **offered})  # validates the options either way
             if name in cfg.isolate or (engine.in_process and name not in cfg.same_interpreter):
-                engine = Isolated(registry.ADAPTERS[name], model, cfg.dtype, {**opts, **offered})
+                engine = Isolated(registry.ADAPTERS[adapter], model, cfg.dtype, {**opts, **offered})
             return engine, {**opts, **offered}, \
                 cfg.kv.tokens is not None and ("kv_cache_tokens" in offered or "kv_cache_tokens" in opts)
         except ValueError as e:

@@ -140,3 +140,25 @@ def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model
     assert row.endswith("(RSS) |")  # peak sampled from the engine's process tree; other = peak - 150 MiB
     assert next(x for x in report.splitlines() if x.startswith("| paced2 |") and "(RSS)" in x).startswith(
         "| paced2 | – | – |")  # not exposed: a dash, never a guess
+
+
+def test_a_variant_runs_an_engine_again_with_other_options(tmp_path, exp_model, paced):
+    cfg = write_config(tmp_path / "c.toml", exp_model, """
+        engines = ["paced", "paced-slow"]
+        [engine_options.paced-slow]
+        adapter = "paced"
+        period_ms = 8
+        [workload]
+        num_requests = 4
+        output_len = 8
+        [load]
+        concurrency = [2]
+        warmup = 0
+        """)
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    fast = json.loads((tmp_path / "res/t/paced/summary.json").read_text())["levels"]["concurrency=2"]
+    slow = json.loads((tmp_path / "res/t/paced-slow/summary.json").read_text())["levels"]["concurrency=2"]
+    assert slow["tpot_ms"]["median"] > 3 * fast["tpot_ms"]["median"]
+    assert "| metric | paced | paced-slow |" in (tmp_path / "res/t/report.md").read_text()
+    bad = write_config(tmp_path / "bad.toml", exp_model, 'engines = ["x"]\n[engine_options.x]\nadapter = "nope"\n')
+    assert run_main([str(bad)]) == 2
