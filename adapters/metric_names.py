@@ -9,7 +9,11 @@ Histogram names are the *base* name: `<base>_sum`, `<base>_count` and `<base>_bu
 are the samples. Every histogram here is in seconds.
 
 Where each name comes from (engine version and file) is recorded beside the adapter's
-fixtures in `tests/adapters/fixtures/<engine>/SOURCE.md`.
+fixtures in `tests/adapters/fixtures/<engine>/SOURCE.md` (`facts.json` there holds the names
+the tests check this table against; SGLang's are also checked against its installed source).
+
+Gauges of one name may come in several label sets (data-parallel ranks, vLLM engines):
+ratios (`kv_usage`) are averaged over them, counts and capacities summed (adapters.prom).
 """
 from __future__ import annotations
 
@@ -37,6 +41,14 @@ class MetricNames:
     spec_drafts: tuple[str, ...] = ()  # speculation rounds
     spec_draft_tokens: tuple[str, ...] = ()  # tokens proposed
     spec_accepted_tokens: tuple[str, ...] = ()  # tokens accepted
+    # KV capacity and use, for snapshot() and EngineInfo (adapters.prom.kv_capacity / snapshot)
+    kv_capacity: tuple[str, ...] = ()  # gauge: KV capacity in tokens
+    kv_used: tuple[str, ...] = ()  # gauge: KV tokens in use (or reserved, see the engine's row)
+    kv_blocks: tuple[str, ...] = ()  # gauge: KV capacity in blocks ...
+    kv_used_blocks: tuple[str, ...] = ()  # gauge: ... blocks in use ...
+    kv_block_tokens: tuple[str, ...] = ()  # gauge: ... and tokens per block
+    cache_info: tuple[str, ...] = ()  # info gauge whose labels give num_gpu_blocks and block_size
+    model_info: tuple[str, ...] = ()  # info gauge whose `dtype` label is the dtype the engine was given
 
     def histograms(self) -> dict[str, str]:
         return {k: v for k, v in (("ttft", self.ttft), ("itl", self.itl), ("tpot", self.tpot), ("e2e", self.e2e)) if v}
@@ -48,7 +60,9 @@ class MetricNames:
 
     def prefixes(self) -> tuple[str, ...]:
         """Every sample-name prefix this table reads (for a filtered parse, see adapters.prom)."""
-        out: list[str] = [*self.kv_usage, *self.running, *self.waiting]
+        out: list[str] = [*self.kv_usage, *self.running, *self.waiting, *self.kv_capacity, *self.kv_used,
+                          *self.kv_blocks, *self.kv_used_blocks, *self.kv_block_tokens, *self.cache_info,
+                          *self.model_info]
         out += list(self.histograms().values())
         for names in self.counters().values():
             out += list(names)
@@ -72,12 +86,14 @@ VLLM = MetricNames(
     spec_drafts=("vllm:spec_decode_num_drafts_total",),
     spec_draft_tokens=("vllm:spec_decode_num_draft_tokens_total",),
     spec_accepted_tokens=("vllm:spec_decode_num_accepted_tokens_total",),
+    cache_info=("vllm:cache_config_info",),
 )
 
 # `inferlab serve` exports vLLM's names (reference_engine/server/metrics.py) minus per-request TPOT.
 REFERENCE = MetricNames(**{**VLLM.__dict__, "engine": "reference", "tpot": None})
 
-# SGLang (python/sglang/srt/metrics/collector.py; needs --enable-metrics).
+# SGLang 0.5.23, python/sglang/srt/observability/metrics_collector.py (needs --enable-metrics);
+# checked against the installed package by tests/adapters/sglang_contract.py.
 SGLANG = MetricNames(
     engine="sglang",
     kv_usage=("sglang:token_usage",),
@@ -85,29 +101,55 @@ SGLANG = MetricNames(
     waiting=("sglang:num_queue_reqs",),
     ttft="sglang:time_to_first_token_seconds",
     itl="sglang:inter_token_latency_seconds",
+    tpot="sglang:request_time_per_output_token_seconds",
     e2e="sglang:e2e_request_latency_seconds",
     prompt_tokens=("sglang:prompt_tokens_total",),
     generation_tokens=("sglang:generation_tokens_total",),
+    prefix_queries=("sglang:prompt_tokens_total",),  # every prompt token is looked up in the radix cache
+    prefix_hits=("sglang:cached_tokens_total",),  # labelled by source (device/host/storage): summed
+    spec_drafts=("sglang:spec_verify_calls_total",),  # SGLang counts verify steps, not draft/accepted tokens
+    kv_capacity=("sglang:max_total_num_tokens",),
+    kv_used=("sglang:num_used_tokens",),
 )
 
-# TGI's router (router/src/server.rs, infer/*.rs): no TTFT histogram.
+# TGI v3.3.7 router (router/src/server.rs, backends/v3/src/{lib,backend,queue}.rs). No TTFT and
+# no ITL histogram; `tgi_request_mean_time_per_token_duration` is inference time / generated
+# tokens (prefill included), not TPOT, so it is not mapped. `tgi_batch_current_max_tokens` is
+# the tokens the running batch reserves against `tgi_batch_max_total_tokens` (TGI budgets
+# every request's max_new_tokens up front), used here as the KV tokens in use.
 TGI = MetricNames(
     engine="tgi",
     running=("tgi_batch_current_size",),
     waiting=("tgi_queue_size",),
-    tpot="tgi_request_mean_time_per_token_duration",
     e2e="tgi_request_duration",
+    prompt_tokens=("tgi_request_input_length_sum",),
     generation_tokens=("tgi_request_generated_tokens_sum",),
+    kv_capacity=("tgi_batch_max_total_tokens",),
+    kv_used=("tgi_batch_current_max_tokens",),
 )
 
-# TensorRT-LLM's trtllm-serve, Prometheus text at /prometheus/metrics.
+# TensorRT-LLM trtllm-serve (tensorrt_llm/metrics/collector.py): Prometheus text at
+# /prometheus/metrics, mounted only with the LLM-API option `return_perf_metrics: true`; the
+# KV and queue gauges are iteration stats, filled only with `enable_iter_perf_stats: true`.
 TRTLLM = MetricNames(
     engine="trtllm",
     path="/prometheus/metrics",
     kv_usage=("trtllm_kv_cache_utilization",),
+    running=("trtllm_num_requests_running",),
+    waiting=("trtllm_num_requests_waiting",),
     ttft="trtllm_time_to_first_token_seconds",
     tpot="trtllm_time_per_output_token_seconds",
     e2e="trtllm_e2e_request_latency_seconds",
+    prompt_tokens=("trtllm_prompt_tokens_total",),
+    generation_tokens=("trtllm_generation_tokens_total",),
+    prefix_queries=("trtllm_prompt_tokens_total",),
+    prefix_hits=("trtllm_prompt_cached_tokens_total",),
+    spec_draft_tokens=("trtllm_spec_decode_num_draft_tokens_total",),
+    spec_accepted_tokens=("trtllm_spec_decode_num_accepted_tokens_total",),
+    kv_blocks=("trtllm_kv_cache_max_blocks",),
+    kv_used_blocks=("trtllm_kv_cache_used_blocks",),
+    kv_block_tokens=("trtllm_kv_cache_tokens_per_block",),
+    model_info=("trtllm_model_config_info",),
 )
 
 TABLES: dict[str, MetricNames] = {t.engine: t for t in (VLLM, REFERENCE, SGLANG, TGI, TRTLLM)}

@@ -1,18 +1,21 @@
 """Any OpenAI-compatible `/v1/completions` server, streamed over SSE with one shared httpx client.
 
 Attach mode is this class itself (`options.url`). Server adapters (the reference
-engine's `inferlab serve`, vLLM, TensorRT-LLM) subclass it and override the hooks:
-`_connect()` (launch a server, return its base URL), `_disconnect()` (stop it), `_pid()`,
-`_completion_body()`, `_parse_chunk()`, `_knobs()`, `_kv_capacity()` (given the whole
-/metrics scrape, once at start), `_snapshot_from()` (given only the samples named in
-`METRICS`, every snapshot), and `METRICS` / `metrics_path` for servers whose names differ.
+engine's `inferlab serve`, vLLM, TensorRT-LLM) mix `adapters.serving.LaunchedServer` in
+before it, which supplies `connect()` (launch a server, return its base URL),
+`disconnect()`, `pid` and `launch_knobs()`; they may override `token_id_fields()`,
+`_completion_body()`, `_parse_chunk()`, `_knobs()`, `_capacity()`, `_unhonoured()`, and set
+`METRICS` (their row of adapters.metric_names, whose `path` is where Prometheus text lives).
 
 Invariants:
 - `recv_ns` is taken when an SSE line arrives, before it is parsed.
 - Token ids per event come from the server (`return_token_ids`, vLLM >= 0.10 and our
-  server put the *delta* ids in `choices[0].token_ids`); a server that streams only text
-  gets one `UNKNOWN_TOKEN_ID` per non-empty chunk, and `events_carry_token_ids=False`
-  in `EngineInfo.knobs` says so.
+  server put the *delta* ids in `choices[0].token_ids`; `token_id_fields()` is what a
+  subclass asks with instead). A server that streams only text is asked for running usage
+  in every chunk (`stream_options.continuous_usage_stats`), and each event carries as many
+  `UNKNOWN_TOKEN_ID`s as `usage.completion_tokens` grew; only when a server sends no such
+  usage is one token counted per non-empty text chunk (a guess: an empty chunk may hold a
+  token, one chunk several). `EngineInfo.unhonoured["token_ids"]` says which.
 - The chunk carrying `finish_reason` is held back (with its own `recv_ns`) until the
   usage chunk or `[DONE]` arrives, so the one finished event also carries the
   server's prompt/completion token counts.
@@ -28,6 +31,8 @@ import httpx
 from adapters import prom
 from adapters.base import (UNKNOWN_TOKEN_ID, Engine, EngineInfo, EngineUnavailable, GenerationRequest,
                            MemorySnapshot, RequestError, SamplingConfig, TokenEvent, check_options)
+from adapters.metric_names import VLLM, MetricNames
+from adapters.serving import kv_pin_gap
 
 
 class Chunk(NamedTuple):
@@ -41,56 +46,61 @@ class OpenAIEngine(Engine):
     """Options: url (required in attach mode), api_key, served_model_name (default: the
     first of GET /v1/models), token_ids_prompt (default true; false sends
     `request.prompt_text`), return_token_ids (default true), extra_body (merged into every
-    request body), metrics_path (default /metrics). `kv_cache_tokens` is accepted and
-    ignored: an attached server's KV budget was fixed when it started."""
+    request body), metrics_path (default: the METRICS row's path). `kv_cache_tokens` is
+    accepted, but an attached server's KV budget was fixed when it started: unless its
+    capacity equals the budget, `EngineInfo.unhonoured["kv_cache_tokens"]` says so."""
 
     name = "openai"
     mode = "attach"
     OPTIONS = frozenset({"url", "api_key", "served_model_name", "token_ids_prompt", "return_token_ids",
                          "extra_body", "metrics_path", "kv_cache_tokens"})
-    # What to read from /metrics (first name present wins); vLLM's names.
-    METRICS = {
-        "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "running": ("vllm:num_requests_running",),
-        "waiting": ("vllm:num_requests_waiting",),
-        "cache_info": ("vllm:cache_config_info",),
-    }
+    METRICS: MetricNames = VLLM  # what to read from the Prometheus text (adapters.metric_names)
+    KV_HOW = "an already running server (its KV budget was fixed when it started)"  # for unhonoured
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
         self.base_url: str | None = None
-        self.metrics_path: str = self.options.get("metrics_path", "/metrics")
+        self.metrics_path: str = self.options.get("metrics_path", self.METRICS.path)
         self.served_model_name: str | None = self.options.get("served_model_name")
         self.token_ids_prompt = bool(self.options.get("token_ids_prompt", True))
         self.events_carry_token_ids: bool | None = None
+        self.usage_per_chunk: bool | None = None  # text-only servers: running usage in every chunk
         self.info: EngineInfo | None = None
         self._client: httpx.AsyncClient | None = None
         self._has_metrics = False
         # snapshot() parses only these (see adapters.prom); start() parses everything once
-        self._metric_names = tuple(n for names in self.METRICS.values() for n in names)
+        self._metric_names = self.METRICS.prefixes()
         self._live: set[str] = set()  # requests whose generate() is running
         self._responses: dict[str, httpx.Response] = {}
         self._aborted: set[str] = set()
 
     # -- hooks for server subclasses -------------------------------------------------------
 
-    async def _connect(self) -> str:
-        """Return the server's base URL (no trailing /v1). Subclasses launch their server here."""
+    async def connect(self) -> str:
+        """Return the server's base URL (no trailing /v1); LaunchedServer launches one here."""
         url = self.options.get("url")
         if not url:
             raise ValueError(f'engine {self.name!r} needs option url = "http://HOST:PORT" '
                              f"(an OpenAI-compatible server that is already running)")
         return str(url).rstrip("/").removesuffix("/v1")
 
-    async def _disconnect(self) -> None:
-        """Stop what `_connect` started (nothing in attach mode)."""
+    async def disconnect(self) -> None:
+        """Stop what `connect` started (nothing in attach mode)."""
 
-    def _pid(self) -> int | None:
+    @property
+    def pid(self) -> int | None:
         return None
 
+    def launch_knobs(self) -> dict[str, Any]:
+        return {}
+
     def _knobs(self) -> dict[str, Any]:
-        return {"url": self.base_url, "token_ids_prompt": self.token_ids_prompt}
+        return {"url": self.base_url, "token_ids_prompt": self.token_ids_prompt, **self.launch_knobs()}
+
+    def token_id_fields(self) -> dict[str, Any]:
+        """Request fields that make the server stream each event's token ids (vLLM's extension)."""
+        return {"return_token_ids": True} if self.options.get("return_token_ids", True) else {}
 
     def _completion_body(self, request: GenerationRequest) -> dict[str, Any]:
         s: SamplingConfig = request.sampling
@@ -105,10 +115,11 @@ class OpenAIEngine(Engine):
             "temperature": s.temperature, "top_p": s.top_p,
             "stream": True, "stream_options": {"include_usage": True},
         }
-        # vLLM's extensions, sent only when they differ from OpenAI's defaults so that
-        # strict servers see a plain request.
-        if self.options.get("return_token_ids", True):
-            body["return_token_ids"] = True
+        # Extensions, sent only when they differ from OpenAI's defaults so that strict servers
+        # see a plain request.
+        body.update(self.token_id_fields())
+        if self.events_carry_token_ids is False:  # count tokens from the running usage instead
+            body["stream_options"]["continuous_usage_stats"] = True
         if s.top_k not in (None, -1, 0):
             body["top_k"] = s.top_k
         if s.min_p:
@@ -122,6 +133,18 @@ class OpenAIEngine(Engine):
         body.update(self.options.get("extra_body") or {})
         return body
 
+    @staticmethod
+    def _count_text_only(obj: dict[str, Any], text: str, usage: dict[str, Any] | None,
+                         counted: int) -> tuple[list[int], int]:
+        """Placeholder ids for a chunk that carried none, and the tokens counted so far: as many
+        as the running usage grew when the chunk has it, else one per non-empty text (a guess)."""
+        if not obj.get("choices"):
+            return [], counted  # the closing usage chunk: no new tokens
+        done = (usage or {}).get("completion_tokens")
+        if done is None:
+            return ([UNKNOWN_TOKEN_ID] if text else []), counted
+        return [UNKNOWN_TOKEN_ID] * max(0, done - counted), max(counted, done)
+
     def _parse_chunk(self, obj: dict[str, Any]) -> Chunk:
         choices = obj.get("choices") or []
         if not choices:
@@ -129,24 +152,27 @@ class OpenAIEngine(Engine):
         c = choices[0]
         return Chunk(c.get("token_ids"), c.get("text") or "", c.get("finish_reason"), obj.get("usage"))
 
-    def _kv_capacity(self, m: prom.Metrics | None) -> tuple[int | None, int | None]:
-        """(KV capacity in tokens, block size) from vLLM's cache_config_info labels."""
-        labels = m.labels(*self.METRICS["cache_info"]) if m else None
-        if not labels:
-            return None, None
-        blocks, bs = prom.as_int(labels.get("num_gpu_blocks")), prom.as_int(labels.get("block_size"))
-        return (blocks * bs if blocks is not None and bs else None), bs
+    async def _capacity(self) -> tuple[int | None, int | None]:
+        """(KV capacity in tokens, block size) from one full scrape at start (sets `_has_metrics`)."""
+        return prom.kv_capacity(await self._scrape(first=True), self.METRICS)
 
-    def _snapshot_from(self, m: prom.Metrics, snap: MemorySnapshot) -> MemorySnapshot:
-        usage = m.value(*self.METRICS["kv_usage"])
-        running, waiting = m.value(*self.METRICS["running"]), m.value(*self.METRICS["waiting"])
-        cap = self.info.kv_capacity_tokens if self.info else None
-        snap.kv_usage = usage
-        snap.kv_capacity_tokens = cap
-        snap.kv_used_tokens = round(usage * cap) if usage is not None and cap else None
-        snap.num_running = int(running) if running is not None else None
-        snap.num_waiting = int(waiting) if waiting is not None else None
-        return snap
+    def _dtype_ran(self) -> str:
+        """The dtype the engine runs (subclasses that can read it back override)."""
+        return self.dtype
+
+    def _unhonoured(self, capacity: int | None, block_size: int | None) -> dict[str, str]:
+        """Fairness settings this engine did not honour, in words (EngineInfo.unhonoured)."""
+        out: dict[str, str] = {}
+        how = self.KV_HOW if self.mode == "server" else OpenAIEngine.KV_HOW
+        gap = kv_pin_gap(self.options.get("kv_cache_tokens"), capacity, block_size, self.name, how)
+        if gap:
+            out["kv_cache_tokens"] = gap
+        if self.events_carry_token_ids is False:
+            out["token_ids"] = (f"{self.name}: the stream carries text only, so token ids are unknown (no "
+                                f"greedy agreement); tokens per event "
+                                + ("come from the server's running usage" if self.usage_per_chunk else
+                                   "are guessed, one per non-empty text chunk (the server sends no running usage)"))
+        return out
 
     # -- Engine ------------------------------------------------------------------------------
 
@@ -154,7 +180,7 @@ class OpenAIEngine(Engine):
         if self.info is not None:
             return self.info
         try:
-            self.base_url = await self._connect()
+            self.base_url = await self.connect()
             headers = {"Authorization": f"Bearer {self.options['api_key']}"} if self.options.get("api_key") else {}
             # read=None: a long generation may sit silent (queued) for minutes; pool=None: under
             # load, requests must not time out waiting for a connection.
@@ -164,14 +190,16 @@ class OpenAIEngine(Engine):
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
             if self.served_model_name is None:
                 self.served_model_name = await self._first_model()
-            self.events_carry_token_ids = await self._probe()
-            metrics = await self._scrape(first=True)
-            cap, bs = self._kv_capacity(metrics)
+            self.events_carry_token_ids, _ = await self._probe()
+            if not self.events_carry_token_ids:  # the next probe asks for running usage
+                _, self.usage_per_chunk = await self._probe()
+            cap, bs = await self._capacity()
             knobs = {**self._knobs(), "events_carry_token_ids": self.events_carry_token_ids}
             self.info = EngineInfo(engine=self.name, version=await self._version(), model=self.served_model_name,
-                                   dtype=self.dtype, kv_capacity_tokens=cap, block_size=bs, knobs=knobs,
-                                   mode=self.mode, pid=self._pid(),
-                                   metrics_url=self.base_url + self.metrics_path if self._has_metrics else None)
+                                   dtype=self._dtype_ran(), kv_capacity_tokens=cap, block_size=bs, knobs=knobs,
+                                   mode=self.mode, pid=self.pid,
+                                   metrics_url=self.base_url + self.metrics_path if self._has_metrics else None,
+                                   unhonoured=self._unhonoured(cap, bs))
         except httpx.TransportError as e:  # nothing listening, or it hung up
             await self.stop()
             raise EngineUnavailable(f"no OpenAI-compatible server answers at {self.base_url} ({e!r}); "
@@ -188,6 +216,7 @@ class OpenAIEngine(Engine):
         body = self._completion_body(request)
         held: TokenEvent | None = None  # the finishing chunk, waiting for usage
         usage: dict[str, Any] | None = None
+        counted = 0  # text-only streams: completion tokens accounted for so far
         self._live.add(rid)
         try:
             async with self._client.stream("POST", "/v1/completions", json=body) as resp:
@@ -213,7 +242,7 @@ class OpenAIEngine(Engine):
                         if chunk_usage:
                             usage = chunk_usage
                         if ids is None:
-                            ids = [UNKNOWN_TOKEN_ID] if text else []
+                            ids, counted = self._count_text_only(obj, text, chunk_usage, counted)
                         if finish is not None:
                             held = TokenEvent(rid, ids, text, recv_ns, True, finish)
                         elif ids or text:
@@ -254,18 +283,17 @@ class OpenAIEngine(Engine):
             return False
 
     async def snapshot(self) -> MemorySnapshot:
-        snap = MemorySnapshot(t_ns=time.perf_counter_ns())
         m = await self._scrape()
-        return self._snapshot_from(m, snap) if m is not None else snap
+        return prom.snapshot(m, self.METRICS, self.info.kv_capacity_tokens if self.info else None)
 
     async def stop(self) -> None:
-        """Close the client, then stop whatever `_connect` launched. Idempotent."""
+        """Close the client, then stop whatever `connect` launched. Idempotent."""
         client, self._client = self._client, None
         try:
             if client is not None:
                 await client.aclose()
         finally:
-            await self._disconnect()
+            await self.disconnect()
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -278,12 +306,13 @@ class OpenAIEngine(Engine):
             raise EngineUnavailable(f"{self.base_url}/v1/models lists no model; set option served_model_name")
         return models[0]["id"]
 
-    async def _probe(self) -> bool:
-        """Send one 1-token request; True if its stream carried token ids."""
+    async def _probe(self) -> tuple[bool, bool]:
+        """Send one 1-token request: did its stream carry token ids, and did every chunk with
+        choices carry running usage?"""
         body = self._completion_body(GenerationRequest("inferlab-probe", [0], SamplingConfig(max_tokens=1),
                                                        prompt_text="Hello"))
         body["prompt"] = "Hello"  # text works on every server and any vocabulary
-        carried = False
+        carried, usage_every, chunks = False, True, 0
         async with self._client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
                 await resp.aread()
@@ -292,8 +321,13 @@ class OpenAIEngine(Engine):
             async for line in resp.aiter_lines():
                 data = line[5:].strip() if line.startswith("data:") else ""
                 if data and data != "[DONE]":
-                    carried |= self._parse_chunk(json.loads(data)).token_ids is not None
-        return carried
+                    obj = json.loads(data)
+                    chunk = self._parse_chunk(obj)
+                    carried |= chunk.token_ids is not None
+                    if obj.get("choices"):
+                        chunks += 1
+                        usage_every &= (chunk.usage or {}).get("completion_tokens") is not None
+        return carried, usage_every and chunks > 0
 
     async def _version(self) -> str:
         try:

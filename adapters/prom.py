@@ -3,17 +3,23 @@
 `Metrics` indexes samples by their *sample* name (e.g. `vllm:prompt_tokens_total`),
 not the family name, because prometheus_client's parser renames counter families
 (drops `_total`) and that differs between text and OpenMetrics output.
-Values of one name are summed over label sets (several engines / data-parallel ranks).
+A name may come in several label sets (vLLM engines, data-parallel ranks, TRT-LLM's
+multiprocess collector): `value` sums them (counters, counts, capacities), `mean` averages
+them (ratios such as KV usage: summing two ranks at 50 % would say 100 %).
 `only=` keeps just the samples whose names start with the given prefixes, *before* parsing:
 vLLM's /metrics is ~50 KB of histograms that take the full parser ~20 ms, which a harness
 scraping every 100 ms cannot afford (it would perturb the engine it measures).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from adapters.base import MemorySnapshot
+from adapters.metric_names import MetricNames
 
 
 @dataclass
@@ -36,10 +42,17 @@ class Metrics:
         return name in self.samples
 
     def value(self, *names: str) -> float | None:
-        """The sum over label sets of the first of `names` present, or None."""
+        """The sum over label sets of the first of `names` present, or None (counters, counts)."""
         for name in names:
             if name in self.samples:
                 return sum(v for _, v in self.samples[name])
+        return None
+
+    def mean(self, *names: str) -> float | None:
+        """The mean over label sets of the first of `names` present, or None (ratios)."""
+        for name in names:
+            if self.samples.get(name):
+                return sum(v for _, v in self.samples[name]) / len(self.samples[name])
         return None
 
     def labels(self, *names: str) -> dict[str, str] | None:
@@ -68,3 +81,46 @@ def as_int(label: str | None) -> int | None:
         return int(float(label)) if label not in (None, "", "None") else None
     except ValueError:
         return None
+
+
+def kv_capacity(m: Metrics | None, names: MetricNames) -> tuple[int | None, int | None]:
+    """(KV capacity in tokens, block size) from whichever gauges `names` has: a capacity gauge,
+    blocks x tokens per block, or vLLM's cache_config_info labels (summed over engines)."""
+    if m is None:
+        return None, None
+    per = m.value(*names.kv_block_tokens) if names.kv_block_tokens else None
+    if names.kv_capacity and m.value(*names.kv_capacity) is not None:
+        return int(m.value(*names.kv_capacity)), int(per) if per else None
+    blocks = m.value(*names.kv_blocks) if names.kv_blocks else None
+    if blocks is not None and per:
+        return int(blocks) * int(per), int(per)
+    for name in names.cache_info:
+        caps, bs = [], None
+        for labels, _ in m.samples.get(name, []):
+            n, bs = as_int(labels.get("num_gpu_blocks")), as_int(labels.get("block_size"))
+            caps.append(n * bs if n is not None and bs else None)
+        if caps:
+            return (sum(caps) if None not in caps else None), bs
+    return None, int(per) if per else None
+
+
+def snapshot(m: Metrics | None, names: MetricNames, capacity: int | None) -> MemorySnapshot:
+    """KV usage and queue lengths now, by one engine's table. Tokens in use come from a
+    tokens gauge, else used blocks x block size, else usage x `capacity`."""
+    snap = MemorySnapshot(t_ns=time.perf_counter_ns(), kv_capacity_tokens=capacity)
+    if m is None:
+        return snap
+    snap.kv_usage = m.mean(*names.kv_usage) if names.kv_usage else None
+    used = m.value(*names.kv_used) if names.kv_used else None
+    if used is None and names.kv_used_blocks:
+        blocks, per = m.value(*names.kv_used_blocks), m.value(*names.kv_block_tokens)
+        used = blocks * per if blocks is not None and per else None
+    if used is None and snap.kv_usage is not None and capacity:
+        used = snap.kv_usage * capacity
+    snap.kv_used_tokens = round(used) if used is not None else None
+    if snap.kv_usage is None and used is not None and capacity:
+        snap.kv_usage = used / capacity
+    for attr, alts in (("num_running", names.running), ("num_waiting", names.waiting)):
+        v = m.value(*alts) if alts else None
+        setattr(snap, attr, int(v) if v is not None else None)
+    return snap

@@ -4,7 +4,7 @@ Mode "server" launches `PY -m experiments.cli serve MODEL --host H --port P --dt
 --<knob> V ...` through `adapters.serving.ManagedServer` (options launcher, host, port,
 log_path, work_dir, startup_timeout_s, extra_args, env), waits for /health, then streams
 exactly as `OpenAIEngine` does; mode "attach" talks to `url`. The server exports vLLM's
-Prometheus names, so KV capacity and usage come from /metrics with no overrides.
+Prometheus names (adapters.metric_names.REFERENCE), so KV capacity and usage come from /metrics.
 
 Invariant: after `stop()` returns, no process of a launched server's tree is alive.
 """
@@ -14,17 +14,21 @@ import os
 from pathlib import Path
 from typing import Any
 
-from adapters.openai_launched import LaunchedOpenAIEngine
+from adapters.metric_names import REFERENCE
+from adapters.openai_compat import OpenAIEngine
 from adapters.reference import SERVER_KNOBS
+from adapters.serving import LaunchedServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTALL = "pip install inferlab (or -e .) into the interpreter given as launcher"
 
 
-class ReferenceServer(LaunchedOpenAIEngine):
+class ReferenceServer(LaunchedServer, OpenAIEngine):
     name = "reference"
-    OPTIONS = LaunchedOpenAIEngine.OPTIONS | set(SERVER_KNOBS)
+    OPTIONS = OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(SERVER_KNOBS)
     INSTALL = INSTALL
+    METRICS = REFERENCE
+    KV_HOW = "inferlab serve --kv-cache-tokens"
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable
 
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot, TokenEvent,
                            check_options)
+from adapters import model_shape
 from adapters.launcher import Launcher, ServerProcess, free_port
 
 MODES = ("server", "attach", "in_process")
@@ -217,15 +218,28 @@ class ManagedServer:
                 alias.parent.rmdir()
 
 
-def kv_bytes_per_token(model_dir: str, dtype: str) -> int:
-    """K and V bytes one token occupies across all layers (from the model's config.json)."""
-    from experiments.bandwidth import model_shape
-
+def kv_bytes_per_token(model_dir: str, dtype: str, tensor_parallel: int = 1) -> int:
+    """K and V bytes one token occupies on one GPU (from the model's config.json; see
+    adapters.model_shape: with tensor parallelism each GPU holds its share of the KV heads)."""
     try:
-        return int(model_shape(model_dir, dtype)["kv_bytes_per_token"])
+        return model_shape.kv_bytes_per_token(model_dir, dtype, tensor_parallel)
     except (OSError, KeyError, ValueError) as e:
         raise ValueError(f"cannot size the KV budget from {model_dir}/config.json ({e!r}); "
                          f"set the engine's own memory knob instead of kv_cache_tokens") from e
+
+
+def kv_pin_gap(asked: int | None, capacity: int | None, block_size: int | None, engine: str,
+               how: str) -> str | None:
+    """Why the KV budget `asked` (tokens) did not become the engine's capacity, in words, or
+    None when it did (equal up to rounding down to whole blocks). `how` says what the adapter
+    passed, e.g. "--max-total-tokens (an upper bound: SGLang takes the minimum with what fits)"."""
+    if asked is None:
+        return None
+    if capacity is None:
+        return f"{engine}: asked {asked} KV tokens through {how}; the capacity it ran with could not be read back"
+    if 0 <= asked - capacity < max(1, block_size or 1):
+        return None
+    return f"{engine}: asked {asked} KV tokens through {how}; it runs with {capacity}"
 
 
 def need(module: str, install: str):
@@ -236,22 +250,27 @@ def need(module: str, install: str):
         raise EngineUnavailable(f"{module} is not importable here ({e}); {install}") from e
 
 
+class LaunchedServer:
+    """The one base of every adapter that talks to an engine's own server (vLLM, SGLang,
+    TensorRT-LLM, TGI, `inferlab serve`): mixed in before the protocol class (e.g.
+    `class VLLMServer(LaunchedServer, OpenAIEngine)`, `class TGIServer(LaunchedServer, Engine)`).
 
-class HTTPServerEngine(Engine):
-    """An engine reached over its own HTTP protocol: at `options["url"]` (attach), or at a
-    server launched from the launch options (`ManagedServer`). Subclasses give `server_argv`,
-    open their clients on `await self.connect()` and close them in `close_clients`."""
+    With option `url` it attaches (mode "attach"); otherwise `self.server` is a
+    `ManagedServer` built from the launch options (mode "server"), started by `connect()` and
+    stopped by `disconnect()`. Subclasses give `server_argv()` and, if needed, `server_env()`,
+    `INSTALL` (what to install when the launcher lacks the engine) and `HEALTH_PATH`.
+    """
 
-    OPTIONS = SERVER_OPTIONS | {"url", "kv_cache_tokens"}
+    OPTIONS: frozenset[str] | set[str] = SERVER_OPTIONS | {"url"}
     INSTALL = ""
+    HEALTH_PATH = "/health"
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
-        self.url = self.options.get("url")
-        self.server = None if self.url else ManagedServer(self.name, model, self.options, "/health", self.INSTALL)
-        self.info: EngineInfo | None = None
-        self._aborted: set[str] = set()  # ids whose remaining events are dropped
+        self.url: str | None = self.options.get("url")
+        self.server = (None if self.url else
+                       ManagedServer(self.name, model, self.options, self.HEALTH_PATH, self.INSTALL))
 
     @property
     def mode(self) -> str:
@@ -264,16 +283,21 @@ class HTTPServerEngine(Engine):
     def server_argv(self) -> list[str]:
         raise NotImplementedError
 
+    def server_env(self, work_dir: Path | None) -> dict[str, str]:
+        return {}
+
     async def connect(self) -> str:
         """The base URL: the attached one, or the launched server's once it is healthy."""
-        return self.url.rstrip("/") if self.url else await self.server.start(self.server_argv, lambda wd: {})
+        if self.server is None:
+            return str(self.url).rstrip("/").removesuffix("/v1")
+        return await self.server.start(self.server_argv, self.server_env)
 
-    async def close_clients(self) -> None:
-        """Close the subclass's HTTP clients (called by `stop`, before the server goes)."""
+    async def disconnect(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
 
-    async def stop(self) -> None:
-        try:
-            await self.close_clients()
-        finally:
-            if self.server is not None:
-                await self.server.stop()
+    def launch_knobs(self) -> dict[str, Any]:
+        """Where the launched server logged and how long it took to become healthy."""
+        if self.server is None or self.server.proc is None:
+            return {}
+        return {"log_path": str(self.server.proc.log_path), "startup_s": round(self.server.proc.start_s or 0.0, 1)}

@@ -9,12 +9,19 @@
 - `meta_info.finish_reason` is null until the last event, then `{"type": "length"|"stop"|
   "abort", ...}`; `meta_info.prompt_tokens` / `completion_tokens` are the engine's counts.
 - KV capacity: `max_total_num_tokens` from `/server_info` (older servers: `/get_server_info`);
-  block size = `page_size`. Pinned with `--max-total-tokens`. Usage: `sglang:token_usage`
-  at /metrics (the server is started with `--enable-metrics`).
-- `reset_prefix_cache` = `POST /flush_cache`; `abort` = `POST /abort_request {"rid"}` and
-  closing the connection.
-No CPU build installs from PyPI (SGLang's CPU backend needs Intel AMX and a source
-build), so on CPU machines this adapter is tested against recorded responses only.
+  block size = `page_size`. `kv_cache_tokens` is passed as `--max-total-tokens`, which is an
+  upper bound (SGLang takes the minimum of it and what fits in memory): a capacity that is
+  not the budget is reported in `EngineInfo.unhonoured`. Usage: the SGLANG row of
+  adapters.metric_names at /metrics (the server is started with `--enable-metrics`).
+- `reset_prefix_cache` = `POST /flush_cache` (400 while requests run); `abort` =
+  `POST /abort_request {"rid"}` and closing the connection.
+- In-process: `sglang.Engine`'s sync helpers (`get_server_info()`, `flush_cache()`) drive
+  its event loop with `run_until_complete`, which raises inside a running loop such as the
+  harness's; the adapter awaits the tokenizer manager's coroutines instead.
+No CPU build installs from PyPI (SGLang's CPU backend needs Intel AMX and a source build).
+The launch command and request bodies are checked against SGLang's own argument parser and
+request models (tests/adapters/sglang_contract.py, in .venv-sglang); the responses against
+SGLang's recorded ones (tests/adapters/fixtures/sglang/SOURCE.md).
 """
 from __future__ import annotations
 
@@ -28,13 +35,18 @@ from adapters import prom
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent, check_options)
 from adapters.deltas import Cumulative, Incremental, NotCumulative
-from adapters.serving import HTTPServerEngine, ModalEngine, need
+from adapters.metric_names import SGLANG
+from adapters.serving import LaunchedServer, ModalEngine, kv_pin_gap, need
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
-KNOBS = {"mem_fraction_static": "--mem-fraction-static", "max_running_requests": "--max-running-requests",
-         "chunked_prefill_size": "--chunked-prefill-size", "page_size": "--page-size",
-         "disable_radix_cache": "--disable-radix-cache", "disable_cuda_graph": "--disable-cuda-graph",
-         "tp_size": "--tp-size", "attention_backend": "--attention-backend"}
+# option -> server flags (a boolean option adds its flags when true). `--disable-cuda-graph`
+# is deprecated in favour of the two backend flags (sglang 0.5.23, see fixtures/sglang/SOURCE.md).
+KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests": ["--max-running-requests"],
+         "chunked_prefill_size": ["--chunked-prefill-size"], "page_size": ["--page-size"],
+         "disable_radix_cache": ["--disable-radix-cache"],
+         "disable_cuda_graph": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
+         "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"]}
+KV_HOW = "--max-total-tokens (an upper bound: SGLang takes the minimum with what fits in memory)"
 
 
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
@@ -63,28 +75,47 @@ class SGLangEngine(ModalEngine):
              "in_process": "adapters.sglang:SGLangInProcess"}
 
 
-class SGLangServer(HTTPServerEngine):
+def reported_dtype(info: dict[str, Any], asked: str) -> str:
+    """The dtype in SGLang's server info (its resolved `dtype` argument), else the one asked."""
+    d = info.get("dtype")
+    return str(d) if d not in (None, "", "auto") else asked
+
+
+def unhonoured(asked_dtype: str, info: dict[str, Any], asked_kv: int | None, how: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    ran = reported_dtype(info, asked_dtype)
+    if ran != asked_dtype:
+        out["dtype"] = f"sglang: {asked_dtype} was asked, the server reports dtype {ran}"
+    gap = kv_pin_gap(asked_kv, info.get("max_total_num_tokens"), info.get("page_size"), "sglang", how)
+    if gap:
+        out["kv_cache_tokens"] = gap
+    return out
+
+
+class SGLangServer(LaunchedServer, Engine):
     """Options: url (attach) or the launch options of adapters/serving.py, kv_cache_tokens,
     and the server flags in `KNOBS` (booleans become bare flags)."""
 
     name = "sglang"
-    OPTIONS = HTTPServerEngine.OPTIONS | set(KNOBS)
+    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS}
     INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         self.client: httpx.AsyncClient | None = None
         self.incremental = False
+        self.info: EngineInfo | None = None
         self._responses: dict[str, httpx.Response] = {}
+        self._aborted: set[str] = set()  # ids whose remaining events are dropped
 
     def flags(self) -> list[str]:
         out: list[str] = []
         for k, flag in KNOBS.items():
             v = self.options.get(k)
             if v is True:
-                out.append(flag)
+                out += flag
             elif v not in (None, False):
-                out += [flag, str(v)]
+                out += [*flag, str(v)]
         if self.options.get("kv_cache_tokens") is not None:
             out += ["--max-total-tokens", str(int(self.options["kv_cache_tokens"]))]
         return out
@@ -106,12 +137,15 @@ class SGLangServer(HTTPServerEngine):
                                             limits=httpx.Limits(max_connections=None))
             si = await self._server_info()
             self.incremental = bool(si.get("incremental_streaming_output") or si.get("stream_output"))
-            knobs = {"url": base, "incremental_streaming_output": self.incremental, **{
+            knobs = {"url": base, "incremental_streaming_output": self.incremental, **self.launch_knobs(), **{
                 k: self.options[k] for k in (*KNOBS, "kv_cache_tokens") if k in self.options}}
+            how = KV_HOW if self.server is not None else "an already running server (its budget was fixed at start)"
+            has_metrics = await prom.scrape(self.client, SGLANG.path, SGLANG.prefixes()) is not None
             self.info = EngineInfo(engine=self.name, version=str(si.get("version", "unknown")), model=self.model,
-                                   dtype=self.dtype, kv_capacity_tokens=si.get("max_total_num_tokens"),
-                                   block_size=si.get("page_size"), knobs=knobs,
-                                   mode=self.mode, pid=self.pid)
+                                   dtype=reported_dtype(si, self.dtype), kv_capacity_tokens=si.get("max_total_num_tokens"),
+                                   block_size=si.get("page_size"), knobs=knobs, mode=self.mode, pid=self.pid,
+                                   metrics_url=base + SGLANG.path if has_metrics else None,
+                                   unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), how))
         except BaseException:
             await self.stop()
             raise
@@ -184,21 +218,27 @@ class SGLangServer(HTTPServerEngine):
         return self.client is not None and (await self.client.post("/flush_cache")).status_code == 200
 
     async def snapshot(self) -> MemorySnapshot:
-        snap = MemorySnapshot(t_ns=time.perf_counter_ns())
-        m = await prom.scrape(self.client, "/metrics") if self.client is not None else None
-        if m is not None:
-            usage, cap = m.value("sglang:token_usage"), self.info.kv_capacity_tokens if self.info else None
-            snap.kv_usage, snap.kv_capacity_tokens = usage, cap
-            snap.kv_used_tokens = round(usage * cap) if usage is not None and cap else None
-            running, waiting = m.value("sglang:num_running_reqs"), m.value("sglang:num_queue_reqs")
-            snap.num_running = int(running) if running is not None else None
-            snap.num_waiting = int(waiting) if waiting is not None else None
-        return snap
+        m = await prom.scrape(self.client, SGLANG.path, SGLANG.prefixes()) if self.client is not None else None
+        return prom.snapshot(m, SGLANG, self.info.kv_capacity_tokens if self.info else None)
 
-    async def close_clients(self) -> None:
+    async def stop(self) -> None:
         client, self.client = self.client, None
-        if client is not None:
-            await client.aclose()
+        try:
+            if client is not None:
+                await client.aclose()
+        finally:
+            await self.disconnect()
+
+
+async def engine_server_info(engine: Any) -> dict[str, Any]:
+    """What `sglang.Engine.get_server_info()` reports that this adapter reads, without its
+    `run_until_complete` (which raises inside a running event loop): the scheduler's info
+    (`max_total_num_tokens`) and the server arguments (`page_size`, `dtype`)."""
+    sched = getattr(engine, "scheduler_info", None)
+    if sched is None:
+        sched = engine._scheduler_init_result.scheduler_infos[0]
+    args = engine.tokenizer_manager.server_args
+    return {**dict(sched), "page_size": getattr(args, "page_size", None), "dtype": getattr(args, "dtype", None)}
 
 
 class SGLangInProcess(Engine):
@@ -216,14 +256,17 @@ class SGLangInProcess(Engine):
 
     async def start(self) -> EngineInfo:
         sgl = need("sglang", INSTALL)
-        kw = {k: v for k, v in self.options.items() if k in KNOBS}
+        kw = {k: v for k, v in self.options.items() if k in KNOBS and k != "disable_cuda_graph"}
+        if self.options.get("disable_cuda_graph"):
+            kw.update(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
         if self.options.get("kv_cache_tokens") is not None:
             kw["max_total_tokens"] = int(self.options["kv_cache_tokens"])
         self.engine = sgl.Engine(model_path=self.model, dtype=self.dtype, **kw)
-        si = self.engine.get_server_info()
+        si = await engine_server_info(self.engine)
         self.info = EngineInfo(engine=self.name, version=getattr(sgl, "__version__", "unknown"), model=self.model,
-                               dtype=self.dtype, kv_capacity_tokens=si.get("max_total_num_tokens"),
-                               block_size=si.get("page_size"), knobs=dict(self.options), mode="in_process")
+                               dtype=reported_dtype(si, self.dtype), kv_capacity_tokens=si.get("max_total_num_tokens"),
+                               block_size=si.get("page_size"), knobs=dict(self.options), mode="in_process",
+                               unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), KV_HOW))
         return self.info
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -248,7 +291,11 @@ class SGLangInProcess(Engine):
             manager.abort_request(rid=request_id)
 
     async def reset_prefix_cache(self) -> bool:
-        return bool(self.engine.flush_cache()) if self.engine is not None else False
+        """The tokenizer manager's flush, awaited; its result object is always truthy, so
+        its `success` field is what says whether the cache was flushed."""
+        if self.engine is None:
+            return False
+        return bool(getattr(await self.engine.tokenizer_manager.flush_cache(), "success", False))
 
     async def snapshot(self) -> MemorySnapshot:
         return MemorySnapshot(t_ns=time.perf_counter_ns())

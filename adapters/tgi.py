@@ -1,22 +1,29 @@
 """Hugging Face TGI (text-generation-inference): launched or attached; no in-process mode.
 
 Maintenance mode: upstream put TGI in maintenance mode in December 2025 and points users
-to vLLM and SGLang. It is kept here so existing deployments can be compared.
+to vLLM and SGLang. It is kept here so existing deployments can be compared. Facts this
+adapter relies on are recorded with their upstream file and tag in
+tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
 
-- Server: `text-generation-launcher --model-id M --hostname H --port P
+- Server: `text-generation-launcher --model-id M --hostname H --port P --dtype D
   [--max-batch-total-tokens N]`, or its image (`docker run --gpus all ...
   ghcr.io/huggingface/text-generation-inference:TAG`, whose entrypoint is the launcher).
-  TGI's `--dtype` knows float16 / bfloat16 only, so a float32 model is launched without it.
+- dtype: the launcher's `--dtype` knows float16 and bfloat16 only. A float32 config is
+  launched with `--dtype bfloat16` (without `--dtype` the model's own default would run,
+  which the adapter could not name); `EngineInfo.dtype` is what ran and
+  `EngineInfo.unhonoured["dtype"]` says what was asked.
+- KV budget: `--max-batch-total-tokens` is ignored for Flash-Attention models (TGI warns it
+  is deprecated there and uses the value it infers from free memory). The capacity TGI runs
+  with is the `tgi_batch_max_total_tokens` gauge at /metrics (the startup log line "Setting
+  max batch total tokens to N" in server mode; `/info` carried it only before v2.3.0); a
+  budget that is not what it runs with is reported in `EngineInfo.unhonoured`.
 - Requests: `/generate_stream` through `huggingface_hub.AsyncInferenceClient`
   (`details=True`, so every event carries its token id). TGI takes text, not ids: the
   prompt is `request.prompt_text`, or the ids decoded with the model's tokenizer.json; the
   engine's own prompt length (`details.input_length`) is reported so the harness can flag
   a re-tokenization mismatch.
-- No `ignore_eos`: TGI's router forces it off, so a request may stop before
-  max_new_tokens; `EngineInfo.knobs["ignore_eos"] = "unsupported"` tells the report to
-  flag those rows.
-- KV capacity: `/info`'s `max_batch_total_tokens` when present, else the startup log line
-  "Setting max batch total tokens to N". Metrics: `tgi_batch_current_size`, `tgi_queue_size`.
+- No `ignore_eos`: TGI's router sets `ignore_eos_token: false` for every request, so a
+  request may stop before max_new_tokens (`unhonoured["ignore_eos"]`).
 - `abort` takes effect at the request's next event (the stream is closed then; TGI cancels
   a request whose client went away). recv_ns is taken after huggingface_hub parsed the event.
 """
@@ -30,17 +37,24 @@ from typing import Any, AsyncIterator
 import httpx
 
 from adapters import prom
-from adapters.base import (EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
+from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent)
-from adapters.serving import HTTPServerEngine, ModalEngine, need
+from adapters.metric_names import TGI
+from adapters.serving import LaunchedServer, ModalEngine, kv_pin_gap, need
 
 INSTALL = ("install text-generation-launcher (TGI) on a GPU host, or set launcher = "
            "\"docker run --gpus all --shm-size 1g --network host -v {model}:{model} "
            "ghcr.io/huggingface/text-generation-inference:TAG\"")
 KNOBS = ("max_concurrent_requests", "max_batch_prefill_tokens", "max_total_tokens", "max_input_tokens",
          "cuda_memory_fraction", "num_shard", "quantize")
+DTYPES = ("float16", "bfloat16")  # the launcher's --dtype choices
+FALLBACK_DTYPE = "bfloat16"  # what a float32 config runs with
+KV_HOW = ("--max-batch-total-tokens (ignored for Flash-Attention models, which use the value TGI infers "
+          "from free memory; cuda_memory_fraction is the knob that moves it)")
 MAX_BATCH_LOG = re.compile(r"Setting max batch total tokens to (\d+)")
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+NO_IGNORE_EOS = ("TGI has no ignore_eos (its router sets ignore_eos_token=false for every request): a request "
+                 "may stop at EOS before max_tokens")
 
 
 def max_batch_total_tokens(log_text: str) -> int | None:
@@ -49,14 +63,19 @@ def max_batch_total_tokens(log_text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def launch_dtype(dtype: str) -> str:
+    """The --dtype a TGI server is launched with for the config's dtype."""
+    return dtype if dtype in DTYPES else FALLBACK_DTYPE
+
+
 class TGIEngine(ModalEngine):
     name = "tgi"
     IMPLS = {"server": "adapters.tgi:TGIServer", "attach": "adapters.tgi:TGIServer"}
 
 
-class TGIServer(HTTPServerEngine):
+class TGIServer(LaunchedServer, Engine):
     name = "tgi"
-    OPTIONS = HTTPServerEngine.OPTIONS | set(KNOBS)
+    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS}
     INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
@@ -64,18 +83,41 @@ class TGIServer(HTTPServerEngine):
         self.client: Any = None
         self.http: httpx.AsyncClient | None = None
         self.tokenizer: Any = None
+        self.info: EngineInfo | None = None
+        self._aborted: set[str] = set()
 
     def server_argv(self) -> list[str]:
         s = self.server
-        args: list[str] = ["--model-id", s.model_arg, "--hostname", s.host, "--port", s.port]
-        if self.dtype != "float32":
-            args += ["--dtype", self.dtype]
+        args: list[str] = ["--model-id", s.model_arg, "--hostname", s.host, "--port", s.port,
+                           "--dtype", launch_dtype(self.dtype)]
         if self.options.get("kv_cache_tokens") is not None:
             args += ["--max-batch-total-tokens", str(int(self.options["kv_cache_tokens"]))]
         for k in KNOBS:
             if self.options.get(k) is not None:
                 args += ["--" + k.replace("_", "-"), str(self.options[k])]
         return s.argv(script="text-generation-launcher", args=args, container_cmd=[])
+
+    def dtype_ran(self, info: dict[str, Any]) -> str | None:
+        """The dtype the server runs: what we launched it with, else /info's `model_dtype`
+        (TGI < 2.3.0 only), else None (unknown)."""
+        if self.server is not None:
+            return launch_dtype(self.dtype)
+        reported = info.get("model_dtype")
+        return str(reported).removeprefix("torch.") if reported else None
+
+    def unhonoured(self, ran: str | None, capacity: int | None) -> dict[str, str]:
+        out = {"ignore_eos": NO_IGNORE_EOS}
+        if self.dtype not in DTYPES:
+            out["dtype"] = (f"TGI runs float16/bfloat16 only: {self.dtype} was asked, "
+                            + (f"{ran} ran" if ran else "the attached server's dtype is not reported "
+                               "(/info has no model_dtype since v2.3.0)"))
+        elif ran is not None and ran != self.dtype:
+            out["dtype"] = f"{self.dtype} was asked, the attached server runs {ran}"
+        how = KV_HOW if self.server is not None else "an already running server (its budget was fixed at start)"
+        gap = kv_pin_gap(self.options.get("kv_cache_tokens"), capacity, None, self.name, how)
+        if gap:
+            out["kv_cache_tokens"] = gap
+        return out
 
     async def start(self) -> EngineInfo:
         if self.info is not None:
@@ -86,21 +128,27 @@ class TGIServer(HTTPServerEngine):
             self.http = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             info = await self._info(base)
             self.client = hub.AsyncInferenceClient(base_url=base)
-            cap = info.get("max_batch_total_tokens")
+            metrics = await prom.scrape(self.http, TGI.path)
+            cap, _ = prom.kv_capacity(metrics, TGI)
+            if cap is None:
+                cap = info.get("max_batch_total_tokens")  # TGI < 2.3.0
             if cap is None and self.server is not None:
                 cap = max_batch_total_tokens(self.server.log_text())
-            knobs = {"url": base, "ignore_eos": "unsupported", "prompt": "text",
+            ran = self.dtype_ran(info)
+            knobs = {"url": base, "ignore_eos": "unsupported", "prompt": "text", **self.launch_knobs(),
                      **{k: self.options[k] for k in (*KNOBS, "kv_cache_tokens") if k in self.options}}
             self.info = EngineInfo(engine=self.name, version=str(info.get("version", "unknown")),
-                                   model=str(info.get("model_id", self.model)), dtype=self.dtype,
-                                   kv_capacity_tokens=cap, knobs=knobs, mode=self.mode, pid=self.pid)
+                                   model=str(info.get("model_id", self.model)), dtype=ran or "unknown",
+                                   kv_capacity_tokens=cap, knobs=knobs, mode=self.mode, pid=self.pid,
+                                   metrics_url=base + TGI.path if metrics is not None else None,
+                                   unhonoured=self.unhonoured(ran, cap))
         except BaseException:
             await self.stop()
             raise
         return self.info
 
     async def _info(self, base: str) -> dict[str, Any]:
-        """GET /info ({} when the server has none: version and capacity stay unknown)."""
+        """GET /info ({} when the server has none: version stays unknown)."""
         try:
             resp = await self.http.get("/info")
         except httpx.HTTPError as e:
@@ -160,16 +208,13 @@ class TGIServer(HTTPServerEngine):
         self._aborted.add(request_id)
 
     async def snapshot(self) -> MemorySnapshot:
-        snap = MemorySnapshot(t_ns=time.perf_counter_ns(), kv_capacity_tokens=self.info.kv_capacity_tokens
-                              if self.info else None)
-        m = await prom.scrape(self.http, "/metrics") if self.http is not None else None
-        if m is not None:
-            running, waiting = m.value("tgi_batch_current_size"), m.value("tgi_queue_size")
-            snap.num_running = int(running) if running is not None else None
-            snap.num_waiting = int(waiting) if waiting is not None else None
-        return snap
+        m = await prom.scrape(self.http, TGI.path, TGI.prefixes()) if self.http is not None else None
+        return prom.snapshot(m, TGI, self.info.kv_capacity_tokens if self.info else None)
 
-    async def close_clients(self) -> None:
+    async def stop(self) -> None:
         http, self.http, self.client = self.http, None, None
-        if http is not None:
-            await http.aclose()
+        try:
+            if http is not None:
+                await http.aclose()
+        finally:
+            await self.disconnect()

@@ -1,23 +1,31 @@
 """TensorRT-LLM: `trtllm-serve` (OpenAI routes) launched or attached, or `tensorrt_llm.LLM` in-process.
 
-- Server: `trtllm-serve MODEL --host H --port P [--kv_cache_free_gpu_memory_fraction F]
-  [--extra_llm_api_options WORK/llm_api_options.yaml]`; streaming, token-id prompts and
-  usage come from `adapters.openai_compat.OpenAIEngine` (the probe at start records whether
-  its chunks carry token ids; if not, each chunk counts one `UNKNOWN_TOKEN_ID`).
-- Metrics: Prometheus text lives at `/prometheus/metrics` (`/metrics` is a JSON stats
-  endpoint that is drained on read, so it is never scraped). KV capacity =
-  `trtllm_kv_cache_max_blocks x trtllm_kv_cache_tokens_per_block`; usage
-  `trtllm_kv_cache_utilization`; running / waiting `trtllm_num_requests_running|waiting`.
-- `kv_cache_tokens` is pinned through `kv_cache_config.max_tokens` in the LLM-API options
-  file (JSON, which YAML parsers read). Memory knob semantics differ from vLLM's: TRT-LLM's
-  fraction is of the memory *free after weights*.
+Facts this adapter relies on are recorded with their upstream file and commit in
+tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
+
+- Server: `trtllm-serve MODEL --host H --port P [--backend B] [--max_batch_size N] ...
+  --extra_llm_api_options WORK/llm_api_options.yaml` (newer releases also call it `--config`).
+  trtllm-serve has no `--dtype` flag: the dtype goes in the options file as the LLM-API field
+  `dtype`, and the file also turns on what the harness needs: `return_perf_metrics: true`
+  (without it there is no Prometheus text at `/prometheus/metrics`) and
+  `enable_iter_perf_stats: true` (without it the KV and queue gauges stay empty).
+- The file's `kv_cache_config` *replaces* the one trtllm-serve builds from its command line
+  (top-level merge), so `kv_cache_free_gpu_memory_fraction` goes into the file too, never on
+  the command line. `kv_cache_tokens` becomes `kv_cache_config.max_tokens`, which is an upper
+  bound (TRT-LLM uses the minimum of it and what the free-memory fraction allows): the
+  capacity read back from `trtllm_kv_cache_max_blocks x trtllm_kv_cache_tokens_per_block`
+  decides whether the budget was honoured (`EngineInfo.unhonoured` says when not).
+- Requests: trtllm-serve's request models forbid unknown fields (HTTP 400), so vLLM's
+  `return_token_ids` is never sent; token ids stream only with `detokenize: false`, and then
+  every chunk's text is empty (so stop strings, matched on text, are not used here).
+- `/metrics` is a JSON iteration-stats endpoint that is drained on read: never scraped.
 - In-process: `tensorrt_llm.LLM(...).generate_async(ids, sampling, streaming=True)`; its
   outputs are cumulative, and `token_ids_diff` / `text_diff` give the new part.
-The PyPI package `tensorrt-llm` is a stub that fetches wheels from NVIDIA's index and
-needs CUDA: it is imported only in `start()`.
+Needs a CUDA host: `tensorrt_llm` is imported only in `start()`.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -25,22 +33,30 @@ from typing import Any, AsyncIterator
 
 from adapters import prom
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
-from adapters.openai_launched import LaunchedOpenAIEngine
-from adapters.serving import ModalEngine, need
+from adapters.metric_names import TRTLLM
+from adapters.openai_compat import OpenAIEngine
+from adapters.serving import LaunchedServer, ModalEngine, kv_pin_gap, need
 
-INSTALL = ("pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com on a CUDA host "
-           "(or launcher = \"docker run --gpus all ... nvcr.io/nvidia/tensorrt-llm/release:TAG\")")
-KNOBS = ("kv_cache_free_gpu_memory_fraction", "max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "backend")
+INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus all --ipc host --network host "
+           "-v {model}:{model} nvcr.io/nvidia/tensorrt-llm/release:TAG\"), or on a CUDA host "
+           "`apt-get install libopenmpi-dev && pip install tensorrt_llm` (the PyPI wheel is the full package)")
+# trtllm-serve flags passed through: option name == --flag (underscores, as trtllm-serve spells them).
+FLAGS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "backend")
+KV_HOW = "kv_cache_config.max_tokens (an upper bound: TRT-LLM takes the minimum with the free-memory fraction)"
+CAPACITY_WAIT_S = 10.0  # the KV gauges are iteration stats: they appear after the first iterations
 
 
-def llm_api_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The LLM-API options these adapter options ask for (empty when nothing is pinned)."""
+def llm_api_options(options: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """The LLM-API options file trtllm-serve gets (`--extra_llm_api_options`)."""
     kv: dict[str, Any] = {}
+    if options.get("kv_cache_free_gpu_memory_fraction") is not None:
+        kv["free_gpu_memory_fraction"] = float(options["kv_cache_free_gpu_memory_fraction"])
     if options.get("kv_cache_tokens") is not None:
         kv["max_tokens"] = int(options["kv_cache_tokens"])
     if options.get("enable_block_reuse") is not None:
         kv["enable_block_reuse"] = bool(options["enable_block_reuse"])
-    return {"kv_cache_config": kv} if kv else {}
+    out: dict[str, Any] = {"dtype": dtype, "return_perf_metrics": True, "enable_iter_perf_stats": True}
+    return {**out, "kv_cache_config": kv} if kv else out
 
 
 class TRTLLMEngine(ModalEngine):
@@ -49,40 +65,66 @@ class TRTLLMEngine(ModalEngine):
              "in_process": "adapters.trtllm:TRTLLMInProcess"}
 
 
-class TRTLLMServer(LaunchedOpenAIEngine):
+class TRTLLMServer(LaunchedServer, OpenAIEngine):
     name = "trtllm"
-    OPTIONS = LaunchedOpenAIEngine.OPTIONS | set(KNOBS) | {"enable_block_reuse"}
+    OPTIONS = (OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(FLAGS)
+               | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse"})
     INSTALL = INSTALL
-    METRICS = {"kv_usage": ("trtllm_kv_cache_utilization",), "running": ("trtllm_num_requests_running",),
-               "waiting": ("trtllm_num_requests_waiting",), "cache_info": ()}
+    METRICS = TRTLLM
+    KV_HOW = KV_HOW
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
-        self.metrics_path = self.options.get("metrics_path", "/prometheus/metrics")
+        self._model_dtype: str | None = None  # trtllm_model_config_info's dtype label, read at start
 
     def server_argv(self) -> list[str]:
         s = self.server
         args: list[str] = [s.model_arg, "--host", s.host, "--port", s.port]
-        for k in KNOBS:
+        for k in FLAGS:
             if self.options.get(k) is not None:
                 args += ["--" + k, str(self.options[k])]
-        extra = llm_api_options(self.options)
-        if extra:
-            path = Path(s.work_dir) / "llm_api_options.yaml"
-            path.write_text(json.dumps(extra, indent=2) + "\n")  # JSON is valid YAML
-            args += ["--extra_llm_api_options", str(path)]
-        return s.argv(script="trtllm-serve", args=args, container_cmd=["trtllm-serve"])
+        path = Path(s.work_dir) / "llm_api_options.yaml"
+        path.write_text(json.dumps(llm_api_options(self.options, self.dtype), indent=2) + "\n")  # JSON is YAML
+        return s.argv(script="trtllm-serve", args=[*args, "--extra_llm_api_options", str(path)],
+                      container_cmd=["trtllm-serve"])
+
+    def token_id_fields(self) -> dict[str, Any]:
+        """trtllm-serve streams each chunk's new ids in `token_ids` only with `detokenize: false`
+        (and forbids `return_token_ids`, which it does not know)."""
+        return {"detokenize": False} if self.options.get("return_token_ids", True) else {}
 
     def _knobs(self) -> dict[str, Any]:
-        return {**super()._knobs(), **{k: self.options[k] for k in KNOBS if k in self.options},
-                **llm_api_options(self.options)}
+        extra = llm_api_options(self.options, self.dtype) if self.mode == "server" else {}
+        return {**super()._knobs(), **{k: self.options[k] for k in FLAGS if k in self.options}, **extra}
 
-    def _kv_capacity(self, m: prom.Metrics | None) -> tuple[int | None, int | None]:
-        blocks = m.value("trtllm_kv_cache_max_blocks") if m else None
-        per = m.value("trtllm_kv_cache_tokens_per_block") if m else None
-        if blocks is None or not per:
-            return None, int(per) if per else None
-        return int(blocks) * int(per), int(per)
+    async def _capacity(self) -> tuple[int | None, int | None]:
+        """The KV gauges are iteration stats, published by a background task after iterations
+        ran (the start-up probe ran some): poll a few seconds for them."""
+        deadline = time.monotonic() + CAPACITY_WAIT_S
+        while True:
+            cap, bs = await super()._capacity()
+            if cap is not None or not self._has_metrics or time.monotonic() > deadline:
+                return cap, bs
+            await asyncio.sleep(0.5)
+
+    def _dtype_ran(self) -> str:
+        """The `dtype` label of trtllm_model_config_info when the server publishes it."""
+        return self._model_dtype or self.dtype
+
+    def _unhonoured(self, capacity: int | None, block_size: int | None) -> dict[str, str]:
+        out = super()._unhonoured(capacity, block_size)
+        ran = self._dtype_ran()
+        if ran != self.dtype:
+            out["dtype"] = f"trtllm: {self.dtype} was asked, the server reports dtype {ran}"
+        return out
+
+    async def _scrape(self, first: bool = False) -> prom.Metrics | None:
+        m = await super()._scrape(first)
+        if first and m is not None:
+            labels = m.labels(*self.METRICS.model_info) or {}
+            dtype = labels.get("dtype")
+            self._model_dtype = dtype if dtype not in (None, "", "auto") else None
+        return m
 
     async def reset_prefix_cache(self) -> bool:
         return False  # trtllm-serve has no route for it
@@ -90,7 +132,7 @@ class TRTLLMServer(LaunchedOpenAIEngine):
 
 class TRTLLMInProcess(Engine):
     name = "trtllm"
-    OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", *KNOBS})
+    OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", "kv_cache_free_gpu_memory_fraction", *FLAGS})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -103,14 +145,15 @@ class TRTLLMInProcess(Engine):
         trt = need("tensorrt_llm", INSTALL)
         from tensorrt_llm.llmapi import KvCacheConfig
 
-        kv = llm_api_options(self.options).get("kv_cache_config", {})
-        if self.options.get("kv_cache_free_gpu_memory_fraction") is not None:
-            kv["free_gpu_memory_fraction"] = float(self.options["kv_cache_free_gpu_memory_fraction"])
+        opts = llm_api_options(self.options, self.dtype)
         kw = {k: self.options[k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len") if k in self.options}
-        self.llm = trt.LLM(model=self.model, dtype=self.dtype, kv_cache_config=KvCacheConfig(**kv), **kw)
+        self.llm = trt.LLM(model=self.model, dtype=self.dtype, kv_cache_config=KvCacheConfig(**opts.get(
+            "kv_cache_config", {})), **kw)
+        # The LLM API reports no capacity here: a budget (an upper bound) cannot be confirmed.
+        gap = kv_pin_gap(self.options.get("kv_cache_tokens"), None, None, self.name, KV_HOW)
         self.info = EngineInfo(engine=self.name, version=getattr(trt, "__version__", "unknown"), model=self.model,
-                               dtype=self.dtype, kv_capacity_tokens=kv.get("max_tokens"), knobs=dict(self.options),
-                               mode="in_process")
+                               dtype=self.dtype, kv_capacity_tokens=None, knobs=dict(self.options),
+                               mode="in_process", unhonoured={"kv_cache_tokens": gap} if gap else {})
         return self.info
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

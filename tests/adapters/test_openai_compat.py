@@ -163,7 +163,7 @@ def test_parses_recorded_vllm_stream_and_metrics():
     assert chunks[-1].usage == {"prompt_tokens": 4, "total_tokens": 9, "completion_tokens": 5}
     text = (VLLM / "metrics.txt").read_text()
     metrics = prom.Metrics.parse(text)
-    assert engine._kv_capacity(metrics) == (512 * 128, 128)
+    assert prom.kv_capacity(metrics, engine.METRICS) == (512 * 128, 128)
     assert metrics.value("vllm:num_requests_running") == 0.0
     assert metrics.value("vllm:generation_tokens_total") == 5.0
     assert metrics.value("no:such", "vllm:num_requests_waiting") == 0.0 and metrics.value("no:such") is None
