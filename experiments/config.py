@@ -46,7 +46,7 @@ class MakeModel(_Strict):
 class Workload(_Strict):
     """What is sent. `kind` picks the generator; lengths are in tokens."""
 
-    kind: Literal["random", "shared_prefix", "sharegpt", "multi_turn"] = "random"
+    kind: Literal["random", "shared_prefix", "sharegpt", "multi_turn", "repetitive"] = "random"
     num_requests: int = Field(16, ge=1)
     input_len: IntOrRange = 64
     output_len: IntOrRange = 32
@@ -60,6 +60,9 @@ class Workload(_Strict):
     max_input_len: int = Field(1024, ge=1)
     # multi_turn: num_requests conversations of `turns` turns; each turn adds input_len user tokens
     turns: int = Field(3, ge=1)
+    # repetitive: a passage of `period` tokens repeated up to input_len, `edit_rate` of each copy changed
+    period: int = Field(64, ge=1)
+    edit_rate: float = Field(0.02, ge=0, le=1)
 
     @field_validator("input_len", "output_len")
     @classmethod

@@ -90,6 +90,25 @@ def multi_turn_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
     return out
 
 
+def repetitive_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
+    """Code-editing-like prompts: a passage of `period` tokens repeated up to input_len, each
+    copy with a few tokens changed (`edit_rate`), as when a model is asked to rewrite a file.
+    What prompt-lookup (n-gram) speculation is for: the continuation is often in the context."""
+    rng, pool = np.random.default_rng(w.seed), normal_ids(tok)
+    out = []
+    for i in range(w.num_requests):
+        base = _tokens(rng, pool, w.period)
+        ilen, olen = _len(rng, w.input_len), _len(rng, w.output_len)
+        ids: list[int] = []
+        while len(ids) < ilen:
+            copy = list(base)
+            for j in np.nonzero(rng.random(len(copy)) < w.edit_rate)[0]:
+                copy[j] = int(rng.choice(pool))
+            ids += copy
+        out.append(WorkItem(f"e{i:04d}", ids[:ilen], olen))
+    return out
+
+
 def sharegpt_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
     """First human turn -> prompt; the gpt answer's length -> output length (unless fixed_output)."""
     try:
@@ -127,7 +146,8 @@ def build(model_dir: str | Path, w: Workload, warmup: int) -> tuple[list[WorkIte
     kinds = {"random": lambda: random_items(tok, w, w.num_requests, w.seed),
              "shared_prefix": lambda: shared_prefix_items(tok, w),
              "multi_turn": lambda: multi_turn_items(tok, w),
-             "sharegpt": lambda: sharegpt_items(tok, w)}
+             "sharegpt": lambda: sharegpt_items(tok, w),
+             "repetitive": lambda: repetitive_items(tok, w)}
     items = kinds[w.kind]()
     warm = random_items(tok, w, warmup, w.seed + 1_000_003, prefix="warmup-")
     limit = context_len(model_dir)

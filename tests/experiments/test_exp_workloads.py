@@ -87,3 +87,19 @@ def test_normal_ids_cover_the_vocab_minus_specials(exp_model):
     tok = load_tokenizer(exp_model)
     ids = normal_ids(tok)
     assert len(ids) == tok.get_vocab_size(with_added_tokens=True) - len(special_ids(exp_model))
+
+
+def test_repetitive_prompts_repeat_a_passage_with_few_edits(exp_model):
+    from experiments.config import Workload
+    from experiments.workloads import build
+
+    w = Workload(kind="repetitive", num_requests=3, input_len=200, output_len=16, period=50, edit_rate=0.04)
+    items, _ = build(exp_model, w, 0)
+    again, _ = build(exp_model, w, 0)
+    assert [it.prompt_token_ids for it in items] == [it.prompt_token_ids for it in again]  # seeded
+    for it in items:
+        ids = it.prompt_token_ids
+        assert len(ids) == 200 and it.output_len == 16
+        same = sum(a == b for a, b in zip(ids[:50], ids[50:100]))
+        assert 40 <= same < 50 or same == 50  # the second copy matches the first but for a few edits
+    assert items[0].prompt_token_ids[:50] != items[1].prompt_token_ids[:50]  # a passage per request
