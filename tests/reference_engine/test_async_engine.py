@@ -69,3 +69,28 @@ async def test_streamed_text_never_shows_a_stop_string(tiny_llama):
     text = "".join(d.text_delta for d in deltas)
     assert text == free.text[: free.text.index(stop)]
     assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == stop
+
+
+async def test_reset_prefix_cache_and_speculative_streams(tiny_llama):
+    """reset_prefix_cache between steps (False while a stream holds blocks, True when preempting it
+    first); with a draft model a delta carries several tokens and the stream equals offline."""
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompt = [10, 11, 12] * 12
+    [offline] = LLM(str(tiny_llama), kv_cache_tokens=2048).generate([prompt], params)
+    spec = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}
+    engine = await AsyncEngine(EngineConfig(str(tiny_llama), kv_cache_tokens=2048, speculative_config=spec)).start()
+    try:
+        deltas = [d async for d in engine.generate(prompt, params)]
+        assert [t for d in deltas for t in d.new_token_ids] == offline.token_ids
+        assert max(len(d.new_token_ids) for d in deltas) == 4  # k accepted + 1 in one delta
+        assert engine.stats().kv_cached_blocks > 0 and engine.reset_prefix_cache() is True
+        assert engine.stats().kv_cached_blocks == 0
+
+        stream = engine.add_request(prompt, params)
+        toks = list((await stream.__anext__()).new_token_ids)
+        assert engine.reset_prefix_cache() is False  # the stream holds blocks
+        assert engine.reset_prefix_cache(reset_running_requests=True) is True
+        toks += [t async for d in stream for t in d.new_token_ids]
+        assert toks == offline.token_ids and engine.stats().num_preemptions_total == 1
+    finally:
+        await engine.shutdown()

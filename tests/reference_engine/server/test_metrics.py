@@ -75,3 +75,41 @@ def test_metrics_show_running_requests_and_kv_usage(server):
         assert 0 < m["vllm:kv_cache_usage_perc"] <= 1
         assert sum(line.startswith("data: {") for line in lines) == 99
     assert server.wait_idle(timeout=10)["vllm:kv_cache_usage_perc"] == pytest.approx(0)
+
+
+SPEC_NAMES = {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+              "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos"}
+
+
+@pytest.mark.slow  # a private server with a draft model and a custom served name
+def test_prefix_cache_and_spec_decode_metrics_and_reset_route(launch, model_dir):
+    spec = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 3}' % model_dir
+    s = launch("--speculative-config", spec)
+    text = httpx.get(s.url + "/metrics").text
+    assert SPEC_NAMES <= {f.name for f in text_string_to_metric_families(text)}
+    assert f'model_name="{model_dir}"' in text  # the served name is the model argument as given
+    body = {"prompt": "a shared prompt " * 8, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+    first = httpx.post(s.url + "/v1/completions", json=body).json()
+    m = s.wait_idle()
+    assert m["vllm:prefix_cache_hits_total"] == 0 and m["vllm:prefix_cache_queries_total"] > 0
+    again = httpx.post(s.url + "/v1/completions", json=body).json()
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    m = s.wait_idle()
+    assert m["vllm:prefix_cache_hits_total"] > 0
+    drafts, tokens = m["vllm:spec_decode_num_drafts_total"], m["vllm:spec_decode_num_draft_tokens_total"]
+    per_pos = [m[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{j}"}}'] for j in range(3)]
+    assert 0 < drafts <= tokens <= 3 * drafts
+    assert sum(per_pos) == m["vllm:spec_decode_num_accepted_tokens_total"] == tokens  # its own draft: all accepted
+
+    assert httpx.post(s.url + "/reset_prefix_cache").status_code == 200
+    hits = s.metrics()["vllm:prefix_cache_hits_total"]
+    httpx.post(s.url + "/v1/completions", json=body)
+    assert s.wait_idle()["vllm:prefix_cache_hits_total"] == hits  # nothing cached any more
+    with httpx.stream("POST", s.url + "/v1/completions", json={**body, "max_tokens": 150, "stream": True}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        busy = httpx.post(s.url + "/reset_prefix_cache")
+        assert busy.status_code == 409 and "hold" in busy.json()["error"]["message"]
+        assert httpx.post(s.url + "/reset_prefix_cache?reset_running_requests=true").status_code == 200
+        rest = [line for line in lines if line.startswith("data: {")]
+    assert rest and s.wait_idle()["vllm:num_preemptions_total"] == 1

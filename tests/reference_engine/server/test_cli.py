@@ -1,0 +1,26 @@
+"""`inferlab serve` flags: every EngineConfig field, vLLM's spellings for caching and speculation."""
+from __future__ import annotations
+
+import pytest
+
+from reference_engine.server.cli import engine_config, parse
+
+
+def test_prefix_caching_and_speculative_config_flags():
+    args = parse(["models/tiny", "--no-enable-prefix-caching", "--speculative-config",
+                  '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'])
+    cfg = engine_config(args)
+    assert cfg.model == "models/tiny" and cfg.enable_prefix_caching is False
+    assert cfg.speculative_config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    assert cfg.speculative.prompt_lookup_min == 3
+    default = engine_config(parse(["models/tiny"]))
+    assert default.enable_prefix_caching is True and default.speculative_config is None
+    assert engine_config(parse(["m", "--enable-prefix-caching"])).enable_prefix_caching is True
+    assert parse(["m"]).served_model_name is None  # the app then serves the model argument as given
+
+
+def test_bad_speculative_config_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse(["m", "--speculative-config", "{not json"])
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        engine_config(parse(["m", "--speculative-config", '{"method": "ngram"}']))
