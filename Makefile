@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast vllm clean
+.PHONY: setup demo test test-fast vllm sglang clean
 
 $(BIN)/inferlab: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ setup: $(BIN)/inferlab
 # vLLM's CPU build in a venv of its own (its pinned dependencies differ from ours).
 vllm:
 	bash scripts/setup_vllm_venv.sh
+
+# SGLang's own Python code without its GPU dependencies, for the SGLang adapter's contract tests.
+sglang:
+	bash scripts/setup_sglang_venv.sh
 
 # The quickstart compares against a real peer: vLLM's CPU build is set up first (1-2 minutes,
 # with a progress line), then reference, HF baseline and vLLM run side by side.

@@ -20,8 +20,16 @@ def fixture(*parts: str) -> bytes:
     return FIXTURES.joinpath(*parts).read_bytes()
 
 
+def facts(engine: str) -> dict[str, Any]:
+    """fixtures/<engine>/facts.json: facts read from upstream's source, each entry with its
+    `source` (file @ commit or tag; SOURCE.md beside it says more)."""
+    return json.loads(fixture(engine, "facts.json"))
+
+
 class Replay:
-    """routes: {(METHOD, path): (status, content_type, body bytes)}; anything else → 404."""
+    """routes: {(METHOD, path): (status, content_type, body bytes)}, or a callable taking the
+    request's JSON body and returning that triple (to answer as a recorded fact says, e.g. 400
+    for a field the engine's request model forbids); anything else → 404."""
 
     def __init__(self, routes: dict[tuple[str, str], tuple[int, str, bytes]]):
         self.routes = routes
@@ -40,7 +48,8 @@ class Replay:
                     body = raw
                 path = self.path.split("?")[0]
                 replay.requests.append((method, path, body))
-                status, ctype, data = replay.routes.get((method, path), (404, "text/plain", b"not found"))
+                answer = replay.routes.get((method, path), (404, "text/plain", b"not found"))
+                status, ctype, data = answer(body) if callable(answer) else answer
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))

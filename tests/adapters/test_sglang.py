@@ -1,8 +1,10 @@
 """SGLang adapter: command line, real /server_info and /generate responses replayed, diffing."""
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import types
 
 import pytest
 
@@ -56,6 +58,7 @@ async def test_recorded_server_info_and_stream():
         await e.stop()
     assert (info.kv_capacity_tokens, info.block_size, info.mode) == (20480, 1, "attach")
     assert info.version == "0.0.0.dev1+g54b06f199" and info.knobs["incremental_streaming_output"] is False
+    assert info.unhonoured == {} and info.metrics_url is None  # the recorded server ran without --enable-metrics
     assert [t for ev in events for t in ev.token_ids] == ids and all(len(ev.token_ids) == 1 for ev in events)
     assert [ev.finished for ev in events].count(True) == 1 and events[-1].finished
     assert (events[-1].finish_reason, events[-1].prompt_tokens, events[-1].completion_tokens) == ("length", 7, 128)
@@ -97,3 +100,106 @@ async def test_missing_sglang_is_engine_unavailable(tmp_path):
 def test_bad_options():
     with pytest.raises(ValueError, match="unknown option"):
         SGLangEngine("m", "float32", {"mem_fraction": 0.5})
+
+
+def test_disable_cuda_graph_uses_the_current_flags(tmp_path, monkeypatch):
+    """sglang 0.5.23 prints "'--disable-cuda-graph' is deprecated ... Use
+    '--cuda-graph-backend-{decode,prefill}=disabled'" (checked by the contract test too)."""
+    fake_package(tmp_path, monkeypatch, "sglang")
+    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
+    assert e._impl.flags() == ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+
+
+async def test_attached_budget_that_is_not_the_capacity_is_reported():
+    """fixtures/sglang/SOURCE.md: --max-total-tokens is an upper bound (min with what fits,
+    mem_cache/kv_cache_configurator.py in sglang 0.5.23); the recorded server runs 20480."""
+    ids, meta = RECORDED["output_ids"], RECORDED["meta_info"]
+    with Replay(routes(built_stream(ids, meta))) as srv:
+        e = SGLangEngine("m", "float32", {"url": srv.url, "kv_cache_tokens": 4096})
+        info = await e.start()
+        await e.stop()
+    assert "4096" in info.unhonoured["kv_cache_tokens"] and "20480" in info.unhonoured["kv_cache_tokens"]
+    assert info.dtype == "float32" and "dtype" not in info.unhonoured  # the recorded server says "auto"
+
+
+def rank_metrics(usages: list[float], used: list[int], cap: int) -> bytes:
+    """SGLang's scheduler gauges (metrics_collector.py, sglang 0.5.23), one label set per DP rank."""
+    out = []
+    for name, vals in (("sglang:token_usage", usages), ("sglang:num_used_tokens", used),
+                       ("sglang:num_running_reqs", [1] * len(usages)), ("sglang:num_queue_reqs", [0] * len(usages)),
+                       ("sglang:max_total_num_tokens", [cap] * len(usages))):
+        out.append(f"# TYPE {name} gauge")
+        out += [f'{name}{{model_name="m",dp_rank="{r}",tp_rank="0"}} {v}' for r, v in enumerate(vals)]
+    return ("\n".join(out) + "\n").encode()
+
+
+async def test_kv_usage_is_averaged_over_data_parallel_ranks():
+    """Defect 6: two DP ranks each half full are half full, not 100 % (prom.value summed them)."""
+    r = routes(built_stream(RECORDED["output_ids"][:2], RECORDED["meta_info"]))
+    r[("GET", "/metrics")] = (200, "text/plain", rank_metrics([0.5, 0.5], [5120, 5120], 10240))
+    with Replay(r) as srv:
+        e = SGLangEngine("m", "float32", {"url": srv.url})
+        info = await e.start()
+        snap = await e.snapshot()
+        await e.stop()
+    assert info.metrics_url == srv.url + "/metrics"
+    assert (snap.kv_usage, snap.kv_used_tokens, snap.num_running, snap.num_waiting) == (0.5, 10240, 2, 0)
+
+
+class _FlushResult:
+    """FlushCacheReqOutput (managers/io_struct.py, sglang 0.5.23): an object with `success`."""
+
+    def __init__(self, success: bool):
+        self.success = success
+
+
+class _TokenizerManager:
+    def __init__(self, flushed: bool):
+        self.flushed = flushed
+        self.server_args = types.SimpleNamespace(page_size=16, dtype="bfloat16")
+
+    async def flush_cache(self, timeout_s=None):
+        return _FlushResult(self.flushed)
+
+    async def get_internal_state(self):
+        return [{}]
+
+
+class _Engine:
+    """sglang.Engine as entrypoints/engine.py (0.5.23) builds it: `self.loop` is the running
+    loop when constructed inside one (`_ensure_event_loop`), and `get_server_info()` /
+    `flush_cache()` call `self.loop.run_until_complete(...)` on it. Facts recorded in
+    fixtures/sglang/SOURCE.md; the contract test checks them in SGLang's installed source."""
+
+    flushed = True
+
+    def __init__(self, **kw):
+        self.kw = kw
+        self.loop = asyncio.get_running_loop()
+        self.tokenizer_manager = _TokenizerManager(self.flushed)
+        self._scheduler_init_result = types.SimpleNamespace(
+            scheduler_infos=[{"max_total_num_tokens": 2048, "max_req_input_len": 2040}])
+
+    def get_server_info(self):
+        internal = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        return {"page_size": 16, "max_total_num_tokens": 2048, "internal_states": internal}
+
+    def flush_cache(self):
+        return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
+
+    def shutdown(self):
+        pass
+
+
+@pytest.mark.parametrize("flushed", [True, False])
+async def test_in_process_starts_inside_a_running_loop_and_reads_flush_success(monkeypatch, flushed):
+    """Defect 4: start() called get_server_info() (run_until_complete on the running loop:
+    RuntimeError) and reset_prefix_cache() returned bool(flush_cache()), always True."""
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=type("E", (_Engine,), {"flushed": flushed}),
+                                                                     __version__="0.5.23"))
+    e = SGLangEngine("/m", "bfloat16", {"mode": "in_process", "kv_cache_tokens": 2048})
+    info = await e.start()
+    assert (info.kv_capacity_tokens, info.block_size, info.dtype, info.unhonoured) == (2048, 16, "bfloat16", {})
+    assert e._impl.engine.kw["max_total_tokens"] == 2048
+    assert await e.reset_prefix_cache() is flushed
+    await e.stop()

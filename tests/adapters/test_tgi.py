@@ -1,15 +1,20 @@
-"""TGI adapter: command line, a real recorded stream and log, and our own server's TGI routes."""
+"""TGI adapter: command line, a real recorded stream and log (TGI 2.0.3), and facts recorded
+from TGI's own source at v3.3.7 (fixtures/tgi/facts.json; SOURCE.md names each file).
+Our own server's TGI routes are not used: its /info answers what TGI >= 2.3 does not."""
 from __future__ import annotations
 
+import json
 
 import pytest
 
 from adapters.base import GenerationRequest, SamplingConfig
 from adapters.launcher import Launcher
+from adapters.metric_names import TGI
 from adapters.tgi import TGIEngine, max_batch_total_tokens
 from tests.adapters.adapter_util import check_stream, random_prompts, tokens
-from tests.adapters.own_server import inferlab_serve
-from tests.adapters.replay import Replay, fixture
+from tests.adapters.replay import Replay, facts, fixture
+
+FACTS = facts("tgi")
 
 RECORDED_IDS = [13, 32072, 30499, 32611, 32246, 30329, 30449, 32126, 32001, 30412, 29973, 13, 33676, 32709,
                 32119, 13, 35072, 30329, 32001, 30267]
@@ -27,12 +32,26 @@ def test_server_argv(tmp_path):
                                                 "max_concurrent_requests": 64})
     s = e._impl.server
     s.launcher, s.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
-    assert e._impl.server_argv() == [
+    argv = e._impl.server_argv()
+    assert argv == [
         str(tmp_path / "bin" / "text-generation-launcher"), "--model-id", "/models/llama", "--hostname", "127.0.0.1",
-        "--port", "8080", "--max-batch-total-tokens", "8192", "--max-concurrent-requests", "64"]
-    e = TGIEngine("/models/llama", "bfloat16", {})
+        "--port", "8080", "--dtype", "bfloat16", "--max-batch-total-tokens", "8192", "--max-concurrent-requests", "64"]
+    assert {a for a in argv if a.startswith("--")} <= set(FACTS["launcher"]["flags"])  # launcher/src/main.rs @ v3.3.7
+    e = TGIEngine("/models/llama", "float16", {})
     e._impl.server.launcher, e._impl.server.port = s.launcher, 8080
-    assert e._impl.server_argv()[7:9] == ["--dtype", "bfloat16"]  # float32 is not a TGI dtype: never passed
+    assert e._impl.server_argv()[7:9] == ["--dtype", "float16"]
+
+
+def test_float32_runs_as_bfloat16_and_says_so():
+    """Defect 3. facts: launcher.dtype_choices (launcher/src/main.rs @ v3.3.7: float16, bfloat16
+    only) and default_dtype (without --dtype the model picks). A float32 config is launched
+    with --dtype bfloat16, and EngineInfo carries what ran plus what was asked."""
+    e = TGIEngine("/models/llama", "float32", {})._impl
+    ran = e.dtype_ran({})
+    assert ran == "bfloat16" in FACTS["launcher"]["dtype_choices"]
+    why = e.unhonoured(ran, None)["dtype"]
+    assert "float32 was asked" in why and "bfloat16 ran" in why
+    assert "ignore_eos" in e.unhonoured(ran, None)  # ignore_eos.request_field: none (validation.rs)
 
 
 def test_no_in_process_mode():
@@ -64,22 +83,68 @@ async def test_recorded_stream():
     assert body["parameters"]["details"] is True and body["stream"] is True
 
 
-@pytest.mark.slow
-async def test_against_our_own_tgi_routes(tiny_llama, tmp_path):
-    prompts = random_prompts(tiny_llama, 3, seed=3)
-    async with inferlab_serve(tiny_llama, tmp_path) as url:
-        e = TGIEngine(str(tiny_llama), "float32", {"url": url})
+def info_v3(**extra) -> bytes:
+    """/info as TGI v3.3.7 builds it (router/src/lib.rs struct Info: facts info.fields)."""
+    body = {k: None for k in FACTS["info"]["fields"]}
+    body.update(model_id="tiny", router="text-generation-router", version="3.3.7", max_concurrent_requests=128,
+                max_input_tokens=1024, max_total_tokens=2048, **extra)
+    return json.dumps(body).encode()
+
+
+def metrics_v3(capacity: int, reserved: int = 0, running: int = 0) -> bytes:
+    """/metrics with TGI's gauge names (facts metrics.gauges, backends/v3/src @ v3.3.7)."""
+    return (f"# TYPE tgi_batch_max_total_tokens gauge\ntgi_batch_max_total_tokens {capacity}\n"
+            f"# TYPE tgi_batch_current_max_tokens gauge\ntgi_batch_current_max_tokens {reserved}\n"
+            f"# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size {running}\n"
+            f"# TYPE tgi_queue_size gauge\ntgi_queue_size 0\n").encode()
+
+
+async def test_capacity_from_the_gauge_and_an_ignored_budget_is_not_called_pinned(tiny_llama):
+    """Defect 3. facts: info (router/src/lib.rs @ v3.3.7: no max_batch_total_tokens since
+    v2.3.0), kv_budget (backends/v3/src/lib.rs: --max-batch-total-tokens ignored for
+    Flash-Attention models; the value used is the tgi_batch_max_total_tokens gauge).
+    Before the fix the adapter read capacity from /info only, so it stayed unknown."""
+    stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
+    routes = {("GET", "/info"): (200, "application/json", info_v3()),
+              ("GET", "/metrics"): (200, "text/plain", metrics_v3(15232, reserved=3808, running=2)),
+              ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
+    assert "max_batch_total_tokens" not in json.loads(info_v3())
+    with Replay(routes) as srv:
+        e = TGIEngine(str(tiny_llama), "float32", {"url": srv.url, "kv_cache_tokens": 8192})
         info = await e.start()
-        runs = []
-        for i, ids in enumerate(prompts):  # no prompt_text: the adapter decodes the ids itself
-            req = GenerationRequest(f"r{i}", ids, SamplingConfig(max_tokens=8))
-            runs.append([ev async for ev in e.generate(req)])
         snap = await e.snapshot()
+        ids = random_prompts(tiny_llama, 1, seed=3)[0]
+        events = [ev async for ev in e.generate(GenerationRequest("r", ids, SamplingConfig(max_tokens=20)))]
         await e.stop()
-    assert info.kv_capacity_tokens == 4096 and info.mode == "attach"
-    for i, events in enumerate(runs):
-        check_stream(events, f"r{i}")
-        assert 1 <= len(tokens(events)) <= 8
-        assert events[-1].finish_reason in ("length", "stop") and events[-1].completion_tokens == len(tokens(events))
-        assert events[-1].prompt_tokens is not None  # the engine's own count of the re-tokenized text
-    assert snap.kv_capacity_tokens == 4096
+    assert info.kv_capacity_tokens == 15232 and info.metrics_url == srv.url + TGI.path
+    assert "8192" in info.unhonoured["kv_cache_tokens"] and "15232" in info.unhonoured["kv_cache_tokens"]
+    assert info.dtype == "unknown" and "not reported" in info.unhonoured["dtype"]  # attached, /info has no dtype
+    assert (snap.kv_capacity_tokens, snap.kv_used_tokens, snap.num_running, snap.num_waiting) == (15232, 3808, 2, 0)
+    assert round(snap.kv_usage, 4) == 0.25
+    check_stream(events, "r")
+    body = srv.posted("/")[0] if srv.posted("/") else srv.posted("/generate_stream")[0]
+    from tokenizers import Tokenizer  # no prompt_text: the adapter decoded the ids with the model's tokenizer
+    assert body["inputs"] == Tokenizer.from_file(str(tiny_llama / "tokenizer.json")).decode(ids, skip_special_tokens=False)
+
+
+async def test_tgi_before_2_3_reports_capacity_and_dtype_in_info():
+    """facts: info.fields_before_2_3_0 (router/src/lib.rs @ v2.2.0)."""
+    stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
+    routes = {("GET", "/info"): (200, "application/json", info_v3(max_batch_total_tokens=15232,
+                                                                   model_dtype="torch.float16")),
+              ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
+    with Replay(routes) as srv:
+        e = TGIEngine("m", "float16", {"url": srv.url})
+        info = await e.start()
+        await e.stop()
+    assert (info.kv_capacity_tokens, info.dtype, info.metrics_url) == (15232, "float16", None)
+    assert set(info.unhonoured) == {"ignore_eos"}
+
+
+def test_metric_table_uses_recorded_names():
+    """facts: metrics (router/src/server.rs, backends/v3/src @ v3.3.7)."""
+    m = FACTS["metrics"]
+    assert set(TGI.histograms().values()) <= set(m["histograms"])
+    assert {n.removesuffix("_sum") for alts in TGI.counters().values() for n in alts} <= set(m["histograms"])
+    assert {*TGI.running, *TGI.waiting, *TGI.kv_capacity, *TGI.kv_used} <= set(m["gauges"])
+    assert TGI.ttft is None and TGI.tpot is None  # no TTFT histogram; mean time per token is not TPOT

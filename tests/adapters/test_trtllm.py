@@ -1,5 +1,8 @@
-"""TensorRT-LLM adapter: trtllm-serve command line and options file, KV from Prometheus names,
-and the OpenAI routes of our own server (no recorded trtllm-serve response was found)."""
+"""TensorRT-LLM adapter against facts recorded from TensorRT-LLM's own source
+(fixtures/trtllm/facts.json; SOURCE.md names file and commit for each). No trtllm-serve runs
+here: the replay server answers as those facts say trtllm-serve does (HTTP 400 for a body
+field its request model forbids, token ids only with detokenize false), with streams *built*
+from the recorded chunk shapes."""
 from __future__ import annotations
 
 import json
@@ -7,57 +10,176 @@ import sys
 
 import pytest
 
-from adapters import prom
-from adapters.base import EngineUnavailable
-from adapters.trtllm import TRTLLMEngine
-from tests.adapters.adapter_util import random_prompts, reference_greedy, run_all, tokens
-from tests.adapters.own_server import inferlab_serve
+from adapters.base import UNKNOWN_TOKEN_ID, EngineUnavailable, GenerationRequest, SamplingConfig
+from adapters.metric_names import TRTLLM
+from adapters.trtllm import INSTALL, TRTLLMEngine, llm_api_options
+from tests.adapters.adapter_util import check_stream, tokens
+from tests.adapters.replay import Replay, facts
 from tests.adapters.test_tgi import fake_venv
 
+FACTS = facts("trtllm")
+REQ = FACTS["completion_request"]  # openai_protocol.py @ 0076e939: fields, extra="forbid"
 
-def test_server_argv_and_options_file(tmp_path):
+
+def forbid_unknown(body: dict) -> str | None:
+    """What trtllm-serve's pydantic models (extra="forbid") say about this body, or None."""
+    unknown = sorted(set(body) - set(REQ["fields"]))
+    unknown += sorted(f"stream_options.{k}" for k in set(body.get("stream_options") or {})
+                      - set(REQ["stream_options_fields"]))
+    return f"Extra inputs are not permitted: {unknown}" if unknown else None
+
+
+def chunk(text: str, ids: list[int] | None, done: int, finish: str | None = None) -> bytes:
+    c = {"index": 0, "text": text, "token_ids": ids, "finish_reason": finish, "stop_reason": None}
+    return b"data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "model": "tiny", "choices": [c],
+                                   "usage": {"prompt_tokens": 3, "completion_tokens": done,
+                                             "total_tokens": 3 + done}}).encode() + b"\n\n"
+
+
+def built_stream(body: dict, steps: list[list[int]]) -> bytes:
+    """A completion stream shaped as completion_stream_post_processor (postprocess_handlers.py
+    @ 01bf1923) shapes it: text "" and the new ids with detokenize false, text and null ids
+    otherwise; running usage per chunk with continuous_usage_stats; a final usage chunk."""
+    detok = body.get("detokenize", REQ["defaults"]["detokenize"])
+    opts = body.get("stream_options") or {}
+    out, done = b"", 0
+    for i, ids in enumerate(steps):
+        done += len(ids)
+        text = "x" if i else ""  # the first token is half a UTF-8 character: no text yet
+        c = json.loads(chunk("" if not detok else text, None if detok else ids, done,
+                             "length" if i == len(steps) - 1 else None)[6:])
+        if not opts.get("continuous_usage_stats"):
+            c.pop("usage")
+        out += b"data: " + json.dumps(c).encode() + b"\n\n"
+    if opts.get("include_usage"):
+        out += b"data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "model": "tiny", "choices": [],
+                                       "usage": {"prompt_tokens": 3, "completion_tokens": done,
+                                                 "total_tokens": 3 + done}}).encode() + b"\n\n"
+    return out + b"data: [DONE]\n\n"
+
+
+def trtllm_routes(steps: list[list[int]], metrics: bytes | None = None) -> dict:
+    def completions(body):
+        err = forbid_unknown(body)
+        if err:
+            return REQ["validation_error_status"], "application/json", json.dumps({"error": err}).encode()
+        return 200, "text/event-stream", built_stream(body, steps if body["max_tokens"] > 1 else steps[:1])
+
+    routes = {("GET", "/v1/models"): (200, "application/json", b'{"object":"list","data":[{"id":"tiny"}]}'),
+              ("GET", "/version"): (200, "application/json", b'{"version":"1.3.0rc24"}'),
+              ("POST", "/v1/completions"): completions}
+    if metrics is not None:
+        routes[("GET", "/prometheus/metrics")] = (200, "text/plain; version=0.0.4", metrics)
+    return routes
+
+
+def gauges(max_blocks: int, per_block: int, dtype: str = "bfloat16") -> bytes:
+    """Prometheus text with the recorded gauge names (collector.py @ 050f80de) and labels."""
+    lab = 'model_name="undefined",engine_type="undefined"'
+    return (f'trtllm_kv_cache_max_blocks{{{lab}}} {max_blocks}.0\n'
+            f'trtllm_kv_cache_tokens_per_block{{{lab}}} {per_block}.0\n'
+            f'trtllm_kv_cache_used_blocks{{{lab}}} 2.0\n'
+            f'trtllm_kv_cache_utilization{{{lab}}} 0.25\n'
+            f'trtllm_num_requests_running{{{lab}}} 1.0\n'
+            f'trtllm_num_requests_waiting{{{lab}}} 0.0\n'
+            f'trtllm_model_config_info{{{lab},model="/m",served_model_name="m",dtype="{dtype}",quantization="none"}} 1.0\n'
+            ).encode()
+
+
+async def test_server_mode_starts_against_trtllm_strict_request_model():
+    """Defect 1. facts: completion_request (openai_protocol.py @ 0076e939: extra="forbid", no
+    return_token_ids, detokenize) and stream (postprocess_handlers.py @ 01bf1923). Before the
+    fix the start-up probe sent return_token_ids and trtllm-serve answered 400."""
+    steps = [[11], [12, 13], [14]]
+    with Replay(trtllm_routes(steps)) as srv:
+        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        info = await e.start()
+        events = [ev async for ev in e.generate(GenerationRequest("r", [1, 2, 3], SamplingConfig(max_tokens=4)))]
+        await e.stop()
+    bodies = srv.posted("/v1/completions")
+    assert all(forbid_unknown(b) is None for b in bodies)
+    assert all(b["detokenize"] is False and "return_token_ids" not in b for b in bodies)
+    assert info.knobs["events_carry_token_ids"] is True and "token_ids" not in info.unhonoured
+    check_stream(events, "r")
+    assert tokens(events) == [11, 12, 13, 14] and events[-1].completion_tokens == 4
+
+
+async def test_text_only_stream_counts_tokens_from_running_usage():
+    """Defect 1 (fallback). facts: stream (postprocess_handlers.py @ 01bf1923): with detokenize
+    true the chunks carry text and no ids, and continuous_usage_stats gives the running count.
+    One chunk here holds two tokens and one decodes to no text: one-per-non-empty-chunk counted 2."""
+    steps = [[11], [12, 13], [14]]  # built_stream: texts "", "x" (two tokens), "x": 2 non-empty chunks
+    with Replay(trtllm_routes(steps)) as srv:
+        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "return_token_ids": False})
+        info = await e.start()
+        events = [ev async for ev in e.generate(GenerationRequest("r", [1, 2, 3], SamplingConfig(max_tokens=4)))]
+        await e.stop()
+    assert info.knobs["events_carry_token_ids"] is False
+    assert "running usage" in info.unhonoured["token_ids"]
+    assert tokens(events) == [UNKNOWN_TOKEN_ID] * 4 and [len(ev.token_ids) for ev in events] == [1, 2, 1]
+    assert srv.posted("/v1/completions")[-1]["stream_options"]["continuous_usage_stats"] is True
+
+
+def test_options_file_turns_on_metrics_and_carries_dtype_and_kv(tmp_path):
+    """Defect 2. facts: serve (commands/serve.py @ 00209af1: flags, no --dtype, top-level merge
+    of the options file) and llm_args (llm_args.py: dtype, return_perf_metrics,
+    enable_iter_perf_stats, kv_cache_config fields). The free-memory fraction goes into the
+    file's kv_cache_config, since that dict replaces the command line's."""
     e = TRTLLMEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path / "venv"), "kv_cache_tokens": 8192,
                                                    "kv_cache_free_gpu_memory_fraction": 0.9, "max_batch_size": 64})
     s = e._impl.server
     (tmp_path / "venv").mkdir()
     s.launcher, s.port, s.work_dir = fake_venv(tmp_path / "venv", "trtllm-serve"), 8000, tmp_path
-    assert e._impl.server_argv() == [
-        str(tmp_path / "venv" / "bin" / "trtllm-serve"), "/models/llama", "--host", "127.0.0.1", "--port", "8000",
-        "--kv_cache_free_gpu_memory_fraction", "0.9", "--max_batch_size", "64",
-        "--extra_llm_api_options", str(tmp_path / "llm_api_options.yaml")]
-    assert json.loads((tmp_path / "llm_api_options.yaml").read_text()) == {"kv_cache_config": {"max_tokens": 8192}}
-    assert e._impl.metrics_path == "/prometheus/metrics"
+    argv = e._impl.server_argv()
+    assert argv == [str(tmp_path / "venv" / "bin" / "trtllm-serve"), "/models/llama", "--host", "127.0.0.1",
+                    "--port", "8000", "--max_batch_size", "64",
+                    "--extra_llm_api_options", str(tmp_path / "llm_api_options.yaml")]
+    assert {a for a in argv if a.startswith("--")} <= set(FACTS["serve"]["flags"]) and FACTS["serve"]["no_dtype_flag"]
+    opts = json.loads((tmp_path / "llm_api_options.yaml").read_text())
+    assert opts == {"dtype": "bfloat16", "return_perf_metrics": True, "enable_iter_perf_stats": True,
+                    "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "max_tokens": 8192}}
+    assert set(opts) <= set(FACTS["llm_args"]["fields"])
+    assert set(opts["kv_cache_config"]) <= set(FACTS["llm_args"]["kv_cache_config_fields"])
+    # without a budget the file still turns metrics on
+    assert llm_api_options({}, "float16") == {"dtype": "float16", "return_perf_metrics": True,
+                                              "enable_iter_perf_stats": True}
 
 
-def test_kv_capacity_from_trtllm_gauges():
-    # Constructed text (not recorded) with the gauge names trtllm-serve documents.
-    m = prom.Metrics.parse('trtllm_kv_cache_max_blocks{model_name="m",engine_type="pytorch"} 512.0\n'
-                           'trtllm_kv_cache_tokens_per_block{model_name="m",engine_type="pytorch"} 32.0\n')
-    e = TRTLLMEngine("m", "float32", {"url": "http://127.0.0.1:1"})
-    assert e._impl._kv_capacity(m) == (16384, 32)
-    assert e._impl._kv_capacity(prom.Metrics.parse("")) == (None, None)
+async def test_capacity_metrics_url_and_unpinned_budget_from_prometheus_gauges():
+    """Defect 2. facts: metrics (collector.py @ 050f80de: gauge names, labels, model_config_info)
+    and server_routes (openai_server.py @ 00057725: /prometheus/metrics). max_tokens is an upper
+    bound (llm_args: "the minimum will be used"): 100 blocks of 32 ran although 4096 was asked."""
+    with Replay(trtllm_routes([[5]], gauges(100, 32, dtype="float16"))) as srv:
+        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "kv_cache_tokens": 4096})
+        info = await e.start()
+        snap = await e.snapshot()
+        await e.stop()
+    assert (info.kv_capacity_tokens, info.block_size) == (3200, 32)
+    assert info.metrics_url == srv.url + "/prometheus/metrics" == srv.url + TRTLLM.path
+    assert "3200" in info.unhonoured["kv_cache_tokens"] and "4096" in info.unhonoured["kv_cache_tokens"]
+    assert info.dtype == "float16" and "bfloat16 was asked" in info.unhonoured["dtype"]
+    assert (snap.kv_capacity_tokens, snap.kv_used_tokens, snap.kv_usage, snap.num_running) == (3200, 64, 0.25, 1)
+
+
+def test_metric_table_uses_recorded_names():
+    """facts: metrics (collector.py @ 050f80de)."""
+    m = FACTS["metrics"]
+    assert set(TRTLLM.histograms().values()) <= set(m["histograms"])
+    assert {n for alts in TRTLLM.counters().values() for n in alts} <= set(m["counters"])
+    gauges_used = {*TRTLLM.kv_usage, *TRTLLM.running, *TRTLLM.waiting, *TRTLLM.kv_blocks, *TRTLLM.kv_used_blocks,
+                   *TRTLLM.kv_block_tokens, *TRTLLM.model_info}
+    assert gauges_used <= set(m["gauges"])
+    assert TRTLLM.path == "/prometheus/metrics" and "/prometheus/metrics" in FACTS["server_routes"]["prometheus"]
 
 
 async def test_missing_trtllm_is_engine_unavailable(tmp_path):
     e = TRTLLMEngine("m", "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
-    with pytest.raises(EngineUnavailable, match="trtllm-serve.*pypi.nvidia.com"):
+    with pytest.raises(EngineUnavailable, match="trtllm-serve.*release container"):
         await e.start()
     with pytest.raises(EngineUnavailable, match="tensorrt_llm"):
         await TRTLLMEngine("m", "float32", {"mode": "in_process"}).start()
 
 
-@pytest.mark.slow
-async def test_against_our_own_openai_routes(tiny_llama, tmp_path):
-    from reference_engine import LLM
-
-    prompts = random_prompts(tiny_llama, 3, seed=5)
-    async with inferlab_serve(tiny_llama, tmp_path) as url:
-        e = TRTLLMEngine(str(tiny_llama), "float32", {"url": url})
-        info = await e.start()
-        runs = await run_all(e, prompts, 12, ignore_eos=True)
-        assert await e.reset_prefix_cache() is False
-        await e.stop()
-    assert info.mode == "attach" and info.knobs["events_carry_token_ids"] is True
-    assert info.kv_capacity_tokens is None  # our server has no /prometheus/metrics: unknown, not guessed
-    ref = reference_greedy(LLM(str(tiny_llama)), prompts, 12)
-    assert [tokens(r) for r in runs] == [list(o.token_ids) for o in ref]
+def test_install_hint_is_not_the_old_stub_index():
+    """Defect 2: the hint pointed at NVIDIA's extra index (the old PyPI stub's source)."""
+    assert "pypi.nvidia.com" not in INSTALL and "nvcr.io/nvidia/tensorrt-llm/release" in INSTALL

@@ -164,3 +164,35 @@ async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
         assert (events[-1].prompt_tokens, events[-1].completion_tokens) == (len(ids), 32)
     assert snap.kv_capacity_tokens == 4096 and snap.kv_usage is not None and snap.num_running == 0
     assert 'vllm:generation_tokens_total{engine="0"' in metrics
+
+
+def test_kv_budget_is_per_gpu_under_tensor_parallelism(tiny_llama):
+    """Defect 5: --kv-cache-memory-bytes is what *each* GPU gives its KV cache, and each GPU
+    holds only its share of the KV heads, so N-way TP with the whole model's bytes per token
+    pinned N times the tokens asked. tiny preset: 2 KV heads x 32 x 4 layers x K,V x fp32."""
+    from adapters.vllm import engine_args
+
+    one = engine_args(str(tiny_llama), "float32", {"kv_cache_tokens": 4096})
+    two = engine_args(str(tiny_llama), "float32", {"kv_cache_tokens": 4096, "tensor_parallel_size": 2})
+    four = engine_args(str(tiny_llama), "float32", {"kv_cache_tokens": 4096, "tensor_parallel_size": 4})
+    assert one["kv_cache_memory_bytes"] == 4096 * 2048
+    assert two["kv_cache_memory_bytes"] == 4096 * 1024  # one KV head per GPU
+    assert four["kv_cache_memory_bytes"] == 4096 * 1024  # fewer heads than GPUs: each keeps (a copy of) one
+
+
+def test_capacity_sums_engines_and_usage_averages_them():
+    """Defect 6: under data parallelism vLLM exports one label set per engine; capacity is the
+    sum of their blocks, KV usage their mean (prom.value summed the ratios)."""
+    from adapters import prom
+    from adapters.metric_names import VLLM
+
+    text = fixture("vllm", "metrics.txt").decode()
+    second = [ln.replace('engine="0"', 'engine="1"') for ln in text.splitlines()
+              if ln.startswith(("vllm:cache_config_info", "vllm:kv_cache_usage_perc"))]
+    m = prom.Metrics.parse(text.replace('vllm:kv_cache_usage_perc{engine="0",model_name="/tmp/probe/tiny"} 0.0',
+                                        'vllm:kv_cache_usage_perc{engine="0",model_name="/tmp/probe/tiny"} 0.5')
+                           + "\n".join(s.replace("} 0.0", "} 0.5") for s in second) + "\n")
+    cap, bs = prom.kv_capacity(m, VLLM)
+    snap = prom.snapshot(m, VLLM, cap)
+    assert (cap, bs) == (2 * 512 * 128, 128)
+    assert snap.kv_usage == 0.5 and snap.kv_used_tokens == 512 * 128

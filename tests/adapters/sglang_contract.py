@@ -1,0 +1,131 @@
+"""Runs in .venv-sglang (scripts/setup_sglang_venv.sh), not under pytest: checks what the
+SGLang adapter sends and relies on against SGLang's own code. Reads a JSON request on stdin
+(argv lists, sampling params, /generate bodies, OpenAI completion bodies), writes a JSON
+report on stdout; tests/adapters/test_sglang_contract.py asserts on it.
+
+Imported and run (on CPU): the argument parser of `sglang.srt.server_args`, the msgspec
+`SamplingParams` (construct, normalize, verify), the pydantic `CompletionRequest` of
+`sglang.srt.entrypoints.openai.protocol`. Read from the installed source without importing
+(their modules pull CUDA-only code): the fields of `GenerateReqInput` and
+`FlushCacheReqOutput` (managers/io_struct.py), the Prometheus names in
+observability/metrics_collector.py, what `Engine.get_server_info` / `Engine.flush_cache`
+call (entrypoints/engine.py), the scheduler-info keys (managers/scheduler.py), and how
+`--max-total-tokens` bounds the KV pool (mem_cache/kv_cache_configurator.py).
+
+Triton (a GPU compiler, not installed) is replaced by SGLang's own import stub, the one it
+installs on platforms without Triton (sglang/_platform_stubs.py), loaded by file path so
+that sglang's package __init__ does not run first.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import re
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+PKG = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+
+
+def stub_triton() -> None:
+    spec = importlib.util.spec_from_file_location("_sglang_platform_stubs", PKG / "_platform_stubs.py")
+    stubs = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = stubs
+    spec.loader.exec_module(stubs)
+    if importlib.util.find_spec("triton") is None:
+        sys.meta_path.insert(0, stubs._TritonFinder())
+        stubs._make_mock("triton").__version__ = "0.0.0-stub"
+
+
+def class_fields(path: Path, cls: str) -> list[str]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+    return []
+
+
+def method_calls(path: Path, cls: str, method: str) -> list[str]:
+    """Dotted names of the calls in `cls.method`, e.g. "self.loop.run_until_complete"."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == method:
+                    return sorted({ast.unparse(c.func) for c in ast.walk(f) if isinstance(c, ast.Call)})
+    return []
+
+
+class ByteTokenizer:
+    """Enough tokenizer for SamplingParams.normalize (it encodes stop strings to size them)."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
+def parse_argv(parser: argparse.ArgumentParser, argv: list[str], keys: list[str]) -> dict[str, Any]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            ns = parser.parse_args(argv)
+    except SystemExit:
+        return {"ok": False, "error": err.getvalue()[-2000:]}
+    said = out.getvalue() + err.getvalue()
+    return {"ok": True, "namespace": {k: getattr(ns, k, "<missing>") for k in keys},
+            "deprecated": [ln for ln in said.splitlines() if "deprecat" in ln.lower()]}
+
+
+def main() -> dict[str, Any]:
+    req = json.load(sys.stdin)
+    stub_triton()
+    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    report: dict[str, Any] = {"version": version("sglang")}
+    report["argv"] = [parse_argv(parser, a, req["namespace_keys"]) for a in req["argvs"]]
+    report["dtype_choices"] = next(list(a.choices) for a in parser._actions if "--dtype" in a.option_strings)
+
+    sampling = []
+    for sp in req["sampling_params"]:
+        try:
+            p = SamplingParams(**sp)
+            p.normalize(ByteTokenizer())
+            p.verify(req["vocab_size"])
+            sampling.append({"ok": True})
+        except Exception as e:  # noqa: BLE001 - reported, asserted by the test
+            sampling.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    report["sampling"] = sampling
+
+    completion = []
+    for body in req["completion_bodies"]:
+        try:
+            r = CompletionRequest.model_validate(body)
+            completion.append({"ok": True, "set": sorted(r.model_fields_set),
+                               "extra": sorted((r.model_extra or {}).keys())})
+        except Exception as e:  # noqa: BLE001
+            completion.append({"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]})
+    report["completion"] = completion
+
+    srt = PKG / "srt"
+    report["generate_fields"] = class_fields(srt / "managers/io_struct.py", "GenerateReqInput")
+    report["flush_output_fields"] = class_fields(srt / "managers/io_struct.py", "FlushCacheReqOutput")
+    report["metric_names"] = sorted(set(re.findall(r'name="(sglang:[a-zA-Z0-9_:]+)"',
+                                                   (srt / "observability/metrics_collector.py").read_text())))
+    report["engine_calls"] = {m: method_calls(srt / "entrypoints/engine.py", "Engine", m)
+                              for m in ("get_server_info", "flush_cache", "_ensure_event_loop")}
+    report["scheduler_info_has_max_total_num_tokens"] = '"max_total_num_tokens":' in (srt / "managers/scheduler.py").read_text()
+    report["max_total_tokens_is_an_upper_bound"] = "min(capacity, max_total_tokens)" in (
+        srt / "mem_cache/kv_cache_configurator.py").read_text()
+    return report
+
+
+if __name__ == "__main__":
+    json.dump(main(), sys.stdout)

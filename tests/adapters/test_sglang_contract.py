@@ -1,0 +1,123 @@
+"""The SGLang adapter against SGLang's own code (pinned in scripts/setup_sglang_venv.sh),
+run by tests/adapters/sglang_contract.py inside .venv-sglang: our launch command parses with
+SGLang's argument parser, our request bodies validate against its request models, and the
+names and behaviours the adapter relies on are in its installed source. Under CI (which
+makes the venv: .ci/run) a missing .venv-sglang is a failure, elsewhere a skip."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters.base import GenerationRequest, SamplingConfig
+from adapters.launcher import Launcher
+from adapters.metric_names import SGLANG
+from adapters.openai_compat import OpenAIEngine
+from adapters.sglang import KNOBS, SGLangEngine, sampling_params
+from tests.adapters.test_vllm import fake_package
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv-sglang"
+NAMESPACE_KEYS = ["model_path", "host", "port", "dtype", "enable_metrics", "log_level", "max_total_tokens",
+                  "mem_fraction_static", "max_running_requests", "chunked_prefill_size", "page_size",
+                  "disable_radix_cache", "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "tp_size",
+                  "attention_backend", "incremental_streaming_output"]
+OPTION_SETS = [
+    ({}, "float32"),
+    ({"kv_cache_tokens": 4096, "mem_fraction_static": 0.8, "max_running_requests": 16, "chunked_prefill_size": 512,
+      "page_size": 16, "disable_radix_cache": True, "disable_cuda_graph": True, "tp_size": 2,
+      "attention_backend": "triton"}, "bfloat16"),
+    ({"kv_cache_tokens": 1024}, "float16"),
+]
+SAMPLINGS = [SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7,
+                                             max_tokens=64, ignore_eos=False, stop=["\n", "END"])]
+
+
+def argv_for(options: dict, dtype: str, tmp_path, monkeypatch) -> list[str]:
+    fake_package(tmp_path, monkeypatch, "sglang")
+    e = SGLangEngine("/models/qwen", dtype, {"launcher": sys.executable, **options})._impl
+    e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
+    argv = e.server_argv()
+    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    return argv[3:]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    if not (VENV / "bin" / "python").exists():
+        if os.environ.get("CI"):
+            pytest.fail(".venv-sglang is absent although .ci/run makes it (make sglang)")
+        pytest.skip(".venv-sglang is absent: run scripts/setup_sglang_venv.sh (make sglang)")
+    mp = pytest.MonkeyPatch()
+    try:
+        argvs = [argv_for(o, d, tmp_path_factory.mktemp("pkg"), mp) for o, d in OPTION_SETS]
+    finally:
+        mp.undo()
+    reqs = [GenerationRequest(f"r{i}", [5, 6, 7], s) for i, s in enumerate(SAMPLINGS)]
+    ids_engine = OpenAIEngine("m", "float32", {"url": "http://x", "served_model_name": "m"})
+    text_engine = OpenAIEngine("m", "float32", {"url": "http://x", "served_model_name": "m"})
+    text_engine.events_carry_token_ids = False  # as after a probe that saw no ids
+    request = {"argvs": argvs, "namespace_keys": NAMESPACE_KEYS, "vocab_size": 32000,
+               "sampling_params": [sampling_params(r) for r in reqs],
+               "completion_bodies": [e._completion_body(r) for e in (ids_engine, text_engine) for r in reqs]}
+    out = subprocess.run([str(VENV / "bin" / "python"), str(REPO / "tests/adapters/sglang_contract.py")],
+                         input=json.dumps(request), capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    return {"request": request, **json.loads(out.stdout)}
+
+
+def test_pinned_version(report):
+    assert report["version"] == "0.5.23"
+
+
+def test_launch_commands_parse_with_sglangs_own_parser(report):
+    for argv, res, (options, dtype) in zip(report["request"]["argvs"], report["argv"], OPTION_SETS):
+        assert res["ok"], (argv, res.get("error"))
+        ns = res["namespace"]
+        assert (ns["model_path"], ns["dtype"], ns["enable_metrics"], ns["port"]) == ("/models/qwen", dtype, True, 30000)
+        assert ns["max_total_tokens"] == options.get("kv_cache_tokens")
+        for k in set(KNOBS) & set(options) - {"disable_cuda_graph"}:
+            assert ns[k] == options[k], k
+        if options.get("disable_cuda_graph"):
+            assert ns["cuda_graph_backend_decode"] == ns["cuda_graph_backend_prefill"] == "disabled"
+        assert res["deprecated"] == [], res["deprecated"]  # e.g. --disable-cuda-graph would print a notice
+        assert ns["incremental_streaming_output"] is False  # the key the adapter reads from /server_info
+    assert {"float32", "bfloat16", "float16"} <= set(report["dtype_choices"])
+
+
+def test_generate_bodies_validate_against_sglangs_request_models(report):
+    assert all(r["ok"] for r in report["sampling"]), report["sampling"]
+    body = {"input_ids": [5, 6, 7], "sampling_params": {}, "stream": True, "rid": "r"}  # as SGLangServer.generate
+    assert set(body) <= set(report["generate_fields"])
+
+
+def test_openai_bodies_validate_against_sglangs_completion_request(report):
+    """For the `openai` adapter pointed at SGLang's OpenAI route: every field we send is one
+    SGLang's CompletionRequest knows (none lands in extras), ids and text-only bodies alike."""
+    for body, res in zip(report["request"]["completion_bodies"], report["completion"]):
+        assert res["ok"], res.get("error")
+        assert res["extra"] == [] and set(body) <= set(res["set"]), (body, res)
+
+
+def test_metric_table_names_are_in_sglangs_collector(report):
+    names = set(report["metric_names"])
+    used = {*SGLANG.kv_usage, *SGLANG.running, *SGLANG.waiting, *SGLANG.kv_capacity, *SGLANG.kv_used,
+            *(n for alts in SGLANG.counters().values() for n in alts)}
+    assert used <= names, used - names
+    assert {h for h in SGLANG.histograms().values()} <= names
+
+
+def test_recorded_engine_behaviour_behind_the_in_process_fixes(report):
+    """What test_sglang's fake Engine imitates (defect 4), in SGLang's own source: the sync
+    helpers drive `self.loop` with run_until_complete; the flush result has `success`."""
+    calls = report["engine_calls"]
+    assert "self.loop.run_until_complete" in calls["get_server_info"]
+    assert "self.loop.run_until_complete" in calls["flush_cache"]
+    assert "asyncio.get_running_loop" in calls["_ensure_event_loop"]
+    assert "success" in report["flush_output_fields"]
+    assert report["scheduler_info_has_max_total_num_tokens"] and report["max_total_tokens_is_an_upper_bound"]
