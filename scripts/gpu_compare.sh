@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The side-by-side comparison on a GPU host: the same small workload (experiments/configs/
+# gpu_compare.toml) through every engine found here, one report.
+#
+#   bash scripts/gpu_compare.sh [--dry-run] [OUT_DIR]   (default: results/gpu_compare-<date>)
+#
+# An engine is found when its package or server command is installed for this python, or, for
+# the server engines, when a docker image of it is on this host (pulls are not made for you):
+#   vllm    import vllm            | image VLLM_IMAGE   (default: a local vllm/vllm-openai:*)
+#   sglang  import sglang          | image SGLANG_IMAGE (default: a local lmsysorg/sglang:*)
+#   trtllm  trtllm-serve on PATH   | image TRTLLM_IMAGE (default: a local nvcr.io/nvidia/tensorrt-llm/release:*)
+#   tgi     text-generation-launcher on PATH | image TGI_IMAGE (default: a local ghcr.io/huggingface/text-generation-inference:*)
+#   hf      import transformers;  reference: always (inferlab's own engine, on CUDA)
+# It prints which engines were found and which were skipped and why, writes them to
+# OUT/engines.txt, then runs `inferlab run` on a copy of the config listing the engines found
+# (OUT/gpu_compare.toml) and writes OUT/gpu_compare/report.md. Set MODEL=/path/to/hf-model to
+# compare on a real model instead of the generated one (then set DTYPE to what it was trained in).
+# --dry-run stops after writing OUT/engines.txt and OUT/gpu_compare.toml.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DRY=0; [ "${1:-}" = "--dry-run" ] && { DRY=1; shift; }
+OUT="$(realpath -m "${1:-results/gpu_compare-$(date +%Y%m%d-%H%M%S)}")"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
+  || echo "warning: nvidia-smi found no GPU; engines that need one will fail to start" >&2
+
+found=(reference) ; declare -A why opts
+has_py() { "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
+image() {  # $1: env override, $2: repository -> the image to use, or nothing
+  if [ -n "$1" ]; then echo "$1"; return; fi
+  command -v docker >/dev/null 2>&1 || return 0
+  docker images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -m1 "^$2:" || true
+}
+docker_launcher() {  # the model and OUT are mounted at the same paths (the engines' option files live in OUT)
+  echo "docker run --rm --gpus all --ipc host --network host -v {model}:{model} -v $OUT:$OUT $*"
+}
+
+if has_py transformers; then found+=(hf); else why[hf]="transformers is not importable for $PY"; fi
+
+if has_py vllm; then found+=(vllm)
+elif img=$(image "${VLLM_IMAGE:-}" vllm/vllm-openai) && [ -n "$img" ]; then found+=(vllm); opts[vllm]="launcher = \"$(docker_launcher "$img")\""
+else why[vllm]="vllm is not importable and no vllm/vllm-openai image (set VLLM_IMAGE)"; fi
+
+if has_py sglang; then found+=(sglang)
+elif img=$(image "${SGLANG_IMAGE:-}" lmsysorg/sglang) && [ -n "$img" ]; then found+=(sglang); opts[sglang]="launcher = \"$(docker_launcher --shm-size 16g "$img")\""
+else why[sglang]="sglang is not importable and no lmsysorg/sglang image (set SGLANG_IMAGE)"; fi
+
+if command -v trtllm-serve >/dev/null 2>&1; then found+=(trtllm); opts[trtllm]="launcher = \"$("$PY" -c 'import sys; print(sys.executable)')\""
+elif img=$(image "${TRTLLM_IMAGE:-}" nvcr.io/nvidia/tensorrt-llm/release) && [ -n "$img" ]; then found+=(trtllm); opts[trtllm]="launcher = \"$(docker_launcher --ulimit memlock=-1 --ulimit stack=67108864 "$img")\""
+else why[trtllm]="trtllm-serve is not on PATH and no nvcr.io/nvidia/tensorrt-llm/release image (set TRTLLM_IMAGE)"; fi
+
+if command -v text-generation-launcher >/dev/null 2>&1; then found+=(tgi)
+elif img=$(image "${TGI_IMAGE:-}" ghcr.io/huggingface/text-generation-inference) && [ -n "$img" ]; then found+=(tgi); opts[tgi]="launcher = \"$(docker_launcher --shm-size 1g "$img")\""
+else why[tgi]="text-generation-launcher is not on PATH and no text-generation-inference image (set TGI_IMAGE)"; fi
+
+{
+  echo "found: ${found[*]}"
+  for e in hf vllm sglang trtllm tgi; do [ -n "${why[$e]:-}" ] && echo "skipped $e: ${why[$e]}"; done
+} | tee "$OUT/engines.txt"
+
+# The config copy: the engines found, each engine's launcher, and MODEL / DTYPE when given.
+CFG="$OUT/gpu_compare.toml"
+list=$(printf '"%s", ' "${found[@]}"); list="[${list%, }]"
+sed -e "s|^engines = .*|engines = $list|" -e 's|^optional_engines = .*|optional_engines = []|' \
+    experiments/configs/gpu_compare.toml > "$CFG"
+if [ -n "${MODEL:-}" ]; then
+  sed -i -e "s|^model = .*|model = \"$(realpath "$MODEL")\"|" -e '/^make_model = /d' "$CFG"
+fi
+[ -n "${DTYPE:-}" ] && sed -i "s|^dtype = .*|dtype = \"$DTYPE\"|" "$CFG"
+for e in "${!opts[@]}"; do
+  if grep -q "^\[engine_options.$e\]" "$CFG"; then sed -i "/^\[engine_options.$e\]/a ${opts[$e]//\\/\\\\}" "$CFG"
+  else printf '\n[engine_options.%s]\n%s\n' "$e" "${opts[$e]}" >> "$CFG"; fi
+done
+
+[ "$DRY" = 1 ] && { echo "config: $CFG (dry run: nothing started)"; exit 0; }
+"$PY" -m experiments.cli run "$CFG" --out "$OUT"; rc=$?
+echo "report: $OUT/gpu_compare/report.md (engines: $OUT/engines.txt)"
+exit $rc
