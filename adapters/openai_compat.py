@@ -32,7 +32,7 @@ from adapters import prom
 from adapters.base import (UNKNOWN_TOKEN_ID, Engine, EngineInfo, EngineUnavailable, GenerationRequest,
                            MemorySnapshot, RequestError, SamplingConfig, TokenEvent, check_options)
 from adapters.metric_names import VLLM, MetricNames
-from adapters.serving import kv_pin_gap
+from adapters.serving import aclose_then, kv_pin_gap
 
 
 class Chunk(NamedTuple):
@@ -289,11 +289,7 @@ class OpenAIEngine(Engine):
     async def stop(self) -> None:
         """Close the client, then stop whatever `connect` launched. Idempotent."""
         client, self._client = self._client, None
-        try:
-            if client is not None:
-                await client.aclose()
-        finally:
-            await self.disconnect()
+        await aclose_then(client, self.disconnect)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import importlib
 import shlex
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -248,6 +249,30 @@ def need(module: str, install: str):
         return importlib.import_module(module)
     except ImportError as e:
         raise EngineUnavailable(f"{module} is not importable here ({e}); {install}") from e
+
+
+async def aclose_then(client: Any, then: Callable[[], Any]) -> None:
+    """Close an HTTP client (None: nothing to close), then await `then()` even if closing failed."""
+    try:
+        if client is not None:
+            await client.aclose()
+    finally:
+        await then()
+
+
+class HeldEngine(Engine):
+    """An in-process adapter whose engine object (`self.engine`) has a sync `shutdown()`;
+    `snapshot()` reports only the time (these engines' Python APIs expose no KV gauges)."""
+
+    engine: Any = None
+
+    async def snapshot(self) -> MemorySnapshot:
+        return MemorySnapshot(t_ns=time.perf_counter_ns())
+
+    async def stop(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
 
 
 class LaunchedServer:

@@ -36,7 +36,7 @@ from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequ
                            RequestError, TokenEvent, check_options)
 from adapters.deltas import Cumulative, Incremental, NotCumulative
 from adapters.metric_names import SGLANG
-from adapters.serving import LaunchedServer, ModalEngine, kv_pin_gap, need
+from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
 # option -> server flags (a boolean option adds its flags when true). `--disable-cuda-graph`
@@ -223,11 +223,7 @@ class SGLangServer(LaunchedServer, Engine):
 
     async def stop(self) -> None:
         client, self.client = self.client, None
-        try:
-            if client is not None:
-                await client.aclose()
-        finally:
-            await self.disconnect()
+        await aclose_then(client, self.disconnect)
 
 
 async def engine_server_info(engine: Any) -> dict[str, Any]:
@@ -241,7 +237,7 @@ async def engine_server_info(engine: Any) -> dict[str, Any]:
     return {**dict(sched), "page_size": getattr(args, "page_size", None), "dtype": getattr(args, "dtype", None)}
 
 
-class SGLangInProcess(Engine):
+class SGLangInProcess(HeldEngine):
     """`sglang.Engine(...).async_generate(input_ids=..., stream=True)` in this interpreter
     (cumulative chunks, diffed like the server's)."""
 
@@ -296,11 +292,3 @@ class SGLangInProcess(Engine):
         if self.engine is None:
             return False
         return bool(getattr(await self.engine.tokenizer_manager.flush_cache(), "success", False))
-
-    async def snapshot(self) -> MemorySnapshot:
-        return MemorySnapshot(t_ns=time.perf_counter_ns())
-
-    async def stop(self) -> None:
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.shutdown()

@@ -40,7 +40,7 @@ from adapters import prom
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent)
 from adapters.metric_names import TGI
-from adapters.serving import LaunchedServer, ModalEngine, kv_pin_gap, need
+from adapters.serving import LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
 
 INSTALL = ("install text-generation-launcher (TGI) on a GPU host, or set launcher = "
            "\"docker run --gpus all --shm-size 1g --network host -v {model}:{model} "
@@ -213,8 +213,4 @@ class TGIServer(LaunchedServer, Engine):
 
     async def stop(self) -> None:
         http, self.http, self.client = self.http, None, None
-        try:
-            if http is not None:
-                await http.aclose()
-        finally:
-            await self.disconnect()
+        await aclose_then(http, self.disconnect)

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from adapters import prom
-from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
+from adapters.base import EngineInfo, GenerationRequest, TokenEvent, check_options
 from adapters.metric_names import TRTLLM
 from adapters.openai_compat import OpenAIEngine
-from adapters.serving import LaunchedServer, ModalEngine, kv_pin_gap, need
+from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, kv_pin_gap, need
 
 INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus all --ipc host --network host "
            "-v {model}:{model} nvcr.io/nvidia/tensorrt-llm/release:TAG\"), or on a CUDA host "
@@ -130,14 +130,13 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
         return False  # trtllm-serve has no route for it
 
 
-class TRTLLMInProcess(Engine):
+class TRTLLMInProcess(HeldEngine):
     name = "trtllm"
     OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", "kv_cache_free_gpu_memory_fraction", *FLAGS})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
-        self.llm: Any = None
         self.info: EngineInfo | None = None
         self._streams: dict[str, Any] = {}
 
@@ -147,7 +146,7 @@ class TRTLLMInProcess(Engine):
 
         opts = llm_api_options(self.options, self.dtype)
         kw = {k: self.options[k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len") if k in self.options}
-        self.llm = trt.LLM(model=self.model, dtype=self.dtype, kv_cache_config=KvCacheConfig(**opts.get(
+        self.engine = trt.LLM(model=self.model, dtype=self.dtype, kv_cache_config=KvCacheConfig(**opts.get(
             "kv_cache_config", {})), **kw)
         # The LLM API reports no capacity here: a budget (an upper bound) cannot be confirmed.
         gap = kv_pin_gap(self.options.get("kv_cache_tokens"), None, None, self.name, KV_HOW)
@@ -163,7 +162,7 @@ class TRTLLMInProcess(Engine):
         sp = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                             top_k=s.top_k if s.top_k and s.top_k > 0 else None, ignore_eos=s.ignore_eos,
                             stop=list(s.stop) or None, seed=s.seed)
-        stream = self.llm.generate_async(list(request.prompt_token_ids), sp, streaming=True)
+        stream = self.engine.generate_async(list(request.prompt_token_ids), sp, streaming=True)
         self._streams[rid] = stream
         try:
             async for out in stream:
@@ -183,11 +182,3 @@ class TRTLLMInProcess(Engine):
         stream = self._streams.get(request_id)
         if stream is not None:
             stream.abort()
-
-    async def snapshot(self) -> MemorySnapshot:
-        return MemorySnapshot(t_ns=time.perf_counter_ns())
-
-    async def stop(self) -> None:
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            llm.shutdown()
