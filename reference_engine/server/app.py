@@ -73,7 +73,7 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
     async def metrics(request: Request) -> Response:
         return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.post("/reset_prefix_cache")
+    @app.post("/reset_prefix_cache", include_in_schema=False)  # an admin route: no body, nothing to fuzz
     async def reset_prefix_cache(request: Request, reset_running_requests: bool = Query(False)) -> Response:
         # vLLM's route: 200 once reset, 409 while requests hold blocks (unless reset_running_requests).
         # Runs on the event loop: waits for the current step to end, then resets between steps.

@@ -66,7 +66,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY, else no key)")
     p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
                    help="sequences allowed to wait for their first token; beyond it requests get 503")
-    p.add_argument("--served-model-name", default=None, help="the name clients use (default: the model argument as given, as vLLM's)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the name clients use (default: the model argument as given, as vLLM's)")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
