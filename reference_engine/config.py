@@ -74,7 +74,8 @@ class SpeculativeConfig:
             spec.prompt_lookup_max = hi if hi is not None else spec.prompt_lookup_min
             lo, hi = spec.prompt_lookup_min, spec.prompt_lookup_max
             if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
-                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo}, {hi}")
+                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, "
+                                 f"got {lo}, {hi}")
             if spec.model is not None:
                 raise ValueError("speculative_config.model is for method 'draft_model', not 'ngram'")
         elif not spec.model:
