@@ -5,6 +5,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from adapters import prom
@@ -50,7 +51,9 @@ async def test_streams_the_engines_greedy_tokens(server, tiny_llama, llm):
     engine = await attached(server + "/v1")  # a trailing /v1 is accepted
     try:
         info = engine.info
-        assert (info.engine, info.mode, info.model) == ("openai", "attach", tiny_llama.name)
+        served = httpx.get(server + "/v1/models", trust_env=False).json()["data"][0]["id"]
+        assert (info.engine, info.mode, info.model) == ("openai", "attach", served)  # the server's own name
+        assert info.unhonoured == {} and info.metrics_url == server + "/metrics"
         assert (info.kv_capacity_tokens, info.block_size) == (KV_TOKENS, 16)
         assert info.knobs["events_carry_token_ids"] is True and info.version != "unknown"
         got = await run_all(engine, prompts, lens)

@@ -118,6 +118,7 @@ async def test_server_mode_matches_offline_and_leaves_no_process(tiny_llama, llm
     try:
         assert (info.mode, info.kv_capacity_tokens, info.block_size) == ("server", KV_TOKENS, 16)
         assert info.knobs["events_carry_token_ids"] is True and psutil.pid_exists(info.pid)
+        assert info.unhonoured == {} and info.metrics_url.endswith("/metrics")  # the budget became the capacity
         got = await run_all(engine, prompts, 8)
         snap = await engine.snapshot()
         assert (snap.kv_capacity_tokens, snap.num_running, snap.kv_used_tokens) == (KV_TOKENS, 0, 0)
