@@ -31,12 +31,19 @@ def _fail(msg: str) -> int:
 
 
 def _ensure_model(cfg) -> None:
-    if Path(cfg.model).is_dir() or cfg.make_model is None:
+    mm = cfg.make_model
+    if mm is None:
         return
-    from reference_engine.make_model import make_model
+    from reference_engine.make_model import make_model, truncate
 
-    print(f"inferlab: making model {cfg.model} ({cfg.make_model.family}, {cfg.make_model.preset})", file=sys.stderr)
-    make_model(cfg.model, preset=cfg.make_model.preset, family=cfg.make_model.family, seed=cfg.make_model.seed)
+    if not Path(cfg.model).is_dir():
+        print(f"inferlab: making model {cfg.model} ({mm.family}, {mm.preset}"
+              + (f", cycles of {mm.cycle} tokens" if mm.cycle else "") + ")", file=sys.stderr)
+        make_model(cfg.model, preset=mm.preset, family=mm.family, seed=mm.seed, cycle=mm.cycle)
+    draft = Path(f"{cfg.model}-draft")
+    if mm.draft_layers and not draft.is_dir():
+        print(f"inferlab: making draft model {draft} (the first {mm.draft_layers} layer(s))", file=sys.stderr)
+        truncate(cfg.model, draft, mm.draft_layers)
 
 
 def run_main(argv: list[str]) -> int:

@@ -38,9 +38,15 @@ def _check_len(v: IntOrRange, what: str) -> IntOrRange:
 
 
 class MakeModel(_Strict):
+    """How to make the model when its folder is missing (`inferlab make-model`). `cycle`: a model
+    whose greedy output walks cycles of that many tokens (repetitive text, for speculation);
+    `draft_layers`: also write `<model>-draft`, the model's first layers, as a draft model."""
+
     preset: str = "tiny"
     family: str = "llama"
     seed: int = 0
+    cycle: int | None = Field(None, ge=2)
+    draft_layers: int | None = Field(None, ge=1)
 
 
 class Workload(_Strict):

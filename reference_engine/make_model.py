@@ -137,16 +137,46 @@ def init_weights(cfg: dict, seed: int) -> dict:
     return out
 
 
+def make_cyclic(weights: dict, cfg: dict, cycle: int, seed: int) -> dict:
+    """Rewire a random model so that its greedy output walks fixed cycles of `cycle` tokens:
+    the head scores token j by the embedding of sigma^-1(j), and the residual branches are
+    shrunk so that the current token's embedding dominates the last hidden state; greedy
+    decoding then emits sigma(x) after x. Real models copy from their context when they edit
+    code; random ones never repeat themselves, so prompt-lookup (n-gram) speculation has
+    nothing to find. This model gives it a repetitive stream to find, on any engine that
+    loads the directory. Not for correctness tests: attention barely matters here."""
+    import torch
+
+    v = cfg["vocab_size"]
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randperm(v - 3, generator=gen) + 3  # specials 0-2 (bos, eos, pad) stay unreachable
+    sigma = torch.arange(v)
+    for c in range(0, len(ids) - len(ids) % cycle, cycle):
+        ring = ids[c:c + cycle]
+        sigma[ring] = torch.roll(ring, -1)
+    inv = torch.argsort(sigma)
+    out = dict(weights)
+    out["lm_head.weight"] = weights["model.embed_tokens.weight"][inv].clone()  # row j = embed(sigma^-1(j))
+    for name, t in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            out[name] = (t * 0.02).contiguous()
+    return out
+
+
 def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
 def make_model(out_dir, preset: str = "tiny", family: str = "llama", seed: int = 0,
-               config_overrides: dict | None = None, force: bool = False) -> Path:
-    """Write the model to `out_dir` (created; must be empty or absent unless `force`); return its Path."""
+               config_overrides: dict | None = None, force: bool = False, cycle: int | None = None) -> Path:
+    """Write the model to `out_dir` (created; must be empty or absent unless `force`); return its Path.
+    `cycle`: a model whose greedy output walks cycles of that many tokens (see `make_cyclic`)."""
     from safetensors.torch import save_file
 
-    cfg = build_config(preset, family, config_overrides)
+    if cycle is not None and cycle < 2:
+        raise ValueError(f"cycle must be >= 2 tokens, got {cycle}")
+    cfg = build_config(preset, family, {**(config_overrides or {}), **({"tie_word_embeddings": False}
+                                                                        if cycle else {})})
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a directory")
@@ -159,9 +189,41 @@ def make_model(out_dir, preset: str = "tiny", family: str = "llama", seed: int =
     _write_json(out / "config.json", cfg)
     _write_json(out / "generation_config.json", {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
     weights = out / "model.safetensors"
-    save_file(init_weights(cfg, seed), str(weights), metadata={"format": "pt"})
+    tensors = init_weights(cfg, seed)
+    if cycle:
+        tensors = make_cyclic(tensors, cfg, cycle, seed)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
     # safetensors creates the file 0600; containers running as another user must read it like the rest
     weights.chmod((out / "config.json").stat().st_mode & 0o777)
+    return out
+
+
+def truncate(target_dir, out_dir, layers: int, force: bool = False) -> Path:
+    """A draft model for speculative decoding: the target's first `layers` decoder layers with its
+    own embeddings, final norm and head (self-speculation by layer skipping). It shares the
+    target's tokenizer by construction, and agrees with it far more often than an unrelated
+    random model would, so a random-weight target still gets a draft worth verifying."""
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(target_dir), Path(out_dir)
+    cfg = json.loads((src / "config.json").read_text())
+    if not 1 <= layers < cfg["num_hidden_layers"]:
+        raise ValueError(f"layers must be in [1, {cfg['num_hidden_layers'] - 1}] for {src}, got {layers}")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"{out} is not empty; pass --force (force=True) to overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    keep = {}
+    for f in sorted(src.glob("*.safetensors")):
+        for name, t in load_file(str(f)).items():
+            parts = name.split(".")
+            if parts[:2] == ["model", "layers"] and int(parts[2]) >= layers:
+                continue
+            keep[name] = t
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            (out / name).write_bytes((src / name).read_bytes())
+    _write_json(out / "config.json", {**cfg, "num_hidden_layers": layers})
+    save_file(keep, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
@@ -173,20 +235,30 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: `inferlab make-model DIR --preset tiny|small [--family F] [--seed N] [--force]`."""
+    """CLI: `inferlab make-model DIR --preset tiny|small [--family F] [--seed N] [--force]`, or
+    `inferlab make-model DIR --draft-of TARGET [--layers N]` for a layer-skipping draft."""
     ap = _Parser(prog="inferlab make-model", description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="output directory (created; must be empty unless --force)")
     ap.add_argument("--preset", default="tiny", help=f"one of {', '.join(PRESETS)} (default tiny)")
     ap.add_argument("--family", default="llama", help=f"one of {', '.join(FAMILIES)} (default llama)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    ap.add_argument("--cycle", type=int, metavar="N", help="a model whose greedy output walks cycles of N tokens "
+                                                            "(repetitive text for n-gram speculation benchmarks)")
+    ap.add_argument("--draft-of", metavar="TARGET", help="instead: a draft model for speculative decoding, the "
+                                                          "first --layers layers of the model in TARGET")
+    ap.add_argument("--layers", type=int, default=1, help="with --draft-of: decoder layers to keep (default 1)")
     try:
         args = ap.parse_args(argv)
-        out = make_model(args.dir, args.preset, args.family, args.seed, force=args.force)
+        if args.draft_of:
+            out = truncate(args.draft_of, args.dir, args.layers, force=args.force)
+            print(f"wrote {out}: the first {args.layers} layer(s) of {args.draft_of}")
+            return 0
+        out = make_model(args.dir, args.preset, args.family, args.seed, force=args.force, cycle=args.cycle)
     except ValueError as e:
         print(f"inferlab make-model: error: {e}", file=sys.stderr)
         return 2
-    n = param_count(build_config(args.preset, args.family))
+    n = param_count(build_config(args.preset, args.family, {"tie_word_embeddings": False} if args.cycle else None))
     print(f"wrote {out}: {args.family} {args.preset}, {n:,} parameters, seed {args.seed}")
     return 0
 

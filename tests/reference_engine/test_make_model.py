@@ -189,3 +189,29 @@ def test_vllm_transformers_reads_it(make_tiny):
              json.loads((d / "config.json").read_text())["head_dim"],
              AutoTokenizer.from_pretrained(d).encode(TEXTS[0])] for d in dirs]
     assert got == want
+
+
+def test_cyclic_model_walks_cycles_in_hf_and_in_the_engine(tmp_path):
+    from reference_engine import LLM, SamplingParams
+
+    d = make_model(tmp_path / "cyc", cycle=8)
+    prompt = list(range(100, 140))
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    want = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+    assert want[8:] == want[:-8] and len(set(want)) == 8  # a cycle of 8 tokens
+    got = LLM(str(d)).generate([prompt], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+    assert list(got.token_ids) == want and not ({0, 1, 2} & set(want))  # specials unreachable
+    with pytest.raises(ValueError, match="cycle"):
+        make_model(tmp_path / "bad", cycle=1)
+
+
+def test_draft_of_keeps_the_first_layers_and_the_tokenizer(tiny_llama, tmp_path):
+    assert inferlab(["make-model", str(tmp_path / "draft"), "--draft-of", str(tiny_llama), "--layers", "1"]) == 0
+    cfg = json.loads((tmp_path / "draft/config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1
+    assert (tmp_path / "draft/tokenizer.json").read_bytes() == (tiny_llama / "tokenizer.json").read_bytes()
+    full, cut = tensors(tiny_llama), tensors(tmp_path / "draft")
+    assert set(cut) == {k for k in full if not k.startswith("model.layers.") or k.startswith("model.layers.0.")}
+    assert all(torch.equal(cut[k], full[k]) for k in cut)
+    AutoModelForCausalLM.from_pretrained(tmp_path / "draft")  # HF loads it as a 1-layer model
+    assert inferlab(["make-model", str(tmp_path / "d2"), "--draft-of", str(tiny_llama), "--layers", "9"]) == 2
