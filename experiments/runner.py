@@ -51,6 +51,10 @@ def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict
     adapter = cfg.adapter(name)  # a variant ("vllm-nocache") runs its adapter with its own options
     cls = registry.get(adapter)
     opts = {k: v for k, v in cfg.engine_options.get(name, {}).items() if k != "adapter"}
+    spec = opts.get("speculative_config")
+    if isinstance(spec, dict) and spec.get("model") and Path(spec["model"]).exists():
+        # a draft model folder, absolute: a server may run from another working directory
+        opts["speculative_config"] = {**spec, "model": str(Path(spec["model"]).resolve())}
     offered: dict[str, Any] = {}
     if cfg.kv.tokens is not None and "kv_cache_tokens" not in opts:
         offered["kv_cache_tokens"] = cfg.kv.tokens
