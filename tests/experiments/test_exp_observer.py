@@ -125,7 +125,7 @@ async def test_a_slow_metrics_route_does_not_touch_the_default_harness(tmp_path,
     assert s["client_vs_server"]["flags"] == [] and s["implausible"] == []
     assert s["observer"]["timeline"] is None
     assert "possibly perturbed" not in r["report"]
-    assert r["manifest"]["levels"]["concurrency=4"]["server_view"]["scrape_ms"][0] >= 300  # scrapes only around it
+    assert r["manifest"]["levels"]["concurrency=4"]["1"]["server_view"]["scrape_ms"][0] >= 300  # scrapes only around it
 
 
 @pytest.mark.slow
