@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("experiments.commands:report_main", "rebuild or merge reports from run folders"),
     "check-observer": ("experiments.check_observer:main", "run one level with the harness and with a bare client, "
                                                          "beside the engine's own view: does the harness disturb it?"),
+    "trace": ("reference_engine.trace:main", "run the reference engine step by step and show each step's state"),
     "list-engines": ("experiments.commands:list_engines_main", "list the registered engine adapters"),
 }
 

@@ -142,6 +142,7 @@ class LLMEngine:
             return []
         kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
                   else "prefill") for r, n in sched.scheduled]
+        width = max(len(r.block_table) for r, _ in sched.scheduled) if self.step_records is not None else 0
         out = self.runner.run(sched.scheduled, sched.spec_tokens)
         deltas = []
         now = time.monotonic()
@@ -159,7 +160,7 @@ class LLMEngine:
         self._steps += 1
         if self.step_records is not None:
             self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0,
-                         self.kv.queries - queries, self.kv.hits - hits)
+                         self.kv.queries - queries, self.kv.hits - hits, width)
         return deltas
 
     def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:
@@ -179,8 +180,10 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self.num_requests_finished += 1
 
-    def _record(self, kinds, sched, out, finished, dt, queries, hits) -> None:
+    def _record(self, kinds, sched, out, finished, dt, queries, hits, width) -> None:
         kv, bs = self.kv, self.kv.block_size
+        n, b = sched.num_tokens, len(sched.scheduled)
+        rows = sum(1 + len(sched.spec_tokens.get(r.request_id, ())) for r in out.reqs)
         self.step_records.append(StepRecord(
             step=self._steps, duration_s=dt, scheduled=kinds,
             num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
@@ -195,6 +198,9 @@ class LLMEngine:
             spec_proposed={rid: len(d) for rid, d in sched.spec_tokens.items()},
             spec_accepted={rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
             new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
+            spec_tokens={rid: list(d) for rid, d in sched.spec_tokens.items()},
+            input_shapes={"input_ids": (n,), "positions": (n,), "slot_mapping": (n,), "block_tables": (b, width),
+                          "seq_lens": (b,), "logits": (rows, self.model_config.vocab_size)},
         ))
 
     def stats(self) -> EngineStats:

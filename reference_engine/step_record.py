@@ -35,3 +35,7 @@ class StepRecord:
     spec_proposed: dict[str, int] = field(default_factory=dict)  # draft tokens verified
     spec_accepted: dict[str, int] = field(default_factory=dict)  # of which accepted
     new_tokens: dict[str, int] = field(default_factory=dict)  # tokens each request emitted this step
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the draft ids verified (accepted: a prefix)
+    # the step's model inputs, as the runner builds them (input_batch.py): N tokens of B sequences, block
+    # tables padded to the widest, and the R logit rows that sample (1 + drafts per sampling request)
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
