@@ -197,6 +197,32 @@ def _observed(s: dict[str, Any], lv: dict[str, Any], recs: list[dict[str, Any]])
     s["implausible"] = observer.implausible(s, cmp, bunch)
     s["observer"] = lv.get("observer") or {}
     s["mean_in_flight"] = metrics.mean_decoding(recs)
+    s["engine_counters"] = _counters(view, s["observer"])
+
+
+# Counter names as an adapter's snapshot().extra carries them (engines without Prometheus metrics)
+EXTRA = {"prefix_queries": "prefix_cache_queries", "prefix_hits": "prefix_cache_hits",
+         "spec_drafts": "spec_decode_num_drafts", "spec_draft_tokens": "spec_decode_num_draft_tokens",
+         "spec_accepted_tokens": "spec_decode_num_accepted_tokens"}
+
+
+def _counters(view: dict[str, Any] | None, obs: dict[str, Any]) -> dict[str, Any]:
+    """The engine's own prefix-cache and speculation counters over the level, and their rates:
+    from its Prometheus counters, else from the adapter's snapshots around the level."""
+    c = dict((view or {}).get("counters") or {})
+    before = ((obs.get("snapshot_before") or {}).get("extra")) or {}
+    after = ((obs.get("snapshot_after") or {}).get("extra")) or {}
+    for key, name in EXTRA.items():
+        if key not in c and name in after and name in before:
+            c[key] = after[name] - before[name]
+    out = {k: c[k] for k in EXTRA if k in c}
+    if c.get("prefix_queries"):
+        out["prefix_hit_rate"] = c.get("prefix_hits", 0) / c["prefix_queries"]
+    if c.get("spec_draft_tokens"):
+        out["spec_acceptance_rate"] = c.get("spec_accepted_tokens", 0) / c["spec_draft_tokens"]
+    if c.get("spec_drafts"):
+        out["spec_mean_accepted"] = c.get("spec_accepted_tokens", 0) / c["spec_drafts"]
+    return out
 
 
 def _bandwidth(shape: dict[str, Any] | None, s: dict[str, Any], level: str, recs: list[dict[str, Any]]) -> dict:

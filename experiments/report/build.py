@@ -7,7 +7,7 @@ from pathlib import Path
 from experiments import bandwidth, plots
 from experiments.report import observer, sections, settings, verdict
 from experiments.report.md import fmt, group
-from experiments.report.rows import BANDWIDTH, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
+from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
 
 FAIRNESS = """Same model directory, same dtype, same token-exact prompts, same sampling (greedy + `ignore_eos`
@@ -56,6 +56,10 @@ def build(dirs: list[Path], out: Path) -> Path:
     md += ["## Latency", ""] + group(runs, latency_rows()) + [""]
     md += ["## The server's own view", ""] + observer.section(runs) + [""]
     md += ["## Memory split", ""] + settings.memory_section(runs) + [""]
+    md += ["## Prefix cache and speculation (each engine's own counters)", "",
+           "Read from each engine's metrics (or, for an engine without them, its adapter's snapshots) just before "
+           "and just after each level; a dash where an engine does not expose the counter or the feature was off.",
+           ""] + group(runs, CACHE, empty="No engine reported prefix-cache or speculation counters.") + [""]
     for title, rows in (("Throughput", THROUGHPUT), ("Memory", MEMORY),
                         ("Token-count checks", CHECKS), ("Harness CPU (the observer's cost)", HARNESS)):
         md += [f"## {title}", ""] + group(runs, rows) + [""]

@@ -26,7 +26,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def group(runs: Runs, rows: list[tuple[str, str, str]]) -> list[str]:
+def group(runs: Runs, rows: list[tuple[str, str, str]], empty: str | None = None) -> list[str]:
     """One table: a row per (level, metric), a column per engine that finished requests."""
     from experiments.report.rows import cell
 
@@ -42,4 +42,6 @@ def group(runs: Runs, rows: list[tuple[str, str, str]]) -> list[str]:
             if all(c == "–" for c in cells):
                 continue  # a metric no engine has at this level (e.g. cost without cost_per_hour)
             body.append(([level] if multi else []) + [name] + cells)
+    if not body and empty:
+        return [empty]
     return table(header, body)

@@ -79,3 +79,10 @@ HARNESS: list[Row] = [
     ("share of one core", "harness.core_share", "f3"),
     ("CPU per request (ms)", "harness.cpu_ms_per_request", "f2"),
 ]
+CACHE: list[Row] = [
+    ("prefix cache hit rate (engine's own)", "engine_counters.prefix_hit_rate", "pct"),
+    ("prefix cache lookups (tokens)", "engine_counters.prefix_queries", "int"),
+    ("speculative acceptance rate (engine's own)", "engine_counters.spec_acceptance_rate", "pct"),
+    ("mean accepted tokens per draft", "engine_counters.spec_mean_accepted", "f2"),
+    ("draft tokens proposed", "engine_counters.spec_draft_tokens", "int"),
+]

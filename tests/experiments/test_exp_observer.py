@@ -161,3 +161,18 @@ async def test_check_observer_agrees_by_default_and_catches_a_timeline(tmp_path,
     assert "verdict: OK" in out and "server (bare run)" in out
     assert await asyncio.to_thread(main, [str(noisy)]) == 1
     assert "verdict: DISAGREE" in capsys.readouterr().out
+
+
+def test_engine_counters_from_metrics_or_from_snapshots():
+    from experiments.summary import _counters
+
+    view = {"counters": {"prefix_queries": 2000.0, "prefix_hits": 1536.0, "spec_drafts": 10.0,
+                         "spec_draft_tokens": 40.0, "spec_accepted_tokens": 30.0}}
+    c = _counters(view, {})
+    assert c["prefix_hit_rate"] == pytest.approx(0.768) and c["spec_acceptance_rate"] == pytest.approx(0.75)
+    assert c["spec_mean_accepted"] == pytest.approx(3.0)
+    snaps = {"snapshot_before": {"extra": {"prefix_cache_queries": 100, "prefix_cache_hits": 0}},
+             "snapshot_after": {"extra": {"prefix_cache_queries": 1100, "prefix_cache_hits": 640}}}
+    c = _counters(None, snaps)  # an engine without metrics: deltas of its adapter's snapshots
+    assert c == {"prefix_queries": 1000, "prefix_hits": 640, "prefix_hit_rate": 0.64}
+    assert _counters(None, {}) == {}
