@@ -7,6 +7,10 @@ reuses it. Backends are registered by name (`torch` here; a Triton GPU backend l
 
 Batch layout invariant (the runner guarantees it): the first `num_decodes` sequences
 have exactly one query token each; prefill (or chunked-prefill) sequences follow.
+
+A backend that can be captured in a CUDA graph (`graph_safe`) reads only device tensors and the
+`max_*` / `num_splits` bounds, never the Python lists, and accepts padding: sequences with zero
+query tokens and zero context, tokens with slot -1 (written nowhere), their output rows unset.
 """
 from __future__ import annotations
 
@@ -16,6 +20,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# SDPA backends the torch backend uses on CUDA: all but cuDNN's. cuDNN attention (PyTorch's first
+# choice for fp16/bf16 on Hopper since 2.9; it takes no fp32) builds an execution plan for every new
+# shape, and a decode step's context length is new every step (docs/engine.md, "bf16 on CUDA").
+CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -28,14 +38,29 @@ class AttentionMetadata:
     query_start: list[int]  # (B+1) offsets into the flat token vector
     num_decodes: int
     max_decode_len: int
+    # Device-side view of the same step, for backends that never read the lists (graph-safe ones):
+    cu_seqlens_q: torch.Tensor | None = None  # (B+1,) int32 query offsets; None: built from query_start
+    max_query_len: int | None = None  # bounds fixed per captured graph; None: from the lists
+    max_seq_len: int | None = None
+    num_splits: int | None = None  # key splits a captured graph uses (Triton); None: the backend picks
 
 
 class AttentionBackend(abc.ABC):
-    """Owns nothing but a reference to the KV cache tensors; stateless across steps."""
+    """Owns nothing but a reference to the KV cache tensors; stateless across steps (a backend may
+    cache a plan per metadata object: `new_step` drops it, for a runner that reuses one object)."""
+
+    graph_safe = False  # may a CUDA graph capture `forward`? (see the module docstring)
 
     def __init__(self, kv_cache: list[tuple[torch.Tensor, torch.Tensor]], block_size: int):
         self.kv = kv_cache  # per layer: (k, v), each (num_blocks, block_size, Hkv, D)
         self.block_size = block_size
+
+    def new_step(self) -> None:
+        """Forget anything cached for the previous step's metadata."""
+
+    def graph_num_splits(self, num_seqs: int, max_seq_len: int) -> int | None:
+        """Key splits for a graph of `num_seqs` decodes (fixed at capture); None: not applicable."""
+        return None
 
     @abc.abstractmethod
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -96,6 +121,13 @@ def _causal_mask(q_len: int, ctx: int, device) -> torch.Tensor | None:
 
 def _sdpa(q, k, v, scale, mask):
     """q: (B, T, H, D), k/v: (B, S, Hkv, D), mask broadcastable to (B, H, T, S) or None (causal)."""
+    if q.is_cuda:
+        with sdpa_kernel(CUDA_SDPA):
+            return _sdpa_any(q, k, v, scale, mask)
+    return _sdpa_any(q, k, v, scale, mask)
+
+
+def _sdpa_any(q, k, v, scale, mask):
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
     gqa = q.shape[1] != k.shape[1]
     if mask is None:

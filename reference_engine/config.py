@@ -83,10 +83,26 @@ class SpeculativeConfig:
         return spec
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def default_cuda_graph_sizes(limit: int = 256) -> list[int]:
+    """vLLM's default capture sizes, [1, 2, 4, 8, 16, 24, ..., 256], cut at `limit`."""
+    return [s for s in [1, 2, 4] + list(range(8, 257, 8)) if s <= limit]
+
+
 @dataclass
 class EngineConfig:
-    """Engine knobs. KV capacity comes from `kv_cache_tokens` or `kv_cache_bytes` (not both);
-    with neither, the cache gets `DEFAULT_KV_BYTES`, capped at `max_num_seqs` full contexts."""
+    """Engine knobs. KV capacity comes from one of `kv_cache_tokens`, `kv_cache_bytes` (vLLM's
+    `kv_cache_memory_bytes`) or `gpu_memory_utilization` (CUDA: the share of the device's total memory
+    the engine may use; the KV cache gets what weights, peak activations and CUDA graphs leave, as in
+    vLLM); with none, the cache gets `DEFAULT_KV_BYTES`, capped at `max_num_seqs` full contexts.
+
+    `attention_backend` None picks "triton" on CUDA (when triton imports) and "torch" elsewhere.
+    CUDA graphs capture decode steps per batch size in `cuda_graph_sizes` (default: vLLM's, up to
+    `max_num_seqs`); they are used only on CUDA, with a backend that supports them (triton), and
+    `enforce_eager=True` turns them off. `load_format="dummy"` makes random weights on the device
+    instead of reading the safetensors files (benchmarks of a model's shape; as vLLM's)."""
 
     model: str
     dtype: str = "float32"
@@ -99,11 +115,15 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     record_steps: bool = False
-    attention_backend: str = "torch"
+    attention_backend: str | None = None  # None: "triton" on CUDA if it imports, else "torch"
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (`serve`: cores - 1)
     seed: int = 0
     enable_prefix_caching: bool = True
     speculative_config: dict | None = None  # vLLM's shape: {"method": "ngram", "num_speculative_tokens": 3}
+    enforce_eager: bool = False  # no CUDA graphs (they are CUDA-only anyway)
+    cuda_graph_sizes: list[int] | None = None  # decode batch sizes captured; None: vLLM's default list
+    gpu_memory_utilization: float | None = None  # (0, 1]: KV sized from device memory (CUDA only)
+    load_format: str = "auto"  # "auto": the safetensors files; "dummy": random weights, nothing read
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -115,8 +135,11 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
-            raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
+        budgets = [n for n in ("kv_cache_tokens", "kv_cache_bytes", "gpu_memory_utilization")
+                   if getattr(self, n) is not None]
+        if len(budgets) > 1:
+            raise ValueError(f"give one KV budget (kv_cache_tokens, kv_cache_bytes or gpu_memory_utilization), "
+                             f"not both {' and '.join(budgets)}")
         for name in ("kv_cache_tokens", "kv_cache_bytes", "max_model_len"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
@@ -125,6 +148,23 @@ class EngineConfig:
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)
+        u = self.gpu_memory_utilization
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
+        if u is not None and torch.device(self.device).type != "cuda":
+            raise ValueError(f"gpu_memory_utilization needs a CUDA device (device is {self.device!r}); "
+                             "give kv_cache_tokens or kv_cache_bytes")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be a bool, got {self.enforce_eager!r}")
+        sizes = self.cuda_graph_sizes
+        if sizes is not None and (not isinstance(sizes, (list, tuple))
+                                  or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
+            raise ValueError(f"cuda_graph_sizes must be a list of positive integers, got {sizes!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.attention_backend is None:  # resolved once, so everything built from this config agrees
+            from reference_engine.triton_attention import default_attention_backend
+            self.attention_backend = default_attention_backend(self.device)
 
 
 @dataclass

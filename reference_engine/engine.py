@@ -75,6 +75,7 @@ class LLMEngine:
         k = self.runner.num_spec_tokens
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * k
+        self.kv_peak_blocks = 0  # most blocks held at once since start (or `reset_kv_peak`)
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -140,6 +141,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        self.kv_peak_blocks = max(self.kv_peak_blocks, self.kv.num_used)  # blocks peak after scheduling
         kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
                   else "prefill") for r, n in sched.scheduled]
         width = max(len(r.block_table) for r, _ in sched.scheduled) if self.step_records is not None else 0
@@ -202,6 +204,35 @@ class LLMEngine:
             input_shapes={"input_ids": (n,), "positions": (n,), "slot_mapping": (n,), "block_tables": (b, width),
                           "seq_lens": (b,), "logits": (rows, self.model_config.vocab_size)},
         ))
+
+    # ---- what ran, and its memory (adapters copy these into EngineInfo) --------------
+    def effective_config(self) -> dict:
+        """The settings this engine runs with, read back from its parts (not from what was asked):
+        the keys of the harness's `EngineInfo.effective`, plus attention_backend and device."""
+        r, cfg = self.runner, self.cfg
+        return {
+            "dtype": str(r.dtype).removeprefix("torch."), "kv_capacity_tokens": r.kv_capacity_tokens,
+            "kv_blocks": self.kv.num_blocks, "block_size": self.kv.block_size,
+            "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_model_len": self.max_model_len, "chunked_prefill": cfg.enable_chunked_prefill,
+            "prefix_caching": self.kv.enable_caching, "cuda_graphs": r.graphs is not None,
+            "cuda_graph_sizes": list(r.graphs.sizes) if r.graphs is not None else [], "compile": False,
+            "speculative": dict(cfg.speculative_config) if cfg.speculative_config else None,
+            "tensor_parallel_size": 1, "attention_backend": cfg.attention_backend, "device": str(r.device),
+        }
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes, the keys of the harness's `EngineInfo.memory` where known: weights, kv_allocated,
+        kv_bytes_per_token, kv_peak_used (blocks held at the peak since start or `reset_kv_peak`)
+        everywhere; on CUDA also activation_peak (profile forward at start), graph_pool, device_total,
+        device_free, torch_allocated / torch_reserved / torch_peak_allocated, and from NVML (nvidia-ml-py)
+        device_used and process_used. Keys that cannot be measured are absent."""
+        m = self.runner.memory()
+        m["kv_peak_used"] = self.kv_peak_blocks * self.kv.block_size * self.runner.kv_bytes_per_token
+        return m
+
+    def reset_kv_peak(self) -> None:
+        self.kv_peak_blocks = self.kv.num_used
 
     def stats(self) -> EngineStats:
         kv = self.kv

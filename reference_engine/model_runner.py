@@ -1,14 +1,22 @@
 """The model runner: turns one scheduled step into one forward pass and new tokens per request.
 
-A step is flattened into varlen tensors (`input_batch.py`), decodes first. Logits are
-computed only for rows that sample: a request whose step reaches the end of its tokens
-samples at its last row, and a request with j draft tokens scheduled after them gets j + 1
-rows, verified together (`spec_decode/verifier.py`): it emits its accepted drafts and then
-one token from the target, so each request gets a *list* of new tokens.
+A step is flattened into varlen tensors, decodes first, written into persistent buffers
+(`input_batch.StepInputs`: nothing is allocated on the device per step). Logits are computed only
+for rows that sample: a request whose step reaches the end of its tokens samples at its last row,
+and a request with j draft tokens scheduled after them gets j + 1 rows, verified together
+(`spec_decode/verifier.py`): it emits its accepted drafts and then one token from the target, so
+each request gets a *list* of new tokens. An all-greedy batch is one argmax on the device and one
+host sync (the token ids) for the whole step.
+
+On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_graphs.py`;
+`enforce_eager` turns that off); the attention backend defaults to Triton there. At start, on CUDA,
+a profile forward over a full token budget measures peak activation memory, and with
+`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`).
 
 The runner reads block tables; it never changes them (the scheduler's KV-cache manager
 does). With speculation, the proposer runs here too, after verification: a draft model
 writes KV into the same block ids (its own tensors), n-gram lookup only reads tokens.
+Device and dtype are explicit (`cfg.device`): one runner drives one device.
 """
 from __future__ import annotations
 
@@ -16,11 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine.attention import get_backend
-from reference_engine.config import EngineConfig, ModelConfig, parse_dtype
-from reference_engine.input_batch import StepBatch, make_batch
-from reference_engine.kv_cache import allocate_kv_cache, capacity_blocks
+from reference_engine.attention import AttentionMetadata, get_backend
+from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
+from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
+from reference_engine.gpu_memory import DeviceMemory, kv_budget, param_bytes
+from reference_engine.input_batch import StepInputs, make_batch
+from reference_engine.kv_cache import allocate_kv_cache, bytes_per_token, capacity_blocks
 from reference_engine.loader import load_model
+from reference_engine.model import CausalLM, RotaryEmbedding
 from reference_engine.outputs import TokenLogprob
 from reference_engine.request import Request
 from reference_engine.sampler import logprobs_of, make_batch as sampling_batch, sample
@@ -44,25 +55,48 @@ class ModelRunner:
         self.dtype = parse_dtype(cfg.dtype)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
+        self.mem = DeviceMemory(self.device)
+        start = self.mem.snapshot()  # None off CUDA
         mcfg = ModelConfig.from_dir(cfg.model)
         # Within a sliding window, sliding attention equals full attention: cap the context there.
         limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
         self.max_model_len = min(cfg.max_model_len or limit, limit)
-        self.model, self.model_config = load_model(cfg.model, self.dtype, self.device, self.max_model_len)
+        load = dummy_model if cfg.load_format == "dummy" else load_model
+        self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len)
         spec = cfg.speculative
         self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
                                       self.max_model_len) if spec else None
         self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
         extra = self.proposer.kv_bytes_per_token if self.proposer else 0
-        self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
+        self.draft_observes = extra > 0  # a draft model runs on every step's inputs: no graphs then
+        self.kv_bytes_per_token = bytes_per_token(self.model_config, self.dtype) + extra
+        self.weights_bytes = param_bytes(self.model, getattr(self.proposer, "model", None))
+        self.backend_cls = get_backend(cfg.attention_backend)
+        self.use_graphs = graphs_wanted(self.device, cfg.enforce_eager, self.backend_cls.graph_safe)
+        self.activation_peak = self.profile() if self.mem.cuda else None
+        budget = None
+        if cfg.gpu_memory_utilization is not None:
+            reserve = self.activation_peak if self.use_graphs else 0
+            budget = kv_budget(cfg.gpu_memory_utilization, start.total, start.free, self.weights_bytes,
+                               self.activation_peak, self.mem.non_torch_since(start), reserve)
+            self.num_blocks = budget // (self.kv_bytes_per_token * cfg.block_size)
+        else:
+            self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
         self.kv_cache = allocate_kv_cache(self.model_config, self.num_blocks, cfg.block_size, self.dtype,
                                           self.device)
         if self.proposer:
             self.proposer.allocate_kv(self.num_blocks)
-        self.backend = get_backend(cfg.attention_backend)(self.kv_cache, cfg.block_size)
+        self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
+        max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
+        self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
+                                 self.device)
         self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.graphs: CudaGraphs | None = None
+        self.graph_pool_bytes: int | None = None
+        if self.use_graphs:
+            self.capture_graphs()
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -72,9 +106,92 @@ class ModelRunner:
     def num_lookahead(self) -> int:
         return self.proposer.num_lookahead if self.proposer else 0
 
-    def prepare(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]]
-                ) -> tuple[StepBatch, list[int], list[Request], list[list[int]]]:
-        """-> batch, logit rows, the requests that sample and their scheduled drafts."""
+    # ---- CUDA graphs ----------------------------------------------------------------
+    def capture_graphs(self, eager: bool = False) -> None:
+        """Capture decode graphs for every bucket (`eager=True`: `EagerGraph`s, for CPU tests)."""
+        cfg = self.cfg
+        sizes = default_cuda_graph_sizes() if cfg.cuda_graph_sizes is None else cfg.cuda_graph_sizes
+        sizes = capture_sizes(sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        if not sizes:
+            return
+        self._graph_meta = {b: self._decode_meta(b) for b in sizes}
+        self.inputs.fill([], pad_to=sizes[-1])  # capture over padding: no sequence, every slot -1
+        self.graphs = CudaGraphs(self._graph_forward, sizes, self.device, eager=eager)
+        free = self.mem.free()
+        with torch.inference_mode():
+            self.graphs.capture()
+        if free is not None:
+            self.graph_pool_bytes = max(0, free - self.mem.free())
+
+    def _decode_meta(self, b: int) -> AttentionMetadata:
+        """Bucket b's metadata: views of the step buffers and fixed bounds (the lists are unused)."""
+        x = self.inputs
+        return AttentionMetadata(
+            slot_mapping=x.slot_mapping.dev[:b], block_tables=x.block_tables.dev[:b], seq_lens=x.seq_lens.dev[:b],
+            query_lens=[1] * b, seq_lens_list=[self.max_model_len] * b, query_start=list(range(b + 1)),
+            num_decodes=b, max_decode_len=self.max_model_len, cu_seqlens_q=x.cu_seqlens_q.dev[:b + 1],
+            max_query_len=1, max_seq_len=self.max_model_len,
+            num_splits=self.backend.graph_num_splits(b, self.max_model_len))
+
+    def _graph_forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a graph records: the model over the first b rows of the buffers, logits, argmax."""
+        self.backend.new_step()  # plan inside the graph, from the buffers, not from a cached step
+        x = self.inputs
+        hidden = self.model(x.input_ids.dev[:b], x.positions.dev[:b], self.backend, self._graph_meta[b])
+        logits = self.model.logits(hidden)  # (b, V) float32
+        return logits, logits.argmax(-1)
+
+    def graph_bucket(self, num_seqs: int, rows: list[int], spec: dict) -> int | None:
+        """The bucket to replay for this step, or None to run it eagerly (see cuda_graphs.py)."""
+        if self.graphs is None or spec or self.draft_observes or len(rows) != num_seqs:
+            return None
+        if not rows or rows[-1] != num_seqs - 1:  # some sequence has more than one query token
+            return None
+        return self.graphs.bucket(num_seqs)
+
+    # ---- memory ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def profile(self) -> int:
+        """Peak activation bytes of one forward over a full token budget (`max_num_batched_tokens`,
+        in sequences of at most max_model_len) with logits for up to `max_num_seqs` rows, on a scratch
+        KV cache just big enough. Measured by torch's allocator on CUDA; 0 elsewhere."""
+        cfg, bs, ml = self.cfg, self.cfg.block_size, self.max_model_len
+        n = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * ml)
+        seqs, first = [], 0
+        for s in range(0, n, ml):
+            length = min(ml, n - s)
+            nb = -(-length // bs)
+            seqs.append(([0] * length, 0, list(range(first, first + nb))))
+            first += nb
+        scratch = allocate_kv_cache(self.model_config, first, bs, self.dtype, self.device)
+        batch = make_batch(seqs, bs, self.device)
+        rows = torch.arange(n - min(n, cfg.max_num_seqs), n, device=self.device)
+        self.mem.reset_peak()
+        before = self.mem.allocated()
+        hidden = self.model(batch.input_ids, batch.positions, self.backend_cls(scratch, bs), batch.meta)
+        self.model.logits(hidden[rows]).argmax(-1)
+        peak = self.mem.peak() - before
+        del hidden, scratch
+        if self.mem.cuda:
+            torch.cuda.empty_cache()
+        return max(0, peak)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: weights, kv_allocated, kv_bytes_per_token (any device); activation_peak, graph_pool
+        and the device's readings (`DeviceMemory.report`) on CUDA."""
+        out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+               "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
+        if self.activation_peak is not None:
+            out["activation_peak"] = self.activation_peak
+        if self.graph_pool_bytes is not None:
+            out["graph_pool"] = self.graph_pool_bytes
+        out.update(self.mem.report())
+        return out
+
+    # ---- the step -------------------------------------------------------------------
+    def prepare(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]]):
+        """-> (query tokens, first position, block table) per sequence, logit rows, the requests that
+        sample and their scheduled drafts."""
         order = sorted(scheduled, key=lambda rn: rn[1] != 1)  # stable: decodes first
         seqs, rows, samplers, drafts = [], [], [], []
         offset = 0
@@ -88,27 +205,40 @@ class ModelRunner:
                 samplers.append(req)
                 drafts.append(d)
                 rows.extend(range(offset - 1 - len(d), offset))
-        return make_batch(seqs, self.cfg.block_size, self.device), rows, samplers, drafts
+        return seqs, rows, samplers, drafts
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]] | None = None) -> RunnerOutput:
         """One target forward for the whole step (+ the proposer's work with speculation on)."""
         spec = spec or {}
-        batch, rows, samplers, drafts = self.prepare(scheduled, spec)
-        hidden = self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # (N, hidden)
-        if self.proposer:
-            self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
+        seqs, rows, samplers, drafts = self.prepare(scheduled, spec)
         out = RunnerOutput(reqs=samplers)
-        if not samplers:
-            return out
-        raw = self.model.logits(hidden[torch.tensor(rows, device=self.device)])  # (R, V) float32
+        bucket = self.graph_bucket(len(seqs), rows, spec)
+        if bucket is not None:
+            self.inputs.fill(seqs, pad_to=bucket)
+            raw, argmax = self.graphs.replay(bucket, len(seqs))
+        else:
+            batch = self.inputs.fill(seqs, rows)
+            hidden = self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # (N, hidden)
+            if self.proposer:
+                self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
+            if not samplers:
+                return out
+            rows_t = batch.logit_rows
+            raw = self.model.logits(hidden if rows_t is None else hidden[rows_t])  # (R, V) float32
+            argmax = None
         if not spec:  # one row per request: the plain sampling path
             ps = [r.params for r in samplers]
-            sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers], [r.output_token_ids for r in samplers],
-                                [r.generator for r in samplers], self.device)
-            ids = sample(raw, sb, self.default_gen)
+            if all_greedy(ps):  # no sampling tensors to build: argmax on the device, one sync
+                ids = raw.argmax(-1) if argmax is None else argmax
+            else:
+                sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers],
+                                    [r.output_token_ids for r in samplers], [r.generator for r in samplers],
+                                    self.device)
+                ids = sample(raw, sb, self.default_gen)
             out.token_ids = [[t] for t in ids.tolist()]
-            out.logprobs = [None if lp is None else [lp] for lp in logprobs_of(raw, ids, sb.num_logprobs)]
+            nums = [p.logprobs for p in ps]
+            out.logprobs = [None if lp is None else [lp] for lp in logprobs_of(raw, ids, nums)]
         else:
             out.token_ids = verify(raw, samplers, drafts, self.default_gen)
             out.logprobs = self._logprobs(raw, samplers, drafts, out.token_ids)
@@ -132,3 +262,33 @@ class ModelRunner:
                        logprobs_of(raw[row:row + len(t)], torch.tensor(t, device=raw.device), [n] * len(t)))
             row += len(d) + 1
         return out
+
+
+def all_greedy(params: list) -> bool:
+    """`sampler.make_batch(...).all_greedy`, decided on the host before building any tensor: every row
+    greedy and unpenalised, so the step's tokens are the logits' argmax."""
+    return all(p.greedy and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+               and p.frequency_penalty == 0.0 for p in params)
+
+
+def dummy_model(model_dir: str, dtype: torch.dtype, device: torch.device, max_len: int,
+                seed: int = 0) -> tuple[CausalLM, ModelConfig]:
+    """`load_format="dummy"`: the model's shape with random weights made on the device, no file read
+    (as `AutoModelForCausalLM.from_config` initialises them: N(0, 0.02), norms 1, biases 0)."""
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_len).to(dtype)
+    model = model.to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.rope = RotaryEmbedding(cfg, max_len).to(device)
+    return model.eval(), cfg

@@ -209,8 +209,13 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
 class TritonBackend(AttentionBackend):
     """Paged attention in Triton kernels. Same inputs and outputs as `TorchBackend`.
 
-    num_splits: None = per-step heuristic, an int = always that many key splits.
-    block_r / block_n: override the query-row and key tile sizes (tests use small ones)."""
+    num_splits: None = per-step heuristic, an int = always that many key splits (a step's
+    `meta.num_splits`, set by a captured graph, wins over both).
+    block_r / block_n: override the query-row and key tile sizes (tests use small ones).
+    Graph-safe: with `meta.cu_seqlens_q`, `max_query_len` and `max_seq_len` given, a step reads no
+    Python list and copies nothing from the host."""
+
+    graph_safe = True
 
     def __init__(self, kv_cache: list[tuple[torch.Tensor, torch.Tensor]], block_size: int, *,
                  num_splits: int | None = None, block_r: int | None = None, block_n: int | None = None):
@@ -224,13 +229,27 @@ class TritonBackend(AttentionBackend):
         self._meta: AttentionMetadata | None = None
         self._plan: StepPlan | None = None
 
+    def new_step(self) -> None:
+        self._meta = self._plan = None
+
+    def graph_num_splits(self, num_seqs: int, max_seq_len: int) -> int:
+        """Decode graphs cannot re-pick per step: split for the longest context the graph may see."""
+        if self.num_splits is not None:
+            return self.num_splits
+        k_cache = self.kv[0][0]
+        return pick_num_splits(num_seqs * k_cache.shape[2], max_seq_len, k_cache.device)
+
     def plan(self, meta: AttentionMetadata, num_tokens: int, num_heads: int) -> StepPlan:
         k_cache = self.kv[0][0]
-        # TODO(runner): persistent cu_seqlens_q / max_query_len fields would spare this copy.
-        cu_q = torch.tensor(meta.query_start, dtype=torch.int32, device=k_cache.device)
-        return plan_step(cu_q, meta.seq_lens, max(meta.query_lens, default=0), max(meta.seq_lens_list, default=0),
-                         num_tokens, num_heads, k_cache.shape[2], k_cache.shape[3], k_cache.dtype,
-                         num_splits=self.num_splits, block_r=self.block_r, block_n=self.block_n)
+        cu_q = meta.cu_seqlens_q
+        if cu_q is None:  # a batch built without device offsets (make_batch): one small copy
+            cu_q = torch.tensor(meta.query_start, dtype=torch.int32, device=k_cache.device)
+        max_q = meta.max_query_len if meta.max_query_len is not None else max(meta.query_lens, default=0)
+        max_s = meta.max_seq_len if meta.max_seq_len is not None else max(meta.seq_lens_list, default=0)
+        splits = meta.num_splits if meta.num_splits is not None else self.num_splits
+        return plan_step(cu_q, meta.seq_lens, max_q, max_s, num_tokens, num_heads, k_cache.shape[2],
+                         k_cache.shape[3], k_cache.dtype, num_splits=splits, block_r=self.block_r,
+                         block_n=self.block_n)
 
     def forward(self, layer, q, k, v, meta, scale):
         k_cache, v_cache = self.kv[layer]

@@ -35,6 +35,10 @@ def _engine_flags(group) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif base is dict:  # vLLM's spelling: --speculative-config '{"method": "ngram", ...}'
             group.add_argument(flag, type=json.loads, default=None, metavar="JSON", help="a JSON object")
+        elif typing.get_origin(base) is list:  # vLLM's spelling: --cuda-graph-sizes 1 2 4 8
+            item = typing.get_args(base)[0]
+            group.add_argument(flag, type=item, nargs="*", default=None, metavar=item.__name__.upper(),
+                               help="default: " + (repr(f.default) if f.default is not None else "see EngineConfig"))
         else:
             group.add_argument(flag, type=base, default=None, metavar=f.name.upper(),
                                help=f"default: {f.default!r}")

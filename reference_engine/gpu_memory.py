@@ -1,0 +1,142 @@
+"""Memory accounting: what the engine's memory holds, and how big its KV cache may be.
+
+    device total = weights + KV cache + activations (peak) + CUDA graph pool
+                   + memory torch does not manage (CUDA context, cuBLAS and Triton modules)
+                   + free (and other processes)
+
+Sources: tensor sizes (weights, KV: known on any device); `torch.cuda` (`mem_get_info`: the device's
+free and total bytes; `memory_allocated` / `max_memory_allocated` / `memory_reserved`: torch's
+caching allocator); NVML through nvidia-ml-py (`pynvml`: the device's used bytes and this process's,
+as nvidia-smi shows them), when it is installed. Off CUDA only the tensor sizes exist: the report
+then has no device keys, never a guess.
+
+KV sizing from `gpu_memory_utilization` follows vLLM: the engine may use `utilization x total`
+bytes; the KV cache gets what is left after the weights, the peak activations of a profile forward
+over a full token budget, the memory torch does not manage, and a reserve for CUDA graphs (the
+activation peak once more: a graph's bucket holds at most that many tokens). Another process's
+memory is not the engine's to take: if less than `utilization x total` is free at start, it is an
+error, as in vLLM.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+GiB = float(1 << 30)
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def param_bytes(*modules: torch.nn.Module | None) -> int:
+    """Bytes of the modules' parameters and buffers, each storage counted once (tied weights)."""
+    seen, total = set(), 0
+    for m in modules:
+        if m is None:
+            continue
+        for t in list(m.parameters()) + list(m.buffers()):
+            key = (t.device, t.untyped_storage().data_ptr())
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+    return total
+
+
+def kv_budget(utilization: float, total: int, free_at_start: int, weights: int, activation_peak: int,
+              non_torch: int, graph_reserve: int = 0) -> int:
+    """Bytes the KV cache may take (vLLM's gpu_memory_utilization rule; see the module docstring).
+    One-line ValueError when the share is not free at start or leaves nothing for the cache."""
+    requested = int(total * utilization)
+    if requested > free_at_start:
+        raise ValueError(f"gpu_memory_utilization {utilization} asks for {gib(requested)} of {gib(total)}, but only "
+                         f"{gib(free_at_start)} was free at start; lower it or free the device")
+    taken = weights + activation_peak + non_torch + graph_reserve
+    if requested - taken <= 0:
+        raise ValueError(f"gpu_memory_utilization {utilization} leaves no room for the KV cache: {gib(requested)} "
+                         f"< weights {gib(weights)} + activations {gib(activation_peak)} + non-torch "
+                         f"{gib(non_torch)} + graph reserve {gib(graph_reserve)}; raise it or use kv_cache_tokens")
+    return requested - taken
+
+
+@dataclass
+class Snapshot:
+    free: int
+    total: int
+    reserved: int  # torch's caching allocator
+
+
+class DeviceMemory:
+    """`torch.cuda` and NVML readings for one device. Off CUDA every reading is None / empty."""
+
+    def __init__(self, device: str | torch.device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._nvml = None  # (pynvml module, handle), found on first use
+
+    def snapshot(self) -> Snapshot | None:
+        if not self.cuda:
+            return None
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return Snapshot(free, total, torch.cuda.memory_reserved(self.device))
+
+    def non_torch_since(self, start: Snapshot) -> int:
+        """Device memory taken since `start` that torch's allocator does not hold (context, modules)."""
+        now = self.snapshot()
+        return max(0, (start.free - now.free) - (now.reserved - start.reserved))
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.cuda else 0
+
+    def peak(self) -> int:
+        if not self.cuda:
+            return 0
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def free(self) -> int | None:
+        return self.snapshot().free if self.cuda else None
+
+    def report(self) -> dict[str, int]:
+        """Device-wide readings now: device_total, torch_allocated / torch_reserved /
+        torch_peak_allocated, and from NVML device_used and (when NVML lists it) process_used."""
+        if not self.cuda:
+            return {}
+        s = self.snapshot()
+        out = {"device_total": s.total, "device_free": s.free, "torch_allocated": self.allocated(),
+               "torch_reserved": s.reserved, "torch_peak_allocated": self.peak()}
+        out.update(self.nvml())
+        return out
+
+    def nvml(self) -> dict[str, int]:
+        """NVML's view (nvidia-ml-py): device_used, and process_used when this pid is listed (not
+        always in containers). Empty when nvidia-ml-py is missing or NVML fails."""
+        try:
+            nv, handle = self._nvml or self._open_nvml()
+            out = {"device_used": int(nv.nvmlDeviceGetMemoryInfo(handle).used)}
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == os.getpid() and p.usedGpuMemory is not None:
+                    out["process_used"] = int(p.usedGpuMemory)
+            return out
+        except Exception:  # NVML is an optional second opinion; torch's readings stand on their own
+            return {}
+
+    def _open_nvml(self):
+        import pynvml as nv
+
+        nv.nvmlInit()
+        try:  # the same GPU as torch's, whatever CUDA_VISIBLE_DEVICES renumbered
+            uuid = torch.cuda.get_device_properties(self.device).uuid
+            handle = nv.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except Exception:
+            handle = nv.nvmlDeviceGetHandleByIndex(self.device.index or 0)
+        self._nvml = (nv, handle)
+        return self._nvml
