@@ -102,6 +102,10 @@ class DeviceMemory:
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device)
 
+    def empty_cache(self) -> None:
+        if self.cuda:
+            torch.cuda.empty_cache()
+
     def free(self) -> int | None:
         return self.snapshot().free if self.cuda else None
 

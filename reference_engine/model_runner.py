@@ -172,8 +172,7 @@ class ModelRunner:
         self.model.logits(hidden[rows]).argmax(-1)
         peak = self.mem.peak() - before
         del hidden, scratch
-        if self.mem.cuda:
-            torch.cuda.empty_cache()
+        self.mem.empty_cache()
         return max(0, peak)
 
     def memory(self) -> dict[str, int]:
