@@ -34,7 +34,7 @@ COMPARE = "results/compare/report.md"
 @dataclass
 class Table:
     source: str  # path from the repository root
-    section: str | None = None  # the "## heading" the table sits under
+    section: str | None = None  # the "## heading" the table sits under (its start)
     header_has: str | None = None  # or: the first table whose header row contains this
     rows: str | None = None  # keep rows whose first two cells match this regex
     columns: tuple[str, ...] | None = None  # keep these columns, in this order
@@ -75,7 +75,7 @@ def markdown_tables(text: str) -> list[tuple[str | None, list[list[str]]]]:
 
 def select(spec: Table, text: str) -> list[list[str]]:
     for heading, rows in markdown_tables(text):
-        if spec.section and heading != spec.section:
+        if spec.section and not (heading or "").startswith(spec.section):  # "X (estimate)" is section X
             continue
         if spec.header_has and not any(spec.header_has in c for c in rows[0]):
             continue
