@@ -144,7 +144,6 @@ class LLMEngine:
         self.kv_peak_blocks = max(self.kv_peak_blocks, self.kv.num_used)  # blocks peak after scheduling
         kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
                   else "prefill") for r, n in sched.scheduled]
-        width = max(len(r.block_table) for r, _ in sched.scheduled) if self.step_records is not None else 0
         out = self.runner.run(sched.scheduled, sched.spec_tokens)
         deltas = []
         now = time.monotonic()
@@ -162,7 +161,7 @@ class LLMEngine:
         self._steps += 1
         if self.step_records is not None:
             self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0,
-                         self.kv.queries - queries, self.kv.hits - hits, width)
+                         self.kv.queries - queries, self.kv.hits - hits)
         return deltas
 
     def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:
@@ -182,10 +181,12 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self.num_requests_finished += 1
 
-    def _record(self, kinds, sched, out, finished, dt, queries, hits, width) -> None:
+    def _record(self, kinds, sched, out, finished, dt, queries, hits) -> None:
         kv, bs = self.kv, self.kv.block_size
         n, b = sched.num_tokens, len(sched.scheduled)
         rows = sum(1 + len(sched.spec_tokens.get(r.request_id, ())) for r in out.reqs)
+        one_each = n == b == len(out.reqs)  # every sequence one query token, and every one samples
+        bucket = self.runner.graph_bucket(b, list(range(b)), sched.spec_tokens) if one_each else None
         self.step_records.append(StepRecord(
             step=self._steps, duration_s=dt, scheduled=kinds,
             num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
@@ -201,8 +202,10 @@ class LLMEngine:
             spec_accepted={rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
             new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
             spec_tokens={rid: list(d) for rid, d in sched.spec_tokens.items()},
-            input_shapes={"input_ids": (n,), "positions": (n,), "slot_mapping": (n,), "block_tables": (b, width),
+            input_shapes={"input_ids": (n,), "positions": (n,), "slot_mapping": (n,),
+                          "block_tables": (b, self.runner.inputs.max_blocks),
                           "seq_lens": (b,), "logits": (rows, self.model_config.vocab_size)},
+            cuda_graph_bucket=bucket,
         ))
 
     # ---- what ran, and its memory (adapters copy these into EngineInfo) --------------

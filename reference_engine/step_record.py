@@ -36,6 +36,9 @@ class StepRecord:
     spec_accepted: dict[str, int] = field(default_factory=dict)  # of which accepted
     new_tokens: dict[str, int] = field(default_factory=dict)  # tokens each request emitted this step
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # the draft ids verified (accepted: a prefix)
-    # the step's model inputs, as the runner builds them (input_batch.py): N tokens of B sequences, block
-    # tables padded to the widest, and the R logit rows that sample (1 + drafts per sampling request)
+    # the step's model inputs as the runner passes them (input_batch.StepInputs): N tokens of B sequences,
+    # block tables as rows of the persistent (max_num_seqs, max_blocks) buffer, and the R logit rows that
+    # sample (1 + drafts per sampling request). These are the step's own sizes; a decode step replayed
+    # from a CUDA graph (CUDA only, cuda_graphs.py) runs padded to `cuda_graph_bucket` rows instead.
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    cuda_graph_bucket: int | None = None  # the captured batch size replayed for this step; None: eager

@@ -112,6 +112,7 @@ def run_trace(args) -> dict:
                           for rid, n, kind in rec.scheduled],
             "num_prefill_tokens": rec.num_prefill_tokens, "num_decode_tokens": rec.num_decode_tokens,
             "input_shapes": {k: list(v) for k, v in rec.input_shapes.items()},
+            "cuda_graph_bucket": rec.cuda_graph_bucket,
             "kv": {"blocks_used": rec.kv_blocks_used, "blocks_free": rec.kv_blocks_free,
                    "blocks_cached": rec.kv_blocks_cached, "bytes_used": rec.kv_blocks_used * block_bytes,
                    "bytes_free": rec.kv_blocks_free * block_bytes, "bytes_cached": rec.kv_blocks_cached * block_bytes},
@@ -138,7 +139,8 @@ def run_trace(args) -> dict:
     summary = {
         "steps": len(steps), "prefix_cache_queries": st.prefix_cache_queries,
         "prefix_cache_hits": st.prefix_cache_hits, "preemptions": st.num_preemptions_total,
-        "spec_draft_tokens": st.spec_decode_num_draft_tokens, "spec_accepted_tokens": st.spec_decode_num_accepted_tokens,
+        "spec_draft_tokens": st.spec_decode_num_draft_tokens,
+        "spec_accepted_tokens": st.spec_decode_num_accepted_tokens,
         "outputs": {rid: {"token_ids": ids, "text": tok.decode(ids)} for rid, ids in outputs.items()},
     }
     return {"config": config, "steps": steps, "summary": summary}
@@ -183,7 +185,8 @@ def render(doc: dict, console=None) -> None:
         g.add_row("scheduled", ", ".join(
             f"req {x['request']} {x['kind']} {x['tokens']}" + (f" (1 + {x['drafts']} drafts)" if x["drafts"] else "")
             for x in s["scheduled"]) + f"   [prefill {s['num_prefill_tokens']}, decode {s['num_decode_tokens']}]")
-        g.add_row("inputs", "  ".join(f"{k} {tuple(v)}" for k, v in s["input_shapes"].items()))
+        graph = f"  (CUDA graph: replayed at batch {s['cuda_graph_bucket']})" if s["cuda_graph_bucket"] else ""
+        g.add_row("inputs", "  ".join(f"{k} {tuple(v)}" for k, v in s["input_shapes"].items()) + graph)
         k = s["kv"]
         g.add_row("KV blocks", f"used {k['blocks_used']} ({_kib(k['bytes_used'])})  free {k['blocks_free']} "
                                f"({_kib(k['bytes_free'])})  cached {k['blocks_cached']} ({_kib(k['bytes_cached'])})")

@@ -105,6 +105,9 @@ def test_each_step_reports_shapes_kv_bytes_and_top_k(tiny_llama, capsys, monkeyp
         shapes = s["input_shapes"]
         assert shapes["input_ids"] == shapes["positions"] == shapes["slot_mapping"] == [n]
         assert shapes["block_tables"][0] == shapes["seq_lens"][0] == len(s["scheduled"])
+        widest = max((len(t["blocks"]) for t in s["block_tables"].values()), default=0)
+        assert shapes["block_tables"][1] >= widest
+        assert s["cuda_graph_bucket"] is None  # CPU: every step runs eagerly
         assert shapes["logits"] == [len(s["tokens"]), c["vocab"]]
         assert s["num_prefill_tokens"] + s["num_decode_tokens"] == n
         k = s["kv"]

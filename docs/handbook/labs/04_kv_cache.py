@@ -51,7 +51,8 @@ print(f"token {t} -> block {table[t // BS]} offset {t % BS} (slot {table[t // BS
       f"token 12 needs block #{12 // BS + 1}: the manager appends one when the table runs out")
 
 per_tok = bytes_per_token(mc, torch.float32)
-print(f"KV bytes/token here = 2 x {mc.num_layers} layers x {mc.num_kv_heads} heads x {mc.head_dim} x 4 B = {per_tok:,} B")
+print(f"KV bytes/token here = 2 x {mc.num_layers} layers x {mc.num_kv_heads} heads x {mc.head_dim} x 4 B "
+      f"= {per_tok:,} B")
 llama8b = 2 * 32 * 8 * 128 * 2
 print(f"Llama-3.1-8B in bf16: 2 x 32 x 8 x 128 x 2 B = {llama8b:,} B/token; "
       f"an 8k-token context = {llama8b * 8192 / 2**30:.2f} GiB")

@@ -30,7 +30,8 @@ p = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.2, 0.2]])  # target rows for draft po
 g = torch.Generator().manual_seed(0)
 first = [rejection_sample(p, [0], None, g)[0] for _ in range(4000)]
 freq = torch.bincount(torch.tensor(first), minlength=3) / 4000
-print(f"draft token 0, target p = {[round(x, 3) for x in p[0].tolist()]}: emitted-token frequencies {[round(x, 3) for x in freq.tolist()]}")
+print(f"draft token 0, target p = {[round(x, 3) for x in p[0].tolist()]}: "
+      f"emitted-token frequencies {[round(x, 3) for x in freq.tolist()]}")
 assert (freq - p[0]).abs().max() < 0.03
 
 targs = parse(["one two three one two three one two three one two three", "--speculative", "ngram",
@@ -42,4 +43,5 @@ for s in doc["steps"]:
         print(f"step {s['step']}: request {rid} proposed {sp['proposed']} accepted {sp['accepted']} -> "
               f"{len(s['tokens'].get(rid, []))} tokens this step")
 sm = doc["summary"]
-print(f"{sm['steps']} steps for 24 tokens; drafts verified {sm['spec_draft_tokens']}, accepted {sm['spec_accepted_tokens']}")
+print(f"{sm['steps']} steps for 24 tokens; drafts verified {sm['spec_draft_tokens']}, "
+      f"accepted {sm['spec_accepted_tokens']}")

@@ -34,7 +34,8 @@ for b in (1, 2, 4, 8, 32, 128):
     t = sorted(reps)[2]
     flops, bytes_ = 2 * b * K * N, 4 * (K * N + b * K + b * N)
     best_flops, best_bw = max(best_flops, flops / t), max(best_bw, bytes_ / t)
-    print(f"{b:>6} {t * 1e3:8.2f} {t * 1e3 / b:8.3f} {flops / t / 1e9:9.1f} {bytes_ / t / 1e9:7.1f} {flops / bytes_:10.1f}")
+    print(f"{b:>6} {t * 1e3:8.2f} {t * 1e3 / b:8.3f} {flops / t / 1e9:9.1f} {bytes_ / t / 1e9:7.1f} "
+          f"{flops / bytes_:10.1f}")
 print(f"ms/row falls while reading W is shared by more rows (memory-bound), then levels off (compute-bound).\n"
       f"This CPU's ridge is low: ~{best_flops / 1e9:.0f} GFLOP/s over ~{best_bw / 1e9:.0f} GB/s = "
       f"{best_flops / best_bw:.0f} FLOP/byte. A GPU's is ~200, so its flat region lasts much longer.\n")
@@ -63,5 +64,6 @@ steps, seqs, mean_ctx = 128, 64, 128 + 64  # 128 prompt + 128 output tokens: mea
 per_step = weights + seqs * mean_ctx * kv_tok
 print(f"our H200 run (reference, float32): {seconds} s for {seqs} x {steps} tokens -> ~{seconds / steps * 1e3:.1f} ms "
       f"per step; bytes per step {per_step / 1e6:.0f} MB -> floor {per_step / BW * 1e3:.3f} ms: "
-      f"the floor is ~{per_step / BW / (seconds / steps):.1%} of the measured step: the rest is overhead (Python, launches)")
+      f"the floor is ~{per_step / BW / (seconds / steps):.1%} of the measured step: "
+      f"the rest is overhead (Python, launches)")
 assert re.fullmatch(r"[\d.]+", ref[2])
