@@ -92,16 +92,18 @@ class StepInputs:
     a sequence of length 0 reads no block."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, block_size: int,
-                 device: str | torch.device):
+                 device: str | torch.device, table_dtype: torch.dtype = torch.int64):
+        """table_dtype: of block_tables and seq_lens. int32 for the Triton kernels (half the bytes);
+        int64 for the torch backend, whose indexing would convert int32 on every layer."""
         self.device = torch.device(device)
         self.block_size, self.max_tokens, self.max_seqs, self.max_blocks = block_size, max_tokens, max_seqs, max_blocks
         self.input_ids = Buffer(max_tokens, torch.int64, self.device)
         self.positions = Buffer(max_tokens, torch.int64, self.device)
         self.slot_mapping = Buffer(max_tokens, torch.int64, self.device)
         self.logit_rows = Buffer(max_tokens, torch.int64, self.device)
-        self.seq_lens = Buffer(max_seqs, torch.int32, self.device)
+        self.seq_lens = Buffer(max_seqs, table_dtype, self.device)
         self.cu_seqlens_q = Buffer(max_seqs + 1, torch.int32, self.device)
-        self.block_tables = Buffer((max_seqs, max_blocks), torch.int32, self.device)
+        self.block_tables = Buffer((max_seqs, max_blocks), table_dtype, self.device)
 
     def fill(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int] | None = None,
              pad_to: int | None = None) -> StepBatch:

@@ -91,7 +91,7 @@ class ModelRunner:
         self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
         max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
         self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
-                                 self.device)
+                                 self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
         self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.graphs: CudaGraphs | None = None
         self.graph_pool_bytes: int | None = None

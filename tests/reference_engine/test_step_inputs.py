@@ -39,7 +39,7 @@ def test_fill_equals_make_batch_and_reuse_does_not_leak():
         assert torch.equal(got.input_ids, ref.input_ids) and torch.equal(got.positions, ref.positions)
         m, r = got.meta, ref.meta
         assert torch.equal(m.slot_mapping, r.slot_mapping)
-        assert torch.equal(m.seq_lens.long(), r.seq_lens)
+        assert torch.equal(m.seq_lens, r.seq_lens)
         assert (m.query_lens, m.seq_lens_list, m.query_start) == (r.query_lens, r.seq_lens_list, r.query_start)
         assert (m.num_decodes, m.max_decode_len) == (r.num_decodes, r.max_decode_len)
         width = r.block_tables.shape[1]
