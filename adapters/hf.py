@@ -12,6 +12,11 @@ no paged KV cache (`kv_capacity_tokens` is None): HF allocates KV per batch.
 - `abort` drops the request's events at once, but a static batch cannot shrink: the row
   keeps being computed until every row of its batch is done or aborted.
 - Stop strings are not supported (a ValueError says so); events carry no text.
+- `EngineInfo.effective` is what this baseline is: the loaded model's parameter dtype, its
+  context (`max_position_embeddings`), the batcher's `max_batch_size`, and the features it does
+  not have (no paged KV, no prefix cache across requests, no speculation, no chunked prefill, no
+  CUDA graphs or compile); `memory.weights` is the model's parameter and buffer bytes. Options
+  `enable_prefix_caching = true` and `speculative_config` are accepted and reported unhonoured.
 """
 from __future__ import annotations
 
@@ -20,23 +25,52 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator
 
+from adapters import features
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent, check_options)
 from adapters.hf_stream import Row, make_classes
+from adapters.readback import ReadBack
 
 INSTALL = "pip install 'inferlab[hf]'"
 DTYPES = ("float32", "bfloat16", "float16")
+NO_PREFIX_CACHE = "the HF baseline keeps no KV cache across requests (each generate() call starts empty)"
+NO_SPECULATION = "the HF baseline runs plain generate(); transformers' assisted generation is not used"
+
+
+def read_back(model: Any, max_batch_size: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """EngineInfo.effective and .memory of the loaded model and this baseline's batcher."""
+    rb, src = ReadBack(), "the loaded model"
+    params = list(model.parameters())
+    rb.put("dtype", str(params[0].dtype).removeprefix("torch.") if params else None, src + " (parameter dtype)")
+    rb.put("max_model_len", getattr(model.config, "max_position_embeddings", None), "model.config.max_position_embeddings")
+    rb.put("max_num_seqs", max_batch_size, "the adapter's static batcher (max_batch_size)")
+    what_it_is = "HF generate() with static batches (adapters/hf.py)"
+    for key in ("prefix_caching", "speculative", "chunked_prefill", "cuda_graphs", "compile"):
+        rb.put(key, False, what_it_is)
+    rb.put("paged_kv", False, what_it_is + ": KV allocated per batch, no block pool")
+    rb.put("tensor_parallel_size", 1, what_it_is)
+    from reference_engine.gpu_memory import param_bytes  # each storage once (tied weights)
+
+    rb.mem("weights", param_bytes(model), "the model's parameter and buffer storages")
+    if model.device.type == "cuda":
+        import torch
+
+        rb.mem("device_total", torch.cuda.get_device_properties(model.device).total_memory,
+               "torch.cuda.get_device_properties")
+    return rb.result()
 
 
 class HFEngine(Engine):
     name = "hf"
-    OPTIONS = frozenset({"max_batch_size", "device", "attn_implementation", "kv_cache_tokens"})
+    OPTIONS = frozenset({"max_batch_size", "device", "attn_implementation", "kv_cache_tokens", *features.OPTIONS})
 
     in_process = True  # generate() runs in a thread of this interpreter
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
+        features.prefix_caching(self.name, self.options)
+        features.speculative(self.name, self.options.get("speculative_config"))
         self.max_batch_size = self.options.get("max_batch_size", 8)
         if not isinstance(self.max_batch_size, int) or self.max_batch_size < 1:
             raise ValueError(f"engine 'hf': max_batch_size must be a positive integer, got {self.max_batch_size!r}")
@@ -78,9 +112,16 @@ class HFEngine(Engine):
                  "device": device, "attn_implementation": cfg._attn_implementation}
         if "kv_cache_tokens" in self.options:
             knobs["kv_cache_tokens"] = "ignored: HF allocates KV per batch"
+        effective, memory = read_back(self._model, self.max_batch_size)
+        unhonoured = {}
+        if self.options.get("enable_prefix_caching"):
+            unhonoured["enable_prefix_caching"] = NO_PREFIX_CACHE
+        if self.options.get("speculative_config") is not None:
+            unhonoured["speculative_config"] = NO_SPECULATION
         self.info = EngineInfo(engine=self.name, version=transformers.__version__, model=self.model,
-                               dtype=self.dtype, kv_capacity_tokens=None, block_size=None, knobs=knobs,
-                               mode="in_process", pid=None)
+                               dtype=effective.get("dtype", self.dtype), kv_capacity_tokens=None, block_size=None,
+                               knobs=knobs, mode="in_process", pid=None, unhonoured=unhonoured,
+                               effective=effective, memory=memory)
         return self.info
 
     def _load(self, transformers, torch_dtype, device):

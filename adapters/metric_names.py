@@ -41,6 +41,11 @@ class MetricNames:
     spec_drafts: tuple[str, ...] = ()  # speculation rounds
     spec_draft_tokens: tuple[str, ...] = ()  # tokens proposed
     spec_accepted_tokens: tuple[str, ...] = ()  # tokens accepted
+    # gauges for engines that export a rate instead of (or besides) the counters above; each is
+    # the engine's own recent-window value, not a cumulative one (see the engine's row)
+    prefix_hit_rate: tuple[str, ...] = ()  # fraction 0..1 of looked-up prompt tokens found cached
+    spec_accept_rate: tuple[str, ...] = ()  # fraction 0..1 of proposed draft tokens accepted
+    spec_accept_length: tuple[str, ...] = ()  # mean tokens emitted per verify step (accepted + bonus)
     # KV capacity and use, for snapshot() and EngineInfo (adapters.prom.kv_capacity / snapshot)
     kv_capacity: tuple[str, ...] = ()  # gauge: KV capacity in tokens
     kv_used: tuple[str, ...] = ()  # gauge: KV tokens in use (or reserved, see the engine's row)
@@ -58,11 +63,16 @@ class MetricNames:
                  "spec_draft_tokens", "spec_accepted_tokens")
         return {k: getattr(self, k) for k in names if getattr(self, k)}
 
+    def rates(self) -> dict[str, tuple[str, ...]]:
+        """The rate gauges this engine exports (prefix_hit_rate, spec_accept_rate, spec_accept_length)."""
+        names = ("prefix_hit_rate", "spec_accept_rate", "spec_accept_length")
+        return {k: getattr(self, k) for k in names if getattr(self, k)}
+
     def prefixes(self) -> tuple[str, ...]:
         """Every sample-name prefix this table reads (for a filtered parse, see adapters.prom)."""
         out: list[str] = [*self.kv_usage, *self.running, *self.waiting, *self.kv_capacity, *self.kv_used,
                           *self.kv_blocks, *self.kv_used_blocks, *self.kv_block_tokens, *self.cache_info,
-                          *self.model_info]
+                          *self.model_info, *(n for alts in self.rates().values() for n in alts)]
         out += list(self.histograms().values())
         for names in self.counters().values():
             out += list(names)
@@ -110,13 +120,24 @@ SGLANG = MetricNames(
     spec_drafts=("sglang:spec_verify_calls_total",),  # SGLang counts verify steps, not draft/accepted tokens
     kv_capacity=("sglang:max_total_num_tokens",),
     kv_used=("sglang:num_used_tokens",),
+    # Rates of the latest window only (scheduler_components/metrics_reporter.py): cache_hit_rate is
+    # hit / (hit + new) prompt tokens of the last logged prefill batch; spec_accept_rate is accepted
+    # drafts / (verify steps x (speculative_num_draft_tokens - 1)) and spec_accept_length accepted + 1
+    # per verify step, both over the last decode_log_interval (default 40) decode steps.
+    prefix_hit_rate=("sglang:cache_hit_rate",),
+    spec_accept_rate=("sglang:spec_accept_rate",),
+    spec_accept_length=("sglang:spec_accept_length",),
 )
 
 # TGI v3.3.7 router (router/src/server.rs, backends/v3/src/{lib,backend,queue}.rs). No TTFT and
 # no ITL histogram; `tgi_request_mean_time_per_token_duration` is inference time / generated
 # tokens (prefill included), not TPOT, so it is not mapped. `tgi_batch_current_max_tokens` is
 # the tokens the running batch reserves against `tgi_batch_max_total_tokens` (TGI budgets
-# every request's max_new_tokens up front), used here as the KV tokens in use.
+# every request's max_new_tokens up front), used here as the KV tokens in use. No prefix-cache
+# counter at all. Speculation (--speculate): `tgi_request_skipped_tokens` is a histogram with one
+# sample per request per generation step, the tokens beyond the first that step emitted, so its
+# _sum is the accepted draft tokens; drafts proposed are not exported (every decode step proposes
+# `speculate` tokens), so no acceptance rate can be read from TGI's own metrics.
 TGI = MetricNames(
     engine="tgi",
     running=("tgi_batch_current_size",),
@@ -124,6 +145,7 @@ TGI = MetricNames(
     e2e="tgi_request_duration",
     prompt_tokens=("tgi_request_input_length_sum",),
     generation_tokens=("tgi_request_generated_tokens_sum",),
+    spec_accepted_tokens=("tgi_request_skipped_tokens_sum",),
     kv_capacity=("tgi_batch_max_total_tokens",),
     kv_used=("tgi_batch_current_max_tokens",),
 )
@@ -150,6 +172,8 @@ TRTLLM = MetricNames(
     kv_used_blocks=("trtllm_kv_cache_used_blocks",),
     kv_block_tokens=("trtllm_kv_cache_tokens_per_block",),
     model_info=("trtllm_model_config_info",),
+    # the KV cache's block-reuse hit rate of the latest iteration stats (reused / allocated blocks)
+    prefix_hit_rate=("trtllm_kv_cache_hit_rate",),
 )
 
 TABLES: dict[str, MetricNames] = {t.engine: t for t in (VLLM, REFERENCE, SGLANG, TGI, TRTLLM)}

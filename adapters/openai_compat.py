@@ -3,9 +3,14 @@
 Attach mode is this class itself (`options.url`). Server adapters (the reference
 engine's `inferlab serve`, vLLM, TensorRT-LLM) mix `adapters.serving.LaunchedServer` in
 before it, which supplies `connect()` (launch a server, return its base URL),
-`disconnect()`, `pid` and `launch_knobs()`; they may override `token_id_fields()`,
-`_completion_body()`, `_parse_chunk()`, `_knobs()`, `_capacity()`, `_unhonoured()`, and set
-`METRICS` (their row of adapters.metric_names, whose `path` is where Prometheus text lives).
+`disconnect()`, `pid`, `launch_knobs()` and `launch_argv`; they may override `token_id_fields()`,
+`_completion_body()`, `_parse_chunk()`, `_knobs()`, `_capacity()`, `_read_back()`,
+`_unhonoured()`, and set `METRICS` (their row of adapters.metric_names, whose `path` is where
+Prometheus text lives).
+- `EngineInfo.effective` / `.memory` come from `_read_back()`: here the KV geometry the first
+  scrape shows and the launch command; subclasses add what their engine reports. Options
+  `enable_prefix_caching` / `speculative_config` (adapters.features) are accepted everywhere; an
+  attached server cannot be given them, so unless its read-back settings match, `unhonoured` says so.
 
 Invariants:
 - `recv_ns` is taken when an SSE line arrives, before it is parsed.
@@ -28,10 +33,11 @@ from typing import Any, AsyncIterator, NamedTuple
 
 import httpx
 
-from adapters import prom
+from adapters import features, prom
 from adapters.base import (UNKNOWN_TOKEN_ID, Engine, EngineInfo, EngineUnavailable, GenerationRequest,
                            MemorySnapshot, RequestError, SamplingConfig, TokenEvent, check_options)
 from adapters.metric_names import VLLM, MetricNames
+from adapters.readback import ReadBack, launch_command
 from adapters.serving import aclose_then, kv_pin_gap
 
 
@@ -53,13 +59,15 @@ class OpenAIEngine(Engine):
     name = "openai"
     mode = "attach"
     OPTIONS = frozenset({"url", "api_key", "served_model_name", "token_ids_prompt", "return_token_ids",
-                         "extra_body", "metrics_path", "kv_cache_tokens"})
+                         "extra_body", "metrics_path", "kv_cache_tokens", *features.OPTIONS})
     METRICS: MetricNames = VLLM  # what to read from the Prometheus text (adapters.metric_names)
     KV_HOW = "an already running server (its KV budget was fixed when it started)"  # for unhonoured
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
+        features.prefix_caching(self.name, self.options)
+        features.speculative(self.name, self.options.get("speculative_config"))
         self.base_url: str | None = None
         self.metrics_path: str = self.options.get("metrics_path", self.METRICS.path)
         self.served_model_name: str | None = self.options.get("served_model_name")
@@ -69,6 +77,8 @@ class OpenAIEngine(Engine):
         self.info: EngineInfo | None = None
         self._client: httpx.AsyncClient | None = None
         self._has_metrics = False
+        self._first_metrics: prom.Metrics | None = None  # the full scrape at start, for _read_back
+        self._model_entry: dict[str, Any] = {}  # the served model's entry of GET /v1/models
         # snapshot() parses only these (see adapters.prom); start() parses everything once
         self._metric_names = self.METRICS.prefixes()
         self._live: set[str] = set()  # requests whose generate() is running
@@ -94,6 +104,10 @@ class OpenAIEngine(Engine):
 
     def launch_knobs(self) -> dict[str, Any]:
         return {}
+
+    @property
+    def launch_argv(self) -> list[str] | None:
+        return None
 
     def _knobs(self) -> dict[str, Any]:
         return {"url": self.base_url, "token_ids_prompt": self.token_ids_prompt, **self.launch_knobs()}
@@ -160,6 +174,22 @@ class OpenAIEngine(Engine):
         """The dtype the engine runs (subclasses that can read it back override)."""
         return self.dtype
 
+    async def _engine_read_back(self, rb: ReadBack) -> None:
+        """Add what this engine reports about itself to `rb` (subclasses; first source wins)."""
+
+    async def _read_back(self, capacity: int | None, block_size: int | None) -> ReadBack:
+        """What the engine reports it runs with (EngineInfo.effective / .memory): the engine's
+        own reports (`_engine_read_back`), then the KV geometry of the first scrape, the
+        `max_model_len` of /v1/models (vLLM and our server list it) and the launch command."""
+        rb = ReadBack()
+        await self._engine_read_back(rb)
+        where = f"{self.METRICS.engine} KV gauges at {self.metrics_path}"
+        rb.put("kv_capacity_tokens", capacity, where)
+        rb.put("block_size", block_size, where)
+        rb.put("max_model_len", self._model_entry.get("max_model_len"), "/v1/models max_model_len")
+        rb.put("launch_command", launch_command(self.launch_argv), "the argv this adapter launched")
+        return rb
+
     def _unhonoured(self, capacity: int | None, block_size: int | None) -> dict[str, str]:
         """Fairness settings this engine did not honour, in words (EngineInfo.unhonoured)."""
         out: dict[str, str] = {}
@@ -194,12 +224,19 @@ class OpenAIEngine(Engine):
             if not self.events_carry_token_ids:  # the next probe asks for running usage
                 _, self.usage_per_chunk = await self._probe()
             cap, bs = await self._capacity()
+            effective, memory = (await self._read_back(cap, bs)).result()
+            unhonoured = self._unhonoured(cap, bs)
+            ran = effective.get("dtype") or self._dtype_ran()
+            if ran != self.dtype:
+                unhonoured.setdefault("dtype", f"{self.name}: {self.dtype} was asked, the server reports dtype {ran}")
+            for k, why in features.gaps(self.name, self.options, effective).items():
+                unhonoured.setdefault(k, why)
             knobs = {**self._knobs(), "events_carry_token_ids": self.events_carry_token_ids}
             self.info = EngineInfo(engine=self.name, version=await self._version(), model=self.served_model_name,
-                                   dtype=self._dtype_ran(), kv_capacity_tokens=cap, block_size=bs, knobs=knobs,
+                                   dtype=ran, kv_capacity_tokens=cap, block_size=bs, knobs=knobs,
                                    mode=self.mode, pid=self.pid,
                                    metrics_url=self.base_url + self.metrics_path if self._has_metrics else None,
-                                   unhonoured=self._unhonoured(cap, bs))
+                                   unhonoured=unhonoured, effective=effective, memory=memory)
         except httpx.TransportError as e:  # nothing listening, or it hung up
             await self.stop()
             raise EngineUnavailable(f"no OpenAI-compatible server answers at {self.base_url} ({e!r}); "
@@ -300,6 +337,7 @@ class OpenAIEngine(Engine):
         models = resp.json().get("data") or []
         if not models:
             raise EngineUnavailable(f"{self.base_url}/v1/models lists no model; set option served_model_name")
+        self._model_entry = models[0]
         return models[0]["id"]
 
     async def _probe(self) -> tuple[bool, bool]:
@@ -342,5 +380,5 @@ class OpenAIEngine(Engine):
         except httpx.HTTPError:
             return None
         if first:
-            self._has_metrics = m is not None
+            self._has_metrics, self._first_metrics = m is not None, m
         return m

@@ -2,6 +2,12 @@
 
 Options: `mode` = "in_process" (default) | "server" | "attach", plus the engine knobs in
 `KNOBS` (passed to `EngineConfig` in-process; server mode takes `SERVER_KNOBS` as flags).
+`enable_prefix_caching` and `speculative_config` are the uniform features (adapters.features),
+which are also the engine's own EngineConfig fields and `inferlab serve` flags.
+
+`EngineInfo.effective` / `.memory` in-process come from the engine itself
+(`LLMEngine.effective_config()` / `memory_report()`; from its config and stats where an older
+engine lacks them); `snapshot().extra` carries its prefix-cache and speculation counters.
 
 in_process shares the harness's interpreter: the engine's step loop and the load
 generator take turns holding the GIL, so the client perturbs the engine it measures.
@@ -13,15 +19,49 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator
 
+from adapters import features
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            TokenEvent, check_options)
+from adapters.readback import ReadBack
 from adapters.serving import ModalEngine
 
 KNOBS = ("block_size", "kv_cache_tokens", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
-         "max_model_len", "enable_chunked_prefill", "attention_backend", "device", "seed")
+         "max_model_len", "enable_chunked_prefill", "attention_backend", "device", "seed",
+         "enable_prefix_caching", "speculative_config")
 # The knobs `inferlab serve` takes as flags (max_waiting: requests beyond it get 503).
 SERVER_KNOBS = ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                "device", "seed", "max_waiting")
+                "device", "seed", "max_waiting", "enable_prefix_caching", "speculative_config")
+# EngineStats counters copied into snapshot().extra
+COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts",
+            "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+
+
+def read_back(core) -> tuple[dict, dict[str, int]]:
+    """EngineInfo.effective / .memory from a started `LLMEngine` (its own report when it has one)."""
+    rb = ReadBack()
+    own = getattr(core, "effective_config", None)
+    if own is not None:
+        for k, v in own().items():
+            rb.put(k, v if k != "speculative" else (v or False), "LLMEngine.effective_config()")
+    cfg, st = core.cfg, core.stats()
+    src = "LLMEngine.cfg / stats()"
+    for key, value in (("dtype", cfg.dtype), ("kv_capacity_tokens", st.kv_capacity_tokens),
+                       ("kv_blocks", st.kv_total_blocks), ("block_size", st.block_size),
+                       ("max_num_seqs", cfg.max_num_seqs), ("max_num_batched_tokens", cfg.max_num_batched_tokens),
+                       ("max_model_len", core.max_model_len), ("chunked_prefill", cfg.enable_chunked_prefill),
+                       ("prefix_caching", cfg.enable_prefix_caching),
+                       ("speculative", dict(cfg.speculative_config) if cfg.speculative_config else False),
+                       ("compile", False), ("tensor_parallel_size", 1)):
+        rb.put(key, value, src)
+    report = getattr(core, "memory_report", None)
+    if report is not None:
+        for k, v in report().items():
+            rb.mem(k, v, "LLMEngine.memory_report()")
+    else:
+        from reference_engine.gpu_memory import param_bytes
+
+        rb.mem("weights", param_bytes(core.runner.model), "the model's parameter storages")
+    return rb.result()
 
 
 class ReferenceEngine(ModalEngine):
@@ -56,6 +96,8 @@ class ReferenceInProcess(Engine):
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, set(KNOBS))
+        features.prefix_caching(self.name, self.options)
+        features.speculative(self.name, self.options.get("speculative_config"))
         self.engine = None
         self.info: EngineInfo | None = None
 
@@ -71,10 +113,12 @@ class ReferenceInProcess(Engine):
         st = self.engine.stats()
         knobs = {k: getattr(self.engine.config, k) for k in KNOBS if hasattr(self.engine.config, k)}
         knobs["max_model_len"] = self.engine.max_model_len
+        effective, memory = read_back(self.engine.core)
         self.info = EngineInfo(engine=self.name, version=self.engine.version,
-                               model=self.engine.model_name, dtype=self.dtype,
+                               model=self.engine.model_name, dtype=effective.get("dtype", self.dtype),
                                kv_capacity_tokens=st.kv_capacity_tokens, block_size=st.block_size, knobs=knobs,
-                               mode="in_process", pid=None)
+                               mode="in_process", pid=None, effective=effective, memory=memory,
+                               unhonoured=features.gaps(self.name, self.options, effective))
         return self.info
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -106,7 +150,7 @@ class ReferenceInProcess(Engine):
         snap.kv_capacity_tokens = st.kv_capacity_tokens
         snap.kv_usage = st.kv_usage
         snap.num_running, snap.num_waiting = st.num_running, st.num_waiting
-        snap.extra = {"num_preemptions_total": st.num_preemptions_total}
+        snap.extra = {k: getattr(st, k) for k in COUNTERS}
         return snap
 
     async def stop(self) -> None:

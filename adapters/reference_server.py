@@ -6,16 +6,25 @@ log_path, work_dir, startup_timeout_s, extra_args, env), waits for /health, then
 exactly as `OpenAIEngine` does; mode "attach" talks to `url`. The server exports vLLM's
 Prometheus names (adapters.metric_names.REFERENCE), so KV capacity and usage come from /metrics.
 
+Flags: `enable_prefix_caching` -> `--enable-prefix-caching` / `--no-enable-prefix-caching`,
+`speculative_config` -> `--speculative-config '<json>'` (the uniform features of adapters.features).
+`reset_prefix_cache()` POSTs `/reset_prefix_cache`: 200 -> True, 409 (requests hold blocks) -> False.
+`EngineInfo.effective` / `.memory`: `GET /server_info` when the server has it (its `effective` and
+`memory` objects, the engine's own `effective_config()` / `memory_report()`; or vLLM's
+`vllm_config` shape), else the `vllm:cache_config_info` labels and the KV gauges at /metrics.
+
 Invariant: after `stop()` returns, no process of a launched server's tree is alive.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from adapters.metric_names import REFERENCE
 from adapters.openai_compat import OpenAIEngine
+from adapters.readback import ReadBack, server_info_json, vllm_shapes
 from adapters.reference import SERVER_KNOBS
 from adapters.serving import LaunchedServer
 
@@ -39,12 +48,26 @@ class ReferenceServer(LaunchedServer, OpenAIEngine):
                                  f"(an attached server's knobs were fixed when it started)")
 
     def flags(self) -> list[str]:
-        """`inferlab serve` flags for the knobs given: `max_num_seqs=8` -> `--max-num-seqs 8`."""
+        """`inferlab serve` flags for the knobs given: `max_num_seqs=8` -> `--max-num-seqs 8`, a bool
+        -> `--x` / `--no-x`, a table (speculative_config) -> `--x '<json>'`."""
         out: list[str] = []
         for k in SERVER_KNOBS:
-            if self.options.get(k) is not None:
-                out += ["--" + k.replace("_", "-"), str(self.options[k])]
+            v, flag = self.options.get(k), "--" + k.replace("_", "-")
+            if isinstance(v, bool):
+                out.append(flag if v else "--no-" + flag[2:])
+            elif isinstance(v, dict):
+                out += [flag, json.dumps(v, separators=(",", ":"))]
+            elif v is not None:
+                out += [flag, str(v)]
         return out
+
+    async def _engine_read_back(self, rb: ReadBack) -> None:
+        info = await server_info_json(self._client)
+        for k, v in (info.get("effective") or {}).items():
+            rb.put(k, v if k != "speculative" else (v or False), "/server_info effective (LLMEngine.effective_config())")
+        for k, v in (info.get("memory") or {}).items():
+            rb.mem(k, v, "/server_info memory (LLMEngine.memory_report())")
+        vllm_shapes(rb, info, self._first_metrics, self.METRICS.cache_info)
 
     def server_argv(self) -> list[str]:
         s = self.server

@@ -321,6 +321,11 @@ class LaunchedServer:
         if self.server is not None:
             await self.server.stop()
 
+    @property
+    def launch_argv(self) -> list[str] | None:
+        """The command line the launched server runs (None: attached)."""
+        return self.server.proc.argv if self.server is not None and self.server.proc is not None else None
+
     def launch_knobs(self) -> dict[str, Any]:
         """Where the launched server logged and how long it took to become healthy."""
         if self.server is None or self.server.proc is None:

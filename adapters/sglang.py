@@ -8,6 +8,18 @@
   (read from /server_info at start), so the adapter diffs (adapters/deltas.py).
 - `meta_info.finish_reason` is null until the last event, then `{"type": "length"|"stop"|
   "abort", ...}`; `meta_info.prompt_tokens` / `completion_tokens` are the engine's counts.
+- Features (adapters.features): `enable_prefix_caching = false` -> `--disable-radix-cache` (the
+  radix cache is SGLang's prefix cache, on by default); `speculative_config` ngram ->
+  `--speculative-algorithm NGRAM --speculative-num-draft-tokens k+1 --speculative-ngram-max-bfs-breadth 1`
+  (SGLang's draft-token count includes the verified root token; breadth 1 makes the draft one chain
+  of k, as vLLM's), draft_model -> `--speculative-algorithm STANDALONE --speculative-draft-model-path
+  DIR --speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`.
+  SGLang's NGRAM looks up a trie built from every request's tokens (depth
+  --speculative-ngram-max-trie-depth), not the request's own last 2..5 tokens: prompt_lookup_min/max
+  have no SGLang equivalent and `unhonoured` says so.
+- `EngineInfo.effective` / `.memory` from `/server_info` (the resolved server arguments, the
+  scheduler's `max_total_num_tokens`, and `internal_states[0]`: `effective_max_running_requests_per_dp`
+  and `memory_usage` {weight, kvcache, graph} in GiB rounded to 0.001).
 - KV capacity: `max_total_num_tokens` from `/server_info` (older servers: `/get_server_info`);
   block size = `page_size`. `kv_cache_tokens` is passed as `--max-total-tokens`, which is an
   upper bound (SGLang takes the minimum of it and what fits in memory): a capacity that is
@@ -31,11 +43,12 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from adapters import prom
+from adapters import features, prom
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent, check_options)
 from adapters.deltas import Cumulative, Incremental, NotCumulative
 from adapters.metric_names import SGLANG
+from adapters.readback import GIB, ReadBack, as_bool, launch_command
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
@@ -47,6 +60,97 @@ KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests
          "disable_cuda_graph": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
          "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"]}
 KV_HOW = "--max-total-tokens (an upper bound: SGLang takes the minimum with what fits in memory)"
+NGRAM_WINDOW = ("SGLang's NGRAM drafts from a trie of every request's recent tokens (depth "
+                "--speculative-ngram-max-trie-depth, default 18), not from the request's own last "
+                "prompt_lookup_min..prompt_lookup_max tokens; those two settings have no SGLang flag")
+
+
+def feature_args(options: dict[str, Any]) -> dict[str, Any]:
+    """SGLang server arguments (ServerArgs field -> value) for the uniform features
+    (adapters.features); ValueError when they contradict option disable_radix_cache."""
+    out: dict[str, Any] = {}
+    prefix = features.prefix_caching("sglang", options)
+    if prefix is not None:
+        if options.get("disable_radix_cache") is not None and options["disable_radix_cache"] == prefix:
+            raise ValueError("engine 'sglang': enable_prefix_caching and disable_radix_cache contradict each other")
+        out["disable_radix_cache"] = not prefix
+    spec = features.speculative("sglang", options.get("speculative_config"))
+    if spec is not None:
+        k = spec["num_speculative_tokens"]
+        if spec["method"] == "ngram":
+            out.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k + 1,
+                       speculative_ngram_max_bfs_breadth=1)
+        else:
+            out.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=spec["model"],
+                       speculative_num_steps=k, speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1)
+    return out
+
+
+def feature_flags(options: dict[str, Any]) -> list[str]:
+    """`feature_args` as launch flags (a true boolean is a bare flag, a false one is left out)."""
+    out: list[str] = []
+    for k, v in feature_args(options).items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is not False:
+            out += [flag, str(v)]
+    return out
+
+
+def sglang_speculative(si: dict[str, Any]) -> dict[str, Any] | bool | None:
+    """The speculation a server reports, in the uniform keys (False: off; None: not reported)."""
+    if "speculative_algorithm" not in si:
+        return None
+    algo = si.get("speculative_algorithm")
+    if algo in (None, "", "NONE"):
+        return False
+    steps, drafts = si.get("speculative_num_steps"), si.get("speculative_num_draft_tokens")
+    native = {k: si.get(k) for k in ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+                                     "speculative_num_draft_tokens", "speculative_draft_model_path") if k in si}
+    if algo == "NGRAM":
+        return {"method": "ngram", "num_speculative_tokens": drafts - 1 if drafts else None, "sglang": native}
+    if algo == "STANDALONE":
+        return {"method": "draft_model", "num_speculative_tokens": steps,
+                "model": si.get("speculative_draft_model_path"), "sglang": native}
+    return {"method": str(algo).lower(), "num_speculative_tokens": steps, "sglang": native}
+
+
+def read_back(si: dict[str, Any], argv: list[str] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """EngineInfo.effective and .memory from a /server_info answer (see the module docstring)."""
+    rb, src = ReadBack(), "/server_info"
+    state = (si.get("internal_states") or [{}])[0] or {}
+    rb.put("dtype", reported_dtype(si, None), src + " dtype")
+    rb.put("kv_capacity_tokens", si.get("max_total_num_tokens"), src + " max_total_num_tokens")
+    rb.put("block_size", si.get("page_size"), src + " page_size")
+    rb.put("max_num_seqs", state.get("effective_max_running_requests_per_dp"),
+           src + " internal_states[0].effective_max_running_requests_per_dp")
+    rb.put("max_num_seqs", si.get("max_running_requests"), src + " max_running_requests")
+    chunk = si.get("chunked_prefill_size")
+    if "chunked_prefill_size" in si:
+        rb.put("chunked_prefill", chunk not in (None, -1, 0), src + " chunked_prefill_size (-1: off)")
+        rb.put("max_num_batched_tokens", chunk if chunk not in (None, -1, 0) else si.get("max_prefill_tokens"),
+               src + (" chunked_prefill_size" if chunk not in (None, -1, 0) else " max_prefill_tokens"))
+    rb.put("max_model_len", si.get("context_length"), src + " context_length")
+    rb.put("max_model_len", si.get("max_req_input_len"), src + " max_req_input_len (no context_length)")
+    if "disable_radix_cache" in si:
+        rb.put("prefix_caching", not as_bool(si["disable_radix_cache"]), src + " disable_radix_cache")
+    if "cuda_graph_backend_decode" in si:
+        rb.put("cuda_graphs", si["cuda_graph_backend_decode"] != "disabled", src + " cuda_graph_backend_decode")
+    elif "disable_cuda_graph" in si:
+        rb.put("cuda_graphs", not as_bool(si["disable_cuda_graph"]), src + " disable_cuda_graph")
+    rb.put("compile", as_bool(si.get("enable_torch_compile")), src + " enable_torch_compile")
+    rb.put("speculative", sglang_speculative(si), src + " speculative_*")
+    rb.put("tensor_parallel_size", si.get("tp_size"), src + " tp_size")
+    rb.put("launch_command", launch_command(argv), "the argv this adapter launched")
+    mem = state.get("memory_usage") or {}
+    where = src + " internal_states[0].memory_usage.{} (GiB, 0.001 resolution)"
+    for key, field in (("weights", "weight"), ("kv_allocated", "kvcache")):
+        if isinstance(mem.get(field), (int, float)):
+            rb.mem(key, round(mem[field] * GIB), where.format(field))
+    if isinstance(mem.get("graph"), dict) and mem["graph"]:
+        rb.mem("graph_pool", round(sum(mem["graph"].values()) * GIB), where.format("graph"))
+    return rb.result()
 
 
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
@@ -75,14 +179,20 @@ class SGLangEngine(ModalEngine):
              "in_process": "adapters.sglang:SGLangInProcess"}
 
 
-def reported_dtype(info: dict[str, Any], asked: str) -> str:
+def reported_dtype(info: dict[str, Any], asked: str | None) -> str | None:
     """The dtype in SGLang's server info (its resolved `dtype` argument), else the one asked."""
     d = info.get("dtype")
     return str(d) if d not in (None, "", "auto") else asked
 
 
-def unhonoured(asked_dtype: str, info: dict[str, Any], asked_kv: int | None, how: str) -> dict[str, str]:
+def unhonoured(asked_dtype: str, info: dict[str, Any], asked_kv: int | None, how: str,
+               options: dict[str, Any] | None = None, effective: dict[str, Any] | None = None) -> dict[str, str]:
     out: dict[str, str] = {}
+    spec = features.speculative("sglang", (options or {}).get("speculative_config"))
+    if spec is not None and spec["method"] == "ngram":
+        out["speculative_config.prompt_lookup"] = NGRAM_WINDOW
+    for k, why in features.gaps("sglang", options or {}, effective or {}).items():
+        out.setdefault(k, why)
     ran = reported_dtype(info, asked_dtype)
     if ran != asked_dtype:
         out["dtype"] = f"sglang: {asked_dtype} was asked, the server reports dtype {ran}"
@@ -97,11 +207,12 @@ class SGLangServer(LaunchedServer, Engine):
     and the server flags in `KNOBS` (booleans become bare flags)."""
 
     name = "sglang"
-    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS}
+    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS, *features.OPTIONS}
     INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        feature_args(self.options)  # checked at construction
         self.client: httpx.AsyncClient | None = None
         self.incremental = False
         self.info: EngineInfo | None = None
@@ -112,13 +223,15 @@ class SGLangServer(LaunchedServer, Engine):
         out: list[str] = []
         for k, flag in KNOBS.items():
             v = self.options.get(k)
+            if k == "disable_radix_cache" and "disable_radix_cache" in feature_args(self.options):
+                continue  # rendered once, by feature_flags
             if v is True:
                 out += flag
             elif v not in (None, False):
                 out += [*flag, str(v)]
         if self.options.get("kv_cache_tokens") is not None:
             out += ["--max-total-tokens", str(int(self.options["kv_cache_tokens"]))]
-        return out
+        return out + feature_flags(self.options)
 
     def server_argv(self) -> list[str]:
         s = self.server
@@ -138,14 +251,17 @@ class SGLangServer(LaunchedServer, Engine):
             si = await self._server_info()
             self.incremental = bool(si.get("incremental_streaming_output") or si.get("stream_output"))
             knobs = {"url": base, "incremental_streaming_output": self.incremental, **self.launch_knobs(), **{
-                k: self.options[k] for k in (*KNOBS, "kv_cache_tokens") if k in self.options}}
+                k: self.options[k] for k in (*KNOBS, "kv_cache_tokens", *features.OPTIONS) if k in self.options}}
             how = KV_HOW if self.server is not None else "an already running server (its budget was fixed at start)"
             has_metrics = await prom.scrape(self.client, SGLANG.path, SGLANG.prefixes()) is not None
+            effective, memory = read_back(si, self.launch_argv)
             self.info = EngineInfo(engine=self.name, version=str(si.get("version", "unknown")), model=self.model,
                                    dtype=reported_dtype(si, self.dtype), kv_capacity_tokens=si.get("max_total_num_tokens"),
                                    block_size=si.get("page_size"), knobs=knobs, mode=self.mode, pid=self.pid,
                                    metrics_url=base + SGLANG.path if has_metrics else None,
-                                   unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), how))
+                                   unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), how,
+                                                         self.options, effective),
+                                   effective=effective, memory=memory)
         except BaseException:
             await self.stop()
             raise
@@ -229,12 +345,19 @@ class SGLangServer(LaunchedServer, Engine):
 async def engine_server_info(engine: Any) -> dict[str, Any]:
     """What `sglang.Engine.get_server_info()` reports that this adapter reads, without its
     `run_until_complete` (which raises inside a running event loop): the scheduler's info
-    (`max_total_num_tokens`) and the server arguments (`page_size`, `dtype`)."""
+    (`max_total_num_tokens`), the resolved server arguments (`page_size`, `dtype`, ...) and,
+    when the tokenizer manager has it, the per-rank internal state (memory split)."""
     sched = getattr(engine, "scheduler_info", None)
     if sched is None:
         sched = engine._scheduler_init_result.scheduler_infos[0]
-    args = engine.tokenizer_manager.server_args
-    return {**dict(sched), "page_size": getattr(args, "page_size", None), "dtype": getattr(args, "dtype", None)}
+    manager = engine.tokenizer_manager
+    args = manager.server_args
+    resolved = args.resolved_dict() if hasattr(args, "resolved_dict") else {}
+    info = {**resolved, **dict(sched), "page_size": getattr(args, "page_size", None),
+            "dtype": getattr(args, "dtype", None)}
+    if hasattr(manager, "get_internal_state"):
+        info["internal_states"] = await manager.get_internal_state()
+    return info
 
 
 class SGLangInProcess(HeldEngine):
@@ -242,11 +365,12 @@ class SGLangInProcess(HeldEngine):
     (cumulative chunks, diffed like the server's)."""
 
     name = "sglang"
-    OPTIONS = frozenset({"kv_cache_tokens", *KNOBS})
+    OPTIONS = frozenset({"kv_cache_tokens", *KNOBS, *features.OPTIONS})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
+        feature_args(self.options)
         self.engine: Any = None
         self.info: EngineInfo | None = None
 
@@ -257,12 +381,16 @@ class SGLangInProcess(HeldEngine):
             kw.update(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
         if self.options.get("kv_cache_tokens") is not None:
             kw["max_total_tokens"] = int(self.options["kv_cache_tokens"])
+        kw.update(feature_args(self.options))
         self.engine = sgl.Engine(model_path=self.model, dtype=self.dtype, **kw)
         si = await engine_server_info(self.engine)
+        effective, memory = read_back(si)
         self.info = EngineInfo(engine=self.name, version=getattr(sgl, "__version__", "unknown"), model=self.model,
                                dtype=reported_dtype(si, self.dtype), kv_capacity_tokens=si.get("max_total_num_tokens"),
                                block_size=si.get("page_size"), knobs=dict(self.options), mode="in_process",
-                               unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), KV_HOW))
+                               unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), KV_HOW,
+                                                     self.options, effective),
+                               effective=effective, memory=memory)
         return self.info
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

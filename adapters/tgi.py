@@ -26,6 +26,18 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
   request may stop before max_new_tokens (`unhonoured["ignore_eos"]`).
 - `abort` takes effect at the request's next event (the stream is closed then; TGI cancels
   a request whose client went away). recv_ns is taken after huggingface_hub parsed the event.
+- Features (adapters.features): `enable_prefix_caching` -> the launcher's environment
+  `PREFIX_CACHING=1|0` (TGI's only switch; default on for Flash models with flashinfer or
+  flashdecoding attention); `speculative_config` ngram -> `--speculate k` (TGI's n-gram copies the
+  k tokens that followed the first earlier occurrence of the last token: a one-token match, so
+  prompt_lookup_min/max are unhonoured); draft_model is unhonoured (TGI speculates only with
+  Medusa / MLP-speculator heads shipped in the model folder, or n-gram), and the server is
+  launched without speculation. An attached server's features were fixed at its start.
+- `EngineInfo.effective` from `/info` (max_total_tokens: the per-request context), the KV gauge,
+  and in server mode the launch log: the launcher's `Args { .. dtype: Some(BFloat16) .. }`, the
+  shard's "Using prefix caching = True", "Using speculation n-gram with 3 input ids.", "KV-cache
+  blocks: N, size: B", "Cuda Graphs are enabled for sizes [...]" and the router's "Setting max
+  batch total tokens to N". TGI reports no memory split (`EngineInfo.memory` stays empty).
 """
 from __future__ import annotations
 
@@ -36,10 +48,11 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from adapters import prom
+from adapters import features, prom
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent)
 from adapters.metric_names import TGI
+from adapters.readback import ReadBack, launch_command
 from adapters.serving import LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
 
 INSTALL = ("install text-generation-launcher (TGI) on a GPU host, or set launcher = "
@@ -55,6 +68,58 @@ MAX_BATCH_LOG = re.compile(r"Setting max batch total tokens to (\d+)")
 FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 NO_IGNORE_EOS = ("TGI has no ignore_eos (its router sets ignore_eos_token=false for every request): a request "
                  "may stop at EOS before max_tokens")
+NO_DRAFT_MODEL = ("TGI has no draft-model speculation (--speculate uses Medusa or MLP-speculator heads shipped in "
+                  "the model folder, else n-gram): the server runs without speculation")
+NGRAM_MATCH = ("TGI's n-gram copies the tokens that followed the first earlier occurrence of the last token "
+               "(a one-token match); prompt_lookup_min/max have no TGI setting")
+ATTACHED = "an attached server's {} was fixed when it started"
+# launch-log lines (server mode), TGI v3.3.7: launcher/src/main.rs (Args debug print),
+# server/text_generation_server/models/{globals,__init__,flash_causal_lm}.py
+LOG_DTYPE = re.compile(r"\bdtype: Some\(\s*(\w+),?\s*\)")
+LOG_PREFIX = re.compile(r"Using prefix caching = (True|False)|Prefix caching (\w+)\b")  # shard | launcher
+LOG_SPECULATION = re.compile(r"Using speculation ([\w-]+) with (\d+) input ids")
+LOG_BLOCKS = re.compile(r"KV-cache blocks: (\d+), size: (\d+)")
+LOG_GRAPHS = re.compile(r"Cuda Graphs are enabled for sizes (\[[\d, ]*\])")
+LOG_MODEL_LOADED = re.compile(r"KV-cache blocks: |Setting max batch total tokens")  # the shard got past model setup
+DTYPE_NAMES = {"Float16": "float16", "BFloat16": "bfloat16"}
+
+
+def log_read_back(rb: ReadBack, text: str, source: str) -> None:
+    """Settings from a TGI launch log (the lines listed in the module docstring)."""
+    def last(pattern: re.Pattern) -> re.Match | None:
+        found = list(pattern.finditer(text))
+        return found[-1] if found else None
+
+    if m := last(LOG_DTYPE):
+        rb.put("dtype", DTYPE_NAMES.get(m.group(1), m.group(1).lower()), source + ": launcher Args dtype")
+    if m := last(LOG_PREFIX):
+        rb.put("prefix_caching", (m.group(1) or m.group(2)).lower() in ("true", "1"), source + ": prefix caching line")
+    if m := last(LOG_BLOCKS):
+        rb.put("kv_blocks", int(m.group(1)), source + ": KV-cache blocks line")
+        rb.put("block_size", int(m.group(2)), source + ": KV-cache blocks line")
+    if m := last(LOG_GRAPHS):
+        rb.put("cuda_graphs", m.group(1) != "[]", source + ": Cuda Graphs are enabled line")
+    rb.put("kv_capacity_tokens", max_batch_total_tokens(text), source + ": Setting max batch total tokens")
+    if m := last(LOG_SPECULATION):
+        method = "ngram" if m.group(1) == "n-gram" else m.group(1)
+        rb.put("speculative", {"method": method, "num_speculative_tokens": int(m.group(2))},
+               source + ": Using speculation line")
+    elif LOG_MODEL_LOADED.search(text):
+        rb.put("speculative", False, source + ": no 'Using speculation' line before the model was set up")
+
+
+def unhonoured_features(options: dict[str, Any], attached: bool) -> dict[str, str]:
+    """What TGI cannot do of the uniform features asked (before any read-back)."""
+    out: dict[str, str] = {}
+    spec = features.speculative("tgi", options.get("speculative_config"))
+    if spec is not None and spec["method"] == "draft_model":
+        out["speculative_config"] = NO_DRAFT_MODEL
+    elif spec is not None:
+        out["speculative_config.prompt_lookup"] = NGRAM_MATCH
+    if attached:
+        for k in features.OPTIONS & set(options):
+            out.setdefault(k, ATTACHED.format(k))
+    return out
 
 
 def max_batch_total_tokens(log_text: str) -> int | None:
@@ -75,11 +140,13 @@ class TGIEngine(ModalEngine):
 
 class TGIServer(LaunchedServer, Engine):
     name = "tgi"
-    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS}
+    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS, *features.OPTIONS}
     INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        features.prefix_caching(self.name, self.options)
+        self.spec = features.speculative(self.name, self.options.get("speculative_config"))
         self.client: Any = None
         self.http: httpx.AsyncClient | None = None
         self.tokenizer: Any = None
@@ -95,7 +162,24 @@ class TGIServer(LaunchedServer, Engine):
         for k in KNOBS:
             if self.options.get(k) is not None:
                 args += ["--" + k.replace("_", "-"), str(self.options[k])]
+        if self.spec is not None and self.spec["method"] == "ngram":
+            args += ["--speculate", str(self.spec["num_speculative_tokens"])]
         return s.argv(script="text-generation-launcher", args=args, container_cmd=[])
+
+    def server_env(self, work_dir: Path | None) -> dict[str, str]:
+        """PREFIX_CACHING for the launcher (it passes it on to the shards) when the option is set."""
+        prefix = self.options.get("enable_prefix_caching")
+        return {} if prefix is None else {"PREFIX_CACHING": "1" if prefix else "0"}
+
+    def read_back(self, info: dict[str, Any], capacity: int | None) -> tuple[dict[str, Any], dict[str, int]]:
+        """EngineInfo.effective from the launch log (server mode), the KV gauge and /info."""
+        rb = ReadBack()
+        if self.server is not None and self.server.proc is not None:
+            log_read_back(rb, self.server.log_text(), f"launch log {self.server.proc.log_path}")
+        rb.put("kv_capacity_tokens", capacity, "tgi_batch_max_total_tokens at /metrics, else /info (TGI < 2.3)")
+        rb.put("max_model_len", info.get("max_total_tokens"), "/info max_total_tokens")
+        rb.put("launch_command", launch_command(self.launch_argv), "the argv this adapter launched")
+        return rb.result()
 
     def dtype_ran(self, info: dict[str, Any]) -> str | None:
         """The dtype the server runs: what we launched it with, else /info's `model_dtype`
@@ -105,8 +189,11 @@ class TGIServer(LaunchedServer, Engine):
         reported = info.get("model_dtype")
         return str(reported).removeprefix("torch.") if reported else None
 
-    def unhonoured(self, ran: str | None, capacity: int | None) -> dict[str, str]:
-        out = {"ignore_eos": NO_IGNORE_EOS}
+    def unhonoured(self, ran: str | None, capacity: int | None,
+                   effective: dict[str, Any] | None = None) -> dict[str, str]:
+        out = {"ignore_eos": NO_IGNORE_EOS, **unhonoured_features(self.options, self.server is None)}
+        for k, why in features.gaps(self.name, self.options, effective or {}).items():
+            out.setdefault(k, why)
         if self.dtype not in DTYPES:
             out["dtype"] = (f"TGI runs float16/bfloat16 only: {self.dtype} was asked, "
                             + (f"{ran} ran" if ran else "the attached server's dtype is not reported "
@@ -134,14 +221,18 @@ class TGIServer(LaunchedServer, Engine):
                 cap = info.get("max_batch_total_tokens")  # TGI < 2.3.0
             if cap is None and self.server is not None:
                 cap = max_batch_total_tokens(self.server.log_text())
-            ran = self.dtype_ran(info)
+            effective, memory = self.read_back(info, cap)
+            ran = effective.get("dtype") or self.dtype_ran(info)
             knobs = {"url": base, "ignore_eos": "unsupported", "prompt": "text", **self.launch_knobs(),
-                     **{k: self.options[k] for k in (*KNOBS, "kv_cache_tokens") if k in self.options}}
+                     **{k: self.options[k] for k in (*KNOBS, "kv_cache_tokens", *features.OPTIONS)
+                        if k in self.options}}
             self.info = EngineInfo(engine=self.name, version=str(info.get("version", "unknown")),
                                    model=str(info.get("model_id", self.model)), dtype=ran or "unknown",
-                                   kv_capacity_tokens=cap, knobs=knobs, mode=self.mode, pid=self.pid,
+                                   kv_capacity_tokens=cap, block_size=effective.get("block_size"), knobs=knobs,
+                                   mode=self.mode, pid=self.pid,
                                    metrics_url=base + TGI.path if metrics is not None else None,
-                                   unhonoured=self.unhonoured(ran, cap))
+                                   unhonoured=self.unhonoured(ran, cap, effective), effective=effective,
+                                   memory=memory)
         except BaseException:
             await self.stop()
             raise

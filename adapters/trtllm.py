@@ -19,6 +19,19 @@ tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
   `return_token_ids` is never sent; token ids stream only with `detokenize: false`, and then
   every chunk's text is empty (so stop strings, matched on text, are not used here).
 - `/metrics` is a JSON iteration-stats endpoint that is drained on read: never scraped.
+- Features (adapters.features), in the options file: `enable_prefix_caching` ->
+  `kv_cache_config.enable_block_reuse` (TRT-LLM's prefix reuse, default on; option
+  `enable_block_reuse` is the same switch); `speculative_config` ngram -> `speculative_config:
+  {decoding_type: NGram, max_draft_len: k, max_matching_ngram_size: prompt_lookup_max,
+  is_public_pool: false}` (a pool per request, as vLLM looks only at the request's own tokens;
+  TRT-LLM tries every match length from max down to 1, so a prompt_lookup_min above 1 is
+  unhonoured), draft_model -> `{decoding_type: Draft_Target, max_draft_len: k, speculative_model:
+  DIR}`. Both run on the PyTorch backend only (`supports_backend`).
+- `EngineInfo.effective` from /prometheus/metrics: `trtllm_model_config_info` (dtype,
+  max_model_len), `trtllm_parallel_config_info`, `trtllm_speculative_config_info`,
+  `trtllm_kv_cache_config_info` (enable_block_reuse) where the server exports them (newer
+  releases), the KV block gauges, `trtllm_max_num_active_requests`,
+  `trtllm_max_num_tokens_runtime`. No memory split is exported (`EngineInfo.memory` stays empty).
 - In-process: `tensorrt_llm.LLM(...).generate_async(ids, sampling, streaming=True)`; its
   outputs are cumulative, and `token_ids_diff` / `text_diff` give the new part.
 Needs a CUDA host: `tensorrt_llm` is imported only in `start()`.
@@ -31,10 +44,11 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from adapters import prom
+from adapters import features, prom
 from adapters.base import EngineInfo, GenerationRequest, TokenEvent, check_options
 from adapters.metric_names import TRTLLM
 from adapters.openai_compat import OpenAIEngine
+from adapters.readback import ReadBack, as_bool, torch_dtype
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, kv_pin_gap, need
 
 INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus all --ipc host --network host "
@@ -44,6 +58,23 @@ INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus
 FLAGS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "backend")
 KV_HOW = "kv_cache_config.max_tokens (an upper bound: TRT-LLM takes the minimum with the free-memory fraction)"
 CAPACITY_WAIT_S = 10.0  # the KV gauges are iteration stats: they appear after the first iterations
+NGRAM_MIN = ("TRT-LLM's NGram drafter tries every match length from max_matching_ngram_size down to 1; "
+             "prompt_lookup_min {} has no TRT-LLM setting")
+# info gauges (labels = settings) and plain gauges read back at start (tensorrt_llm/metrics/collector.py,
+# serve/openai_server.py _log_config_info_metrics; see fixtures/trtllm/SOURCE.md)
+PARALLEL_INFO, SPEC_INFO, KV_INFO = ("trtllm_parallel_config_info", "trtllm_speculative_config_info",
+                                     "trtllm_kv_cache_config_info")
+MAX_ACTIVE, MAX_TOKENS = "trtllm_max_num_active_requests", "trtllm_max_num_tokens_runtime"
+SPEC_METHODS = {"NGram": "ngram", "Draft_Target": "draft_model"}
+
+
+def speculative_config(spec: dict[str, Any]) -> dict[str, Any]:
+    """The LLM-API `speculative_config` for a uniform one (adapters.features)."""
+    k = spec["num_speculative_tokens"]
+    if spec["method"] == "ngram":
+        return {"decoding_type": "NGram", "max_draft_len": k, "max_matching_ngram_size": spec["prompt_lookup_max"],
+                "is_public_pool": False}
+    return {"decoding_type": "Draft_Target", "max_draft_len": k, "speculative_model": spec["model"]}
 
 
 def llm_api_options(options: dict[str, Any], dtype: str) -> dict[str, Any]:
@@ -53,10 +84,55 @@ def llm_api_options(options: dict[str, Any], dtype: str) -> dict[str, Any]:
         kv["free_gpu_memory_fraction"] = float(options["kv_cache_free_gpu_memory_fraction"])
     if options.get("kv_cache_tokens") is not None:
         kv["max_tokens"] = int(options["kv_cache_tokens"])
-    if options.get("enable_block_reuse") is not None:
-        kv["enable_block_reuse"] = bool(options["enable_block_reuse"])
+    reuse = [options[k] for k in ("enable_block_reuse", "enable_prefix_caching") if options.get(k) is not None]
+    if len(set(map(bool, reuse))) > 1:
+        raise ValueError("engine 'trtllm': enable_block_reuse and enable_prefix_caching contradict each other")
+    if reuse:
+        kv["enable_block_reuse"] = bool(reuse[0])
     out: dict[str, Any] = {"dtype": dtype, "return_perf_metrics": True, "enable_iter_perf_stats": True}
+    spec = features.speculative("trtllm", options.get("speculative_config"))
+    if spec is not None:
+        if options.get("backend") not in (None, "pytorch"):
+            raise ValueError(f"engine 'trtllm': speculative_config needs backend pytorch (TRT-LLM's NGram and "
+                             f"Draft_Target decoding support no other), got {options['backend']!r}")
+        out["speculative_config"] = speculative_config(spec)
     return {**out, "kv_cache_config": kv} if kv else out
+
+
+def feature_unhonoured(options: dict[str, Any]) -> dict[str, str]:
+    """What TRT-LLM cannot do of the uniform features asked (before any read-back)."""
+    spec = features.speculative("trtllm", options.get("speculative_config"))
+    if spec is not None and spec["method"] == "ngram" and spec["prompt_lookup_min"] > 1:
+        return {"speculative_config.prompt_lookup_min": NGRAM_MIN.format(spec["prompt_lookup_min"])}
+    return {}
+
+
+def metrics_read_back(rb: ReadBack, m: prom.Metrics | None, source: str) -> None:
+    """Settings from trtllm-serve's Prometheus text (the module docstring lists them)."""
+    if m is None:
+        return
+    model = m.labels("trtllm_model_config_info") or {}
+    rb.put("dtype", torch_dtype(model.get("dtype")), source + " trtllm_model_config_info dtype")
+    rb.put("max_model_len", prom.as_int(model.get("max_model_len")), source + " trtllm_model_config_info")
+    par = m.labels(PARALLEL_INFO)
+    if par is not None:
+        rb.put("tensor_parallel_size", prom.as_int(par.get("tensor_parallel_size")), source + " " + PARALLEL_INFO)
+        spec = m.labels(SPEC_INFO)  # logged in the same call as the parallel one, only with speculation on
+        if spec is None:
+            rb.put("speculative", False, source + f" no {SPEC_INFO} beside {PARALLEL_INFO}")
+        else:
+            out = {"method": SPEC_METHODS.get(spec.get("spec_method"), spec.get("spec_method")),
+                   "num_speculative_tokens": prom.as_int(spec.get("spec_num_tokens"))}
+            if spec.get("spec_draft_model"):
+                out["model"] = spec["spec_draft_model"]
+            rb.put("speculative", out, source + " " + SPEC_INFO)
+    kv = m.labels(KV_INFO) or {}
+    rb.put("prefix_caching", as_bool(kv.get("enable_block_reuse")), source + f" {KV_INFO} enable_block_reuse")
+    blocks = m.value(*TRTLLM.kv_blocks)
+    rb.put("kv_blocks", int(blocks) if blocks else None, source + " " + TRTLLM.kv_blocks[0])
+    for key, name in (("max_num_seqs", MAX_ACTIVE), ("max_num_batched_tokens", MAX_TOKENS)):
+        v = m.value(name)
+        rb.put(key, int(v) if v else None, f"{source} {name}")
 
 
 class TRTLLMEngine(ModalEngine):
@@ -69,13 +145,14 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
     name = "trtllm"
     OPTIONS = (OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(FLAGS)
                | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse"})
-    INSTALL = INSTALL
-    METRICS = TRTLLM
-    KV_HOW = KV_HOW
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        llm_api_options(self.options, dtype)  # checked at construction
         self._model_dtype: str | None = None  # trtllm_model_config_info's dtype label, read at start
+    INSTALL = INSTALL
+    METRICS = TRTLLM
+    KV_HOW = KV_HOW
 
     def server_argv(self) -> list[str]:
         s = self.server
@@ -111,8 +188,11 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
         """The `dtype` label of trtllm_model_config_info when the server publishes it."""
         return self._model_dtype or self.dtype
 
+    async def _engine_read_back(self, rb: ReadBack) -> None:
+        metrics_read_back(rb, self._first_metrics, self.metrics_path)
+
     def _unhonoured(self, capacity: int | None, block_size: int | None) -> dict[str, str]:
-        out = super()._unhonoured(capacity, block_size)
+        out = {**super()._unhonoured(capacity, block_size), **feature_unhonoured(self.options)}
         ran = self._dtype_ran()
         if ran != self.dtype:
             out["dtype"] = f"trtllm: {self.dtype} was asked, the server reports dtype {ran}"
@@ -132,7 +212,8 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 
 class TRTLLMInProcess(HeldEngine):
     name = "trtllm"
-    OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", "kv_cache_free_gpu_memory_fraction", *FLAGS})
+    OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", "kv_cache_free_gpu_memory_fraction", *FLAGS,
+                         *features.OPTIONS})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -146,13 +227,18 @@ class TRTLLMInProcess(HeldEngine):
 
         opts = llm_api_options(self.options, self.dtype)
         kw = {k: self.options[k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len") if k in self.options}
+        if "speculative_config" in opts:  # the LLM API takes the same dict the options file holds
+            kw["speculative_config"] = opts["speculative_config"]
         self.engine = trt.LLM(model=self.model, dtype=self.dtype, kv_cache_config=KvCacheConfig(**opts.get(
             "kv_cache_config", {})), **kw)
         # The LLM API reports no capacity here: a budget (an upper bound) cannot be confirmed.
         gap = kv_pin_gap(self.options.get("kv_cache_tokens"), None, None, self.name, KV_HOW)
+        unhonoured = {"kv_cache_tokens": gap} if gap else {}
+        # the LLM API reports nothing of what it runs: every feature asked is unconfirmed
+        unhonoured.update({**features.gaps(self.name, self.options, {}), **feature_unhonoured(self.options)})
         self.info = EngineInfo(engine=self.name, version=getattr(trt, "__version__", "unknown"), model=self.model,
                                dtype=self.dtype, kv_capacity_tokens=None, knobs=dict(self.options),
-                               mode="in_process", unhonoured={"kv_cache_tokens": gap} if gap else {})
+                               mode="in_process", unhonoured=unhonoured)
         return self.info
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

@@ -28,27 +28,36 @@ gets `VLLM_CPU_KVCACHE_SPACE=1` (GiB) unless a budget or `env` says otherwise.
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+from adapters import features
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
 from adapters.openai_compat import OpenAIEngine
+from adapters.readback import ReadBack, server_info_json, vllm_log, vllm_shapes
 from adapters.serving import LaunchedServer, ModalEngine, kv_bytes_per_token, kv_pin_gap, need
 
 INSTALL = ("pip install 'inferlab[vllm]' into the interpreter that runs it, or run "
            "scripts/setup_vllm_venv.sh and set launcher = \".venv-vllm\"")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Engine arguments passed through unchanged: option name == AsyncEngineArgs field == --flag-name.
+# `speculative_config` is the uniform table of adapters.features (vLLM's own shape), rendered as
+# `--speculative-config '<json>'`.
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "enable_prefix_caching",
          "enable_chunked_prefill", "enforce_eager", "gpu_memory_utilization", "kv_cache_memory_bytes",
-         "tensor_parallel_size", "seed")
+         "tensor_parallel_size", "seed", "speculative_config")
 
 
 def engine_args(model: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
     """The vLLM engine arguments these options ask for (kv_cache_tokens converted to the bytes
-    each GPU gives its KV cache: vLLM's kv_cache_memory_bytes is per GPU)."""
+    each GPU gives its KV cache: vLLM's kv_cache_memory_bytes is per GPU; speculative_config
+    checked and completed with vLLM's n-gram defaults, adapters.features)."""
+    features.prefix_caching("vllm", options)
     args = {k: options[k] for k in KNOBS if options.get(k) is not None}
+    if "speculative_config" in args:
+        args["speculative_config"] = features.speculative("vllm", args["speculative_config"])
     tokens = options.get("kv_cache_tokens")
     if tokens is not None:
         if "kv_cache_memory_bytes" in args:
@@ -59,12 +68,14 @@ def engine_args(model: str, dtype: str, options: dict[str, Any]) -> dict[str, An
 
 
 def to_flags(args: dict[str, Any]) -> list[str]:
-    """vLLM CLI flags; booleans use argparse's --x / --no-x."""
+    """vLLM CLI flags; booleans use argparse's --x / --no-x, tables (speculative_config) JSON."""
     out: list[str] = []
     for k, v in args.items():
         flag = "--" + k.replace("_", "-")
         if isinstance(v, bool):
             out.append(flag if v else "--no-" + flag[2:])
+        elif isinstance(v, dict):
+            out += [flag, json.dumps(v, separators=(",", ":"))]
         else:
             out += [flag, str(v)]
     return out
@@ -122,6 +133,17 @@ class VLLMServer(LaunchedServer, OpenAIEngine):
 
     def _knobs(self) -> dict[str, Any]:
         return {**super()._knobs(), **self.args}
+
+    async def _engine_read_back(self, rb: ReadBack) -> None:
+        """vLLM's resolved config from /server_info (dev-mode route, on for launched servers),
+        the cache_config_info labels, and the launched server's startup log."""
+        vllm_shapes(rb, await server_info_json(self._client), self._first_metrics, self.METRICS.cache_info)
+        if self.server is not None:
+            vllm_log(rb, self.server.log_text(), f"startup log {self.server.proc.log_path}")
+        exact_bytes = rb.sources.get("memory.kv_allocated", "").startswith(("/server_info", "vllm:cache_config_info"))
+        cap, kv = rb.effective.get("kv_capacity_tokens"), rb.memory.get("kv_allocated")
+        if exact_bytes and cap and kv and kv % cap == 0:  # else the budget is shared (a draft model) or rounded
+            rb.mem("kv_bytes_per_token", kv // cap, "kv_allocated / kv_capacity_tokens (both vLLM's)")
 
 
 class _Stats:
