@@ -1,60 +1,48 @@
-"""GPU check for the reference engine: correctness and speed on CUDA, in one short run.
+"""GPU check for the reference engine: correctness, kernels and speed on CUDA, in one run (< 8 min, H200).
 
-    python scripts/gpu_check.py [--out DIR]
+    python scripts/gpu_check.py [--out DIR] [--skip kernels,correctness,bf16,shapes] [--shapes Qwen3-0.6B]
 
-1. fp32 greedy tokens vs HF transformers on the same GPU, for tiny Llama / Qwen2 / Qwen3:
-   16 mixed-length prompts x 64 tokens, batched, then again with 16-token prefill chunks and
-   a KV cache small enough to force preemption.
-2. bf16: runs, and the agreement with HF bf16 is reported (near-ties may flip in bf16).
-3. Offline decode throughput on the `small` preset (~100M params): the reference engine vs
-   HF `generate()` with static batches, same prompts, greedy, fixed output length.
-Prints a markdown summary (and writes it to DIR/gpu_check.md). Exit 1 if fp32 tokens differ.
-Needs torch (CUDA), transformers, tokenizers, safetensors, jinja2: all in the GPU image.
+1. Triton kernels vs the PyTorch backend, compiled, incl. padding and a captured graph (gpu_check_kernels.py).
+2. fp32 greedy tokens vs HF transformers on the same GPU, tiny Llama / Qwen2 / Qwen3, 16 mixed-length
+   prompts x 64 tokens: the CUDA default (Triton + CUDA graphs) batched and with 16-token chunks and
+   a KV cache small enough to preempt, and the torch backend eagerly; bf16 agreement reported.
+3. Qwen3-0.6B and Llama-3.1-8B shapes: decode step vs roofline at batch 1/8/64/256, graphs vs eager,
+   prefill tok/s, memory report, output tok/s vs HF (gpu_check_shapes.py).
+4. The bf16 slowdown of 2026-11-30: the cuDNN-attention hypothesis checked (gpu_check_bf16.py).
+Targets (issue 12): 8B decode step at batch 64 >= 70 % of the roofline with graphs; graphs >= 2x eager
+at batch 1 on Qwen3-0.6B; >= 3x HF (the faster of its two SDPA settings) at batch 64 on both shapes;
+fp32 greedy identical to HF.
+
+Prints markdown (and writes DIR/gpu_check.md). Exit 0: all correct, all targets met; 1: something
+is wrong (a token, a kernel, a memory figure, an exception); 3: correct, but a target missed; 2: no GPU.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
-import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
+import gpu_check_common as common
+from gpu_check_common import Report, count_replays, free_memory, hf_from_pretrained, prompts_for
+from reference_engine import LLM, SamplingParams
+from reference_engine.make_model import make_model
 
-from reference_engine import LLM, SamplingParams  # noqa: E402
-from reference_engine.make_model import make_model  # noqa: E402
-
-
-DEVICE = "cuda"
 FAMILIES = ["llama", "qwen2", "qwen3"]
-
-
-def sync() -> None:
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def prompts_for(vocab: int, n: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
-    return [torch.randint(8, vocab, (k,), generator=g).tolist() for k in lens]
-
-
-def hf_model(model_dir: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(DEVICE).eval()
+SECTIONS = ["kernels", "correctness", "shapes", "bf16"]
+N_PROMPTS, N_OUT = 16, 64
 
 
 @torch.no_grad()
 def hf_greedy_one_by_one(model, prompts, n: int) -> list[list[int]]:
     out = []
     for p in prompts:
-        ids = torch.tensor([p], device=DEVICE)
+        ids = torch.tensor([p], device=common.DEVICE)
         r = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                            eos_token_id=None, pad_token_id=0)
         out.append(r[0, len(p):].tolist())
@@ -65,88 +53,121 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return sum(x == y for x, y in zip(a, b)) / len(a)
 
 
-def check_correctness(root: Path, lines: list[str]) -> bool:
-    ok = True
-    greedy = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
-    lines += ["| family | dtype | setting | identical to HF | preemptions |", "|---|---|---|---|---|"]
+SETTINGS = {  # name: (engine options, graphs expected)
+    "Triton + CUDA graphs (default), batched": ({}, True),
+    "Triton + CUDA graphs, chunks of 16 + small KV": (dict(max_num_batched_tokens=16, kv_cache_tokens=640,
+                                                          block_size=8), True),
+    "torch backend, eager, batched": (dict(attention_backend="torch", enforce_eager=True), False),
+}
+
+
+def check_correctness(rep: Report, root: Path) -> None:
+    rep.section(f"Greedy tokens vs HF transformers on the same GPU ({N_PROMPTS} prompts x {N_OUT} tokens)")
+    greedy = SamplingParams(max_tokens=N_OUT, temperature=0.0, ignore_eos=True)
+    rows = []
     for family in FAMILIES:
         d = make_model(root / family, preset="tiny", family=family, seed=0)
+        prompts = prompts_for(8192, N_PROMPTS, 1, 100)
         for dtype, tdtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-            prompts = prompts_for(8192, 16, 1, 100)
-            ref = hf_greedy_one_by_one(hf_model(d, tdtype), prompts, 64)
-            for setting, kw in (("batched", {}), ("chunks of 16 + small KV",
-                                                 {"max_num_batched_tokens": 16, "kv_cache_tokens": 640, "block_size": 8})):
-                llm = LLM(str(d), device=DEVICE, dtype=dtype, **kw)
+            if dtype == "bfloat16" and family != "llama":
+                continue  # bf16 agreement is informative only: near-ties flip; one family is enough
+            ref = hf_greedy_one_by_one(hf_from_pretrained(d, tdtype), prompts, N_OUT)
+            free_memory()
+            for setting, (kw, graphs) in SETTINGS.items():
+                llm = LLM(str(d), device=common.DEVICE, dtype=dtype, **kw)
+                seen = count_replays(llm)
                 outs = [o.token_ids for o in llm.generate(prompts, greedy)]
-                agr = agreement(outs, ref)
-                pre = llm.engine.scheduler.num_preemptions
-                lines.append(f"| {family} | {dtype} | {setting} | {agr:.3f} | {pre} |")
-                if dtype == "float32" and agr < 1.0:
-                    ok = False
+                agr, pre = agreement(outs, ref), llm.engine.scheduler.num_preemptions
+                rows.append([family, dtype, setting, f"{agr:.3f}", pre, len(seen)])
+                if dtype == "float32":
+                    rep.check(agr == 1.0, f"{family} fp32 {setting}: identical to HF ({agr:.3f})")
+                if graphs and common.DEVICE == "cuda":
+                    rep.check(len(seen) > 0, f"{family} {dtype} {setting}: decode steps replayed graphs")
                 del llm
-            sync()
-    return ok
+                free_memory()
+    rep.table(["family", "dtype", "setting", "identical to HF", "preemptions", "graph replays"], rows)
 
 
-def check_speed(root: Path, lines: list[str]) -> None:
-    d = make_model(root / "small", preset="small", family="llama", seed=0)
-    batch, out_len = 64, 128
-    prompts = prompts_for(32768, batch, 128, 129, seed=1)
-    lines += ["", f"Offline decode, `small` preset (~100M params), {batch} prompts x 128 tokens in, "
-              f"{out_len} out, greedy:", "", "| engine | dtype | seconds | output tokens/s |", "|---|---|---|---|"]
-    for dtype, tdtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        llm = LLM(str(d), device=DEVICE, dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=8192)
-        params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
-        llm.generate(prompts[:4], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
-        sync()
-        t = time.perf_counter()
-        llm.generate(prompts, params)
-        sync()
-        dt = time.perf_counter() - t
-        lines.append(f"| reference | {dtype} | {dt:.2f} | {batch * out_len / dt:,.0f} |")
-        del llm
-        model = hf_model(d, tdtype)
-        ids = torch.tensor(prompts, device=DEVICE)  # equal lengths: no padding needed
-        with torch.no_grad():
-            model.generate(ids[:4], attention_mask=torch.ones_like(ids[:4]), max_new_tokens=4, do_sample=False)
-            sync()
-            t = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len, min_new_tokens=out_len,
-                           do_sample=False, pad_token_id=0)
-            sync()
-        dt = time.perf_counter() - t
-        lines.append(f"| HF generate (static batch) | {dtype} | {dt:.2f} | {batch * out_len / dt:,.0f} |")
-        del model
-        sync()
+def targets(rep: Report, shapes: dict) -> None:
+    rep.section("Targets (issue 12)")
+    rows = []
+    b64 = 64 if not common.SMOKE else 4
+    if "Llama-3.1-8B" in shapes:
+        m = shapes["Llama-3.1-8B"][b64]
+        share = m["graphs_roof"] / m["graphs_ms"]
+        rows.append(["8B decode step, batch 64, graphs, share of roofline", f"{100 * share:.0f} %", ">= 70 %",
+                     "yes" if rep.target(share >= 0.7, f"8B batch-64 decode at {100 * share:.0f} % of the roofline") else "NO"])
+    if "Qwen3-0.6B" in shapes:
+        m = shapes["Qwen3-0.6B"][1]
+        x = m["eager_ms"] / m["graphs_ms"]
+        rows.append(["Qwen3-0.6B batch 1, graphs vs eager", f"{x:.1f}x", ">= 2x",
+                     "yes" if rep.target(x >= 2, f"Qwen3-0.6B batch-1 graphs {x:.1f}x eager") else "NO"])
+    for name, res in shapes.items():
+        x = res["engine_tok_s"] / max(res["hf_tok_s"], res["hf_nocudnn_tok_s"])
+        rows.append([f"{name} output tok/s vs HF, batch 64", f"{x:.1f}x", ">= 3x",
+                     "yes" if rep.target(x >= 3, f"{name} batch-64 output {x:.1f}x HF") else "NO"])
+    rep.table(["target", "measured", "wanted", "met"], rows)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--device", default="cuda", help="cpu runs the same checks, slowly (to try the script)")
-    ap.add_argument("--families", default="llama,qwen2,qwen3")
-    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--skip", default="", help=f"comma-separated sections to skip: {','.join(SECTIONS)}")
+    ap.add_argument("--shapes", default="Qwen3-0.6B,Llama-3.1-8B")
+    ap.add_argument("--smoke", action="store_true",
+                    help="no GPU: run every section's code on CPU at toy sizes (Triton interpreted); numbers mean nothing")
     args = ap.parse_args()
-    global DEVICE, FAMILIES
-    DEVICE, FAMILIES = args.device, args.families.split(",")
-    if DEVICE == "cuda" and not torch.cuda.is_available():
+    if args.smoke:
+        global FAMILIES, N_PROMPTS, N_OUT
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels module is imported
+        common.DEVICE, common.SMOKE = "cpu", True
+        FAMILIES, N_PROMPTS, N_OUT = ["llama"], 4, 8
+        import gpu_check_shapes
+
+        gpu_check_shapes.shrink()
+    elif not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible", file=sys.stderr)
         return 2
-    lines = [f"# GPU check, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "",
-             f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else DEVICE}, torch {torch.__version__}", "",
-             "Greedy tokens of the reference engine vs HF transformers on the same GPU "
-             "(16 prompts x 64 tokens):", ""]
+    skip = {s for s in args.skip.split(",") if s}
+    rep = Report(Path(args.out) / "gpu_check.md" if args.out else None)
+    import triton
+
+    rep.add(f"# GPU check, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "",
+            f"{torch.cuda.get_device_name() if common.DEVICE == 'cuda' else 'CPU (--smoke: numbers mean nothing)'}, "
+            f"torch {torch.__version__}, triton {triton.__version__}", "")
+    shapes: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        ok = check_correctness(Path(tmp), lines)
-        print("\n".join(lines), flush=True)
-        if not args.no_speed:
-            check_speed(Path(tmp), lines)
-    text = "\n".join(lines) + "\n"
-    print("\n".join(lines[-8:]))
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "gpu_check.md").write_text(text)
-    return 0 if ok else 1
+        root = Path(tmp)
+        for name in SECTIONS:
+            if name in skip:
+                continue
+            try:
+                if name == "kernels":
+                    from gpu_check_kernels import check_kernels
+                    check_kernels(rep)
+                elif name == "correctness":
+                    check_correctness(rep, root)
+                elif name == "bf16":
+                    from gpu_check_bf16 import check_bf16
+                    check_bf16(rep, root)
+                else:
+                    from gpu_check_shapes import check_shape, copy_bandwidth
+                    bw = copy_bandwidth()
+                    for shape in args.shapes.split(","):
+                        shapes[shape] = check_shape(rep, root, shape, bw)
+            except Exception:  # one broken section must not hide the others' results
+                traceback.print_exc()
+                rep.check(False, f"section {name} raised {traceback.format_exc().strip().splitlines()[-1]}")
+            free_memory()
+    if shapes:
+        targets(rep, shapes)
+    rep.section("Summary")
+    rep.add(f"{len(rep.passed)} passed, {len(rep.failures)} FAILED, {len(rep.missed)} targets MISSED", "")
+    for f in rep.failures:
+        rep.add(f"- FAILED: {f}")
+    for m in rep.missed:
+        rep.add(f"- MISSED: {m}")
+    return 1 if rep.failures else 3 if rep.missed else 0
 
 
 if __name__ == "__main__":
