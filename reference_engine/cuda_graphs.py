@@ -6,10 +6,12 @@ records the launches once; replaying it is one launch. As in vLLM and nano-vllm:
 
     capture (largest bucket first, every graph in one memory pool):
         for b in sizes:  forward(b) once eagerly (compiles kernels, sizes workspaces), then record
-                         forward(b) = model over the first b rows of the step buffers -> logits, argmax
+                         forward(b) = model over the first b rows of the step buffers -> hidden states,
+                         copied into one static (max bucket, hidden) buffer outside the pool
     each eligible step of n decodes:
         b = bucket(n) (the smallest size >= n); fill the buffers, padded to b; replay graph b;
-        read rows [:n] of its outputs
+        rows [:n] of the static buffer go on, eagerly, to the LM head and sampling (launched while
+        the graph still runs, so they cost no wall time, and only for the n real rows)
 
 Invariants:
 - a graph replays the kernels, pointers and sizes it recorded: every input lives in the runner's
@@ -33,7 +35,7 @@ from typing import Callable
 
 import torch
 
-Forward = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # bucket b -> (logits (b, V), argmax (b,))
+Forward = Callable[[int], torch.Tensor]  # bucket b -> hidden states (b, hidden), a view of a static buffer
 
 
 def capture_sizes(sizes: list[int], max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
@@ -74,7 +76,7 @@ class CudaGraphs:
     def __init__(self, forward: Forward, sizes: list[int], device: torch.device, eager: bool = False):
         self.forward, self.sizes, self.device, self.eager = forward, list(sizes), device, eager
         self.graphs: dict[int, object] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.capture_s = 0.0
         self.enabled = True  # off: every step runs eagerly (eager-vs-graph comparisons in gpu_check)
@@ -101,12 +103,11 @@ class CudaGraphs:
     def bucket(self, n: int) -> int | None:
         return bucket_for(self.sizes, n) if self.enabled and self.graphs else None
 
-    def replay(self, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run bucket b's graph on the buffers as filled (padded to b) -> (logits, argmax) rows [:n].
-        The outputs are the graph's own tensors: read them before the next replay."""
+    def replay(self, b: int, n: int) -> torch.Tensor:
+        """Run bucket b's graph on the buffers as filled (padded to b) -> its output's rows [:n]. The
+        output is a static buffer every graph writes: use it before the next replay."""
         out = self.graphs[b].replay()
-        logits, ids = out if self.eager else self.outputs[b]
-        return logits[:n], ids[:n]
+        return (out if self.eager else self.outputs[b])[:n]
 
 
 @contextlib.contextmanager

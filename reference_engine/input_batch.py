@@ -75,8 +75,8 @@ class Buffer:
 
     def push(self, n: int) -> torch.Tensor:
         """-> the device view of rows [:n], holding the host's values once the copy has run. The copy
-        is non-blocking: the host rows must not change until the device has read them; the runner's
-        one host sync per step (reading the sampled tokens back) guarantees it."""
+        is non-blocking: the host rows must not change until it has run (`StepInputs.fill` waits for
+        the previous step's copies before writing)."""
         if self.dev is not self.host:
             self.dev[:n].copy_(self.host[:n], non_blocking=True)
         return self.dev[:n]
@@ -104,11 +104,15 @@ class StepInputs:
         self.seq_lens = Buffer(max_seqs, table_dtype, self.device)
         self.cu_seqlens_q = Buffer(max_seqs + 1, torch.int32, self.device)
         self.block_tables = Buffer((max_seqs, max_blocks), table_dtype, self.device)
+        # recorded after each step's host-to-device copies (CUDA only: on CPU nothing is copied)
+        self.copied = torch.cuda.Event() if self.device.type == "cuda" else None
 
     def fill(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int] | None = None,
              pad_to: int | None = None) -> StepBatch:
         """seqs as for `make_batch`; rows: the token rows that sample (None: all of them);
         pad_to: pad a step of one-token sequences to that many (see the class docstring)."""
+        if self.copied is not None:  # the last step's copies must have read the host rows we rewrite
+            self.copied.synchronize()  # (done already whenever that step read its tokens back)
         b = len(seqs)
         q_lens = [len(t) for t, _, _ in seqs]
         starts = np.fromiter((s for _, s, _ in seqs), dtype=np.int64, count=b)
@@ -163,4 +167,7 @@ class StepInputs:
             query_start=cu[:b + 1].tolist(), num_decodes=num_decodes, max_decode_len=max_decode_len,
             cu_seqlens_q=self.cu_seqlens_q.push(ns + 1), max_query_len=max(q_lens, default=0),
             max_seq_len=max(seq_lens_list, default=0))
-        return StepBatch(self.input_ids.push(nt), self.positions.push(nt), meta, logit_rows)
+        batch = StepBatch(self.input_ids.push(nt), self.positions.push(nt), meta, logit_rows)
+        if self.copied is not None:
+            self.copied.record()
+        return batch

@@ -115,6 +115,8 @@ class ModelRunner:
         if not sizes:
             return
         self._graph_meta = {b: self._decode_meta(b) for b in sizes}
+        self._graph_hidden = torch.zeros(sizes[-1], self.model_config.hidden_size, dtype=self.dtype,
+                                         device=self.device)  # every graph's output, outside their pool
         self.inputs.fill([], pad_to=sizes[-1])  # capture over padding: no sequence, every slot -1
         self.graphs = CudaGraphs(self._graph_forward, sizes, self.device, eager=eager)
         free = self.mem.free()
@@ -133,13 +135,12 @@ class ModelRunner:
             max_query_len=1, max_seq_len=self.max_model_len,
             num_splits=self.backend.graph_num_splits(b, self.max_model_len))
 
-    def _graph_forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a graph records: the model over the first b rows of the buffers, logits, argmax."""
+    def _graph_forward(self, b: int) -> torch.Tensor:
+        """What a graph records: the model over the first b rows of the step buffers -> (b, hidden)."""
         self.backend.new_step()  # plan inside the graph, from the buffers, not from a cached step
         x = self.inputs
         hidden = self.model(x.input_ids.dev[:b], x.positions.dev[:b], self.backend, self._graph_meta[b])
-        logits = self.model.logits(hidden)  # (b, V) float32
-        return logits, logits.argmax(-1)
+        return self._graph_hidden[:b].copy_(hidden)
 
     def graph_bucket(self, num_seqs: int, rows: list[int], spec: dict) -> int | None:
         """The bucket to replay for this step, or None to run it eagerly (see cuda_graphs.py)."""
@@ -213,9 +214,9 @@ class ModelRunner:
         seqs, rows, samplers, drafts = self.prepare(scheduled, spec)
         out = RunnerOutput(reqs=samplers)
         bucket = self.graph_bucket(len(seqs), rows, spec)
-        if bucket is not None:
+        if bucket is not None:  # every row samples: the graph's rows are the logit rows
             self.inputs.fill(seqs, pad_to=bucket)
-            raw, argmax = self.graphs.replay(bucket, len(seqs))
+            hidden = self.graphs.replay(bucket, len(seqs))  # (n, hidden)
         else:
             batch = self.inputs.fill(seqs, rows)
             hidden = self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # (N, hidden)
@@ -223,13 +224,13 @@ class ModelRunner:
                 self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
             if not samplers:
                 return out
-            rows_t = batch.logit_rows
-            raw = self.model.logits(hidden if rows_t is None else hidden[rows_t])  # (R, V) float32
-            argmax = None
+            if batch.logit_rows is not None:
+                hidden = hidden[batch.logit_rows]
+        raw = self.model.logits(hidden)  # (R, V) float32
         if not spec:  # one row per request: the plain sampling path
             ps = [r.params for r in samplers]
             if all_greedy(ps):  # no sampling tensors to build: argmax on the device, one sync
-                ids = raw.argmax(-1) if argmax is None else argmax
+                ids = raw.argmax(-1)
             else:
                 sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers],
                                     [r.output_token_ids for r in samplers], [r.generator for r in samplers],
