@@ -137,3 +137,16 @@ def test_which_steps_replay(kernels, tmp_path):
     assert runner.graph_bucket(9, list(range(9)), {}) is None  # above the largest bucket
     runner.draft_observes = True
     assert runner.graph_bucket(1, [0], {}) is None  # a draft model runs on the step's inputs
+
+
+def test_serve_flags_for_the_gpu_knobs():
+    from reference_engine.server.cli import engine_config, parse
+
+    cfg = engine_config(parse(["m", "--enforce-eager", "--cuda-graph-sizes", "1", "2", "8", "--load-format", "dummy",
+                               "--attention-backend", "torch"]))
+    assert cfg.enforce_eager is True and cfg.cuda_graph_sizes == [1, 2, 8] and cfg.load_format == "dummy"
+    assert cfg.attention_backend == "torch"
+    default = engine_config(parse(["m"]))
+    assert default.enforce_eager is False and default.cuda_graph_sizes is None and default.gpu_memory_utilization is None
+    cuda = engine_config(parse(["m", "--device", "cuda", "--gpu-memory-utilization", "0.8"]))
+    assert cuda.gpu_memory_utilization == 0.8 and cuda.attention_backend == "triton"
