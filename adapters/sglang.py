@@ -116,6 +116,15 @@ def sglang_speculative(si: dict[str, Any]) -> dict[str, Any] | bool | None:
     return {"method": str(algo).lower(), "num_speculative_tokens": steps, "sglang": native}
 
 
+# the ServerArgs fields read_back takes from /server_info (checked against SGLang's own list by
+# tests/adapters/test_sglang_contract.py); max_total_num_tokens, max_req_input_len and
+# internal_states come from the scheduler
+SERVER_INFO_KEYS = ("dtype", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
+                    "context_length", "disable_radix_cache", "cuda_graph_backend_decode", "disable_cuda_graph",
+                    "enable_torch_compile", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+                    "speculative_num_draft_tokens", "speculative_draft_model_path", "tp_size")
+
+
 def read_back(si: dict[str, Any], argv: list[str] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """EngineInfo.effective and .memory from a /server_info answer (see the module docstring)."""
     rb, src = ReadBack(), "/server_info"

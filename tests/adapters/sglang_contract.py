@@ -10,7 +10,9 @@ Imported and run (on CPU): the argument parser of `sglang.srt.server_args`, the 
 `FlushCacheReqOutput` (managers/io_struct.py), the Prometheus names in
 observability/metrics_collector.py, what `Engine.get_server_info` / `Engine.flush_cache`
 call (entrypoints/engine.py), the scheduler-info keys (managers/scheduler.py), and how
-`--max-total-tokens` bounds the KV pool (mem_cache/kv_cache_configurator.py).
+`--max-total-tokens` bounds the KV pool (mem_cache/kv_cache_configurator.py); for the settings
+read back, the ServerArgs record fields (what /server_info returns), the internal-state and
+memory-usage keys, the speculative algorithms and how NGRAM / STANDALONE count draft tokens.
 
 Triton (a GPU compiler, not installed) is replaced by SGLang's own import stub, the one it
 installs on platforms without Triton (sglang/_platform_stubs.py), loaded by file path so
@@ -124,7 +126,49 @@ def main() -> dict[str, Any]:
     report["scheduler_info_has_max_total_num_tokens"] = '"max_total_num_tokens":' in (srt / "managers/scheduler.py").read_text()
     report["max_total_tokens_is_an_upper_bound"] = "min(capacity, max_total_tokens)" in (
         srt / "mem_cache/kv_cache_configurator.py").read_text()
+    report.update(readback_facts(srt))
     return report
+
+
+def enum_members(path: Path, cls: str) -> list[str]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return [t.id for s in node.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)]
+    return []
+
+
+def returned_keys(path: Path, func: str) -> list[str]:
+    """String keys of the dict literal `func` returns."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == func:
+            for r in ast.walk(node):
+                if isinstance(r, ast.Return) and isinstance(r.value, ast.Dict):
+                    return [k.value for k in r.value.keys if isinstance(k, ast.Constant)]
+    return []
+
+
+def readback_facts(srt: Path) -> dict[str, Any]:
+    """What the adapter's /server_info read-back and feature flags rely on: /server_info is
+    `server_args.resolved_dict()` (one key per ServerArgs record field) plus the scheduler info and
+    `internal_states`; the speculative algorithms; how NGRAM and STANDALONE count draft tokens."""
+    from sglang.srt import server_args as sa
+
+    hook = (srt / "arg_groups/speculative_hook.py").read_text()
+    reporter = (srt / "managers/scheduler_components/metrics_reporter.py").read_text()
+    common = (srt / "utils/common.py").read_text()
+    return {
+        "server_info_fields": sorted(f.name for f in sa.record_fields(sa.ServerArgs)),
+        "server_info_is_resolved_dict": "result = server_args.resolved_dict()" in common,
+        "internal_state_has_max_running": 'state["effective_max_running_requests_per_dp"]' in (
+            srt / "managers/scheduler_components/internal_state.py").read_text(),
+        "memory_usage_keys": returned_keys(srt / "managers/scheduler_components/memory_usage.py", "build_memory_usage"),
+        "memory_usage_in_gib": "return free_gpu_memory / (1 << 30)" in common
+        and "GB = 1024 * 1024 * 1024" in (srt / "mem_cache/memory_pool.py").read_text(),
+        "spec_algorithms": enum_members(srt / "speculative/spec_info.py", "SpeculativeAlgorithm"),
+        "ngram_topk_is_max_bfs_breadth": "speculative_eagle_topk=cfg.speculative_ngram_max_bfs_breadth" in hook,
+        "standalone_auto_params": 'if cfg.speculative_algorithm == "STANDALONE":\n        return (3, 1, 4)' in hook,
+        "drafts_per_round_exclude_root": "draft_per_round = get_spec().speculative_num_draft_tokens - 1" in reporter,
+    }
 
 
 if __name__ == "__main__":

@@ -204,3 +204,84 @@ async def test_in_process_starts_inside_a_running_loop_and_reads_flush_success(m
     assert e._impl.engine.kw["max_total_tokens"] == 2048
     assert await e.reset_prefix_cache() is flushed
     await e.stop()
+
+
+def argv_of(options: dict, tmp_path, monkeypatch) -> list[str]:
+    if not (tmp_path / "site" / "sglang").exists():
+        fake_package(tmp_path, monkeypatch, "sglang")
+    e = SGLangEngine("/m/qwen", "bfloat16", {"launcher": sys.executable, **options})._impl
+    e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
+    return e.server_argv()
+
+
+def test_feature_flags(tmp_path, monkeypatch):
+    """What each uniform feature becomes (its meaning is checked with SGLang's own parser in
+    test_sglang_contract.py)."""
+    ngram = argv_of({"enable_prefix_caching": False, "disable_radix_cache": True,
+                     "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}, tmp_path, monkeypatch)
+    assert ngram.count("--disable-radix-cache") == 1  # the same switch twice renders once
+    assert ngram[ngram.index("--speculative-algorithm"):] == [
+        "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
+        "--speculative-ngram-max-bfs-breadth", "1"]
+    draft = argv_of({"enable_prefix_caching": True, "speculative_config": {"model": "/d", "num_speculative_tokens": 2}},
+                    tmp_path, monkeypatch)
+    assert "--disable-radix-cache" not in draft
+    assert draft[draft.index("--speculative-algorithm"):] == [
+        "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/d", "--speculative-num-steps",
+        "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
+    with pytest.raises(ValueError, match="contradict"):
+        SGLangEngine("m", "float32", {"enable_prefix_caching": True, "disable_radix_cache": True})
+
+
+def server_info_0_5_23() -> dict:
+    """The recorded /server_info (fixtures/sglang/server_info.json, a trimmed real answer) with the
+    keys read_back reads that the trimmed file lacks, shaped as sglang 0.5.23 builds them
+    (ServerArgs fields, internal_state.py, memory_usage.py: GiB): values made up."""
+    info = json.loads(fixture("sglang", "server_info.json"))
+    info.update(dtype="bfloat16", max_running_requests=None, chunked_prefill_size=8192, context_length=32768,
+                disable_radix_cache=False, cuda_graph_backend_decode="full", enable_torch_compile=False,
+                speculative_algorithm="NGRAM", speculative_num_steps=4, speculative_eagle_topk=1,
+                speculative_num_draft_tokens=4, speculative_draft_model_path=None, tp_size=1,
+                internal_states=[{"effective_max_running_requests_per_dp": 48,
+                                  "memory_usage": {"weight": 0.934, "kvcache": 0.234, "startup_available": 70.1,
+                                                   "token_capacity": 20480, "token_capacity_swa": None,
+                                                   "graph": {"decode": 0.125, "prefill": 0.25}}}])
+    return info
+
+
+def test_read_back_from_server_info():
+    from adapters.sglang import read_back
+
+    effective, memory = read_back(server_info_0_5_23(), ["python", "-m", "sglang.launch_server"])
+    sources = effective.pop("sources")
+    assert effective == {
+        "dtype": "bfloat16", "kv_capacity_tokens": 20480, "block_size": 1, "max_num_seqs": 48,
+        "chunked_prefill": True, "max_num_batched_tokens": 8192, "max_model_len": 32768, "prefix_caching": True,
+        "cuda_graphs": True, "compile": False, "tensor_parallel_size": 1,
+        "speculative": {"method": "ngram", "num_speculative_tokens": 3, "sglang": {
+            "speculative_algorithm": "NGRAM", "speculative_num_steps": 4, "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4, "speculative_draft_model_path": None}},
+        "launch_command": "python -m sglang.launch_server"}
+    gib = 1 << 30
+    assert memory == {"weights": round(0.934 * gib), "kv_allocated": round(0.234 * gib), "graph_pool": round(0.375 * gib)}
+    assert sources["max_num_seqs"].endswith("effective_max_running_requests_per_dp")
+    assert "0.001 resolution" in sources["memory.weights"]
+    # the recorded (trimmed) answer alone: what it has, nothing invented
+    effective, memory = read_back(json.loads(fixture("sglang", "server_info.json")))
+    assert {k for k in effective if k != "sources"} == {"kv_capacity_tokens", "block_size", "max_model_len"}
+    assert effective["max_model_len"] == 20474 and memory == {}  # max_req_input_len: no context_length there
+
+
+async def test_attached_server_features_are_compared_and_ngram_window_is_unhonoured():
+    info = server_info_0_5_23()
+    info["disable_radix_cache"] = True
+    ids, meta = RECORDED["output_ids"][:4], {**RECORDED["meta_info"], "completion_tokens": 4}
+    with Replay(routes(built_stream(ids, meta), json.dumps(info).encode())) as srv:
+        e = SGLangEngine("m", "bfloat16", {"url": srv.url, "enable_prefix_caching": True, "speculative_config": {
+            "method": "ngram", "num_speculative_tokens": 3}})
+        got = await e.start()
+        await e.stop()
+    assert "reports false" in got.unhonoured["enable_prefix_caching"]  # the server runs without its radix cache
+    assert "speculative_config" not in got.unhonoured  # NGRAM with 3 drafts, as asked
+    assert "prompt_lookup" in got.unhonoured["speculative_config.prompt_lookup"]
+    assert got.effective["speculative"]["num_speculative_tokens"] == 3 and got.memory["kv_allocated"] > 0

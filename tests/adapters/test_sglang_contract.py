@@ -22,17 +22,30 @@ from tests.adapters.test_vllm import fake_package
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-sglang"
+SPEC_KEYS = ["speculative_algorithm", "speculative_num_draft_tokens", "speculative_num_steps", "speculative_eagle_topk",
+             "speculative_draft_model_path", "speculative_ngram_max_bfs_breadth"]
 NAMESPACE_KEYS = ["model_path", "host", "port", "dtype", "enable_metrics", "log_level", "max_total_tokens",
                   "mem_fraction_static", "max_running_requests", "chunked_prefill_size", "page_size",
                   "disable_radix_cache", "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "tp_size",
-                  "attention_backend", "incremental_streaming_output"]
+                  "attention_backend", "incremental_streaming_output", *SPEC_KEYS]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+DRAFT = {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/qwen-draft"}
 OPTION_SETS = [
     ({}, "float32"),
     ({"kv_cache_tokens": 4096, "mem_fraction_static": 0.8, "max_running_requests": 16, "chunked_prefill_size": 512,
       "page_size": 16, "disable_radix_cache": True, "disable_cuda_graph": True, "tp_size": 2,
       "attention_backend": "triton"}, "bfloat16"),
     ({"kv_cache_tokens": 1024}, "float16"),
+    ({"enable_prefix_caching": False, "speculative_config": NGRAM}, "bfloat16"),
+    ({"enable_prefix_caching": True, "speculative_config": DRAFT}, "float16"),
 ]
+# what each feature option set must parse to (ServerArgs field -> value; None: left at its default)
+FEATURE_NAMESPACES = {
+    3: {"disable_radix_cache": True, "speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4,
+        "speculative_ngram_max_bfs_breadth": 1, "speculative_num_steps": None, "speculative_draft_model_path": None},
+    4: {"disable_radix_cache": False, "speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 5,
+        "speculative_num_steps": 4, "speculative_eagle_topk": 1, "speculative_draft_model_path": "/models/qwen-draft"},
+}
 SAMPLINGS = [SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, seed=7,
                                              max_tokens=64, ignore_eos=False, stop=["\n", "END"])]
 
@@ -83,6 +96,9 @@ def test_launch_commands_parse_with_sglangs_own_parser(report):
         assert ns["max_total_tokens"] == options.get("kv_cache_tokens")
         for k in set(KNOBS) & set(options) - {"disable_cuda_graph"}:
             assert ns[k] == options[k], k
+        if not set(options) & {"enable_prefix_caching", "speculative_config"}:
+            assert ns["speculative_algorithm"] is None and ns["disable_radix_cache"] is options.get(
+                "disable_radix_cache", False)
         if options.get("disable_cuda_graph"):
             assert ns["cuda_graph_backend_decode"] == ns["cuda_graph_backend_prefill"] == "disabled"
         assert res["deprecated"] == [], res["deprecated"]  # e.g. --disable-cuda-graph would print a notice
@@ -107,7 +123,9 @@ def test_openai_bodies_validate_against_sglangs_completion_request(report):
 def test_metric_table_names_are_in_sglangs_collector(report):
     names = set(report["metric_names"])
     used = {*SGLANG.kv_usage, *SGLANG.running, *SGLANG.waiting, *SGLANG.kv_capacity, *SGLANG.kv_used,
-            *(n for alts in SGLANG.counters().values() for n in alts)}
+            *(n for alts in SGLANG.counters().values() for n in alts),
+            *(n for alts in SGLANG.rates().values() for n in alts)}
+    assert SGLANG.rates(), "the SGLANG row lost its rate gauges"
     assert used <= names, used - names
     assert {h for h in SGLANG.histograms().values()} <= names
 
@@ -121,3 +139,30 @@ def test_recorded_engine_behaviour_behind_the_in_process_fixes(report):
     assert "asyncio.get_running_loop" in calls["_ensure_event_loop"]
     assert "success" in report["flush_output_fields"]
     assert report["scheduler_info_has_max_total_num_tokens"] and report["max_total_tokens_is_an_upper_bound"]
+
+
+def test_feature_flags_parse_to_what_they_mean(report):
+    """The uniform features (adapters.features) as SGLang's own parser reads our flags: prefix caching
+    off is --disable-radix-cache; n-gram is NGRAM with k+1 draft tokens (SGLang counts the verified
+    root: metrics_reporter's drafts per round = num_draft_tokens - 1) in one chain (topk = max BFS
+    breadth = 1); a draft model is STANDALONE with k steps, topk 1, k+1 draft tokens (its own
+    auto-chosen triple is (3, 1, 4))."""
+    for i, want in FEATURE_NAMESPACES.items():
+        res = report["argv"][i]
+        assert res["ok"] and res["deprecated"] == [], res
+        assert {k: res["namespace"][k] for k in want} == want
+    assert {"NGRAM", "STANDALONE"} <= set(report["spec_algorithms"])
+    assert report["ngram_topk_is_max_bfs_breadth"] and report["standalone_auto_params"]
+    assert report["drafts_per_round_exclude_root"]
+
+
+def test_server_info_keys_the_adapter_reads_are_sglangs(report):
+    """/server_info = ServerArgs.resolved_dict() (one key per record field) + scheduler info +
+    internal_states; adapters.sglang.read_back reads these keys."""
+    from adapters.sglang import SERVER_INFO_KEYS
+
+    assert report["server_info_is_resolved_dict"]
+    assert set(SERVER_INFO_KEYS) <= set(report["server_info_fields"]), \
+        set(SERVER_INFO_KEYS) - set(report["server_info_fields"])
+    assert report["internal_state_has_max_running"] and report["memory_usage_in_gib"]
+    assert {"weight", "kvcache", "graph", "token_capacity"} <= set(report["memory_usage_keys"])
