@@ -1,5 +1,7 @@
-"""`inferlab serve` on the tiny model: our own server's OpenAI and TGI routes, which the
-engine adapters for TensorRT-LLM (OpenAI) and TGI speak to in tests."""
+"""`inferlab serve` on the tiny model, for harness tests (tests/experiments) that need a running
+server. No adapter test uses it to stand in for TGI or TensorRT-LLM: our imitation of their routes
+proves nothing about them (its /info still answers fields TGI >= 2.3 dropped); their adapters are
+tested against recorded upstream responses and facts (fixtures/*/SOURCE.md)."""
 from __future__ import annotations
 
 import sys

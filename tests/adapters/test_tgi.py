@@ -148,3 +148,94 @@ def test_metric_table_uses_recorded_names():
     assert {n.removesuffix("_sum") for alts in TGI.counters().values() for n in alts} <= set(m["histograms"])
     assert {*TGI.running, *TGI.waiting, *TGI.kv_capacity, *TGI.kv_used} <= set(m["gauges"])
     assert TGI.ttft is None and TGI.tpot is None  # no TTFT histogram; mean time per token is not TPOT
+
+
+def test_features_become_the_launchers_flag_and_env(tmp_path):
+    """facts: launcher.flags (--speculate), prefix_caching.env (PREFIX_CACHING, "1"/"true" on),
+    speculation (no draft-model speculation; n-gram is a one-token match)."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    e = TGIEngine("/models/llama", "float16", {"launcher": str(tmp_path), "enable_prefix_caching": False,
+                                                "speculative_config": ngram})._impl
+    e.server.launcher, e.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
+    argv = e.server_argv()
+    assert argv[-2:] == ["--speculate", "3"] and set(a for a in argv if a.startswith("--")) <= set(
+        FACTS["launcher"]["flags"])
+    assert e.server_env(None) == {"PREFIX_CACHING": "0"} and FACTS["prefix_caching"]["env"] == "PREFIX_CACHING"
+    assert "1" in FACTS["prefix_caching"]["env_true"]
+    assert "one-token match" in e.unhonoured("float16", None)["speculative_config.prompt_lookup"]
+    draft = TGIEngine("/models/llama", "float16", {"launcher": str(tmp_path), "speculative_config": {
+        "method": "draft_model", "num_speculative_tokens": 3, "model": "/d"}})._impl
+    draft.server.launcher, draft.server.port = e.server.launcher, 8080
+    assert "--speculate" not in draft.server_argv() and FACTS["speculation"]["draft_model"] is None
+    assert "no draft-model speculation" in draft.unhonoured("float16", None)["speculative_config"]
+    assert TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl.server_env(None) == {}
+
+
+def built_launch_log(speculate: int | None, prefix: bool) -> str:
+    """A TGI launch log built from the line formats of facts.log_lines / prefix_caching / speculation
+    (v3.3.7 source; values made up) around the real 2.0.3 router lines (launcher_2.0.3.log)."""
+    lines = ["2025-01-01T00:00:00Z  INFO text_generation_launcher: Args {\n    model_id: \"/m\",\n    dtype: Some(\n"
+             "        BFloat16,\n    ),\n    speculate: " + (f"Some(\n        {speculate},\n    )" if speculate else
+                                                          "None") + ",\n}",
+             f"2025-01-01T00:00:01Z  INFO text_generation_launcher: Using attention flashinfer - Prefix caching "
+             f"{'true' if prefix else '0'}",
+             f"2025-01-01T00:00:02Z  INFO text_generation_launcher: Using prefix caching = {prefix}"]
+    if speculate:
+        lines.append(f"2025-01-01T00:00:03Z  INFO text_generation_launcher: Using speculation n-gram with "
+                     f"{speculate} input ids.")
+    lines.append("2025-01-01T00:00:04Z  INFO text_generation_launcher: KV-cache blocks: 15232, size: 1")
+    return "\n".join(lines) + "\n" + fixture("tgi", "launcher_2.0.3.log").decode()
+
+
+def test_launch_log_read_back():
+    from adapters.readback import ReadBack
+    from adapters.tgi import log_read_back
+
+    rb = ReadBack()
+    log_read_back(rb, built_launch_log(3, True), "log")
+    assert rb.effective == {"dtype": "bfloat16", "prefix_caching": True, "kv_blocks": 15232, "block_size": 1,
+                            "cuda_graphs": True, "kv_capacity_tokens": 15232,
+                            "speculative": {"method": "ngram", "num_speculative_tokens": 3}}
+    rb = ReadBack()
+    log_read_back(rb, built_launch_log(None, False), "log")
+    assert rb.effective["speculative"] is False and rb.effective["prefix_caching"] is False
+    rb = ReadBack()  # the real 2.0.3 router lines alone: CUDA graphs and the capacity, nothing else
+    log_read_back(rb, fixture("tgi", "launcher_2.0.3.log").decode(), "log")
+    assert rb.effective == {"cuda_graphs": True, "kv_capacity_tokens": 15232, "speculative": False}
+
+
+async def test_attached_server_cannot_take_features_and_info_gives_the_context():
+    stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
+    routes = {("GET", "/info"): (200, "application/json", info_v3()),
+              ("GET", "/metrics"): (200, "text/plain", metrics_v3(15232)),
+              ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
+    with Replay(routes) as srv:
+        e = TGIEngine("m", "float16", {"url": srv.url, "enable_prefix_caching": True})
+        info = await e.start()
+        await e.stop()
+    assert "fixed when it started" in info.unhonoured["enable_prefix_caching"]
+    assert info.effective["max_model_len"] == 2048 and info.effective["kv_capacity_tokens"] == 15232
+    assert info.memory == {} and "launch_command" not in info.effective  # TGI reports no memory split
+
+
+def test_no_adapter_test_speaks_to_our_tgi_imitation():
+    """Our server's TGI routes answer /info with fields TGI >= 2.3 no longer has: a TGI adapter
+    test against them would prove nothing about TGI. No test module here that imports the TGI
+    adapter imports a way to start our server (tests.adapters.own_server, reference_engine.server,
+    experiments.cli), so TGI is only met through its recorded responses and source facts."""
+    import ast
+    from pathlib import Path
+
+    ours = ("tests.adapters.own_server", "reference_engine.server", "experiments.cli", "adapters.reference_server")
+    checked = []
+    for f in sorted(Path(__file__).parent.glob("test_*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(a.name for a in node.names)
+        if "adapters.tgi" in imported:
+            checked.append(f.name)
+            assert not {m for m in imported if m.startswith(ours)}, (f.name, imported)
+    assert checked == ["test_tgi.py"]
