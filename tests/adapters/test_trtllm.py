@@ -169,6 +169,7 @@ def test_metric_table_uses_recorded_names():
     gauges_used = {*TRTLLM.kv_usage, *TRTLLM.running, *TRTLLM.waiting, *TRTLLM.kv_blocks, *TRTLLM.kv_used_blocks,
                    *TRTLLM.kv_block_tokens, *TRTLLM.model_info}
     assert gauges_used <= set(m["gauges"])
+    assert {n for alts in TRTLLM.rates().values() for n in alts} <= set(m["gauges"]) and TRTLLM.rates()
     assert TRTLLM.path == "/prometheus/metrics" and "/prometheus/metrics" in FACTS["server_routes"]["prometheus"]
 
 
@@ -183,3 +184,76 @@ async def test_missing_trtllm_is_engine_unavailable(tmp_path):
 def test_install_hint_is_not_the_old_stub_index():
     """Defect 2: the hint pointed at NVIDIA's extra index (the old PyPI stub's source)."""
     assert "pypi.nvidia.com" not in INSTALL and "nvcr.io/nvidia/tensorrt-llm/release" in INSTALL
+
+
+def test_features_go_into_the_options_file():
+    """facts: speculative (llm_args.py @ 00043967: decoding_type NGram / Draft_Target, max_draft_len,
+    speculative_model; ngram.py: a public pool by default, match sizes down to 1),
+    kv_cache_config_reuse (enable_block_reuse, default true)."""
+    f = FACTS["speculative"]
+    ngram = llm_api_options({"enable_prefix_caching": False, "speculative_config": {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}}, "float16")
+    assert ngram["kv_cache_config"] == {"enable_block_reuse": False}
+    assert ngram["speculative_config"] == {"decoding_type": f["decoding_types"]["ngram"], "max_draft_len": 3,
+                                           "max_matching_ngram_size": 4, "is_public_pool": False}
+    assert set(ngram["speculative_config"]) - {"decoding_type"} <= set(f["base_fields"] + f["ngram_fields"])
+    draft = llm_api_options({"speculative_config": {"model": "/d", "num_speculative_tokens": 2}}, "float16")
+    assert draft["speculative_config"] == {"decoding_type": f["decoding_types"]["draft_model"], "max_draft_len": 2,
+                                           "speculative_model": "/d"}
+    assert "kv_cache_config" not in draft  # block reuse left at TensorRT-LLM's default (on)
+    assert FACTS["kv_cache_config_reuse"]["field"] in FACTS["llm_args"]["kv_cache_config_fields"]
+    with pytest.raises(ValueError, match="contradict"):
+        TRTLLMEngine("m", "float16", {"enable_prefix_caching": True, "enable_block_reuse": False})
+    with pytest.raises(ValueError, match="backend pytorch"):
+        TRTLLMEngine("m", "float16", {"backend": "tensorrt", "speculative_config": {
+            "method": "ngram", "num_speculative_tokens": 2}})
+
+
+def config_gauges(spec: dict | None, reuse: bool) -> bytes:
+    """The config info gauges and batch gauges (facts config_info: label names; values made up)."""
+    lab = 'model_name="undefined",engine_type="undefined"'
+    out = (f'trtllm_parallel_config_info{{{lab},tensor_parallel_size="2",pipeline_parallel_size="1",'
+           f'context_parallel_size="1",gpu_count="2"}} 1.0\n'
+           f'trtllm_kv_cache_config_info{{{lab},enable_block_reuse="{reuse}",free_gpu_memory_fraction="0.9"}} 1.0\n'
+           f'trtllm_max_num_active_requests{{{lab}}} 64.0\n'
+           f'trtllm_max_num_tokens_runtime{{{lab}}} 8192.0\n'
+           f'trtllm_kv_cache_hit_rate{{{lab}}} 0.5\n')
+    if spec:
+        out += (f'trtllm_speculative_config_info{{{lab},spec_enabled="true",spec_method="{spec["spec_method"]}",'
+                f'spec_num_tokens="{spec["spec_num_tokens"]}"}} 1.0\n')
+    return out.encode()
+
+
+async def test_settings_read_back_from_the_config_gauges():
+    names = FACTS["config_info"]
+    assert {"spec_method", "spec_num_tokens"} <= set(names["speculative_config_info"])
+    assert "enable_block_reuse" in names["kv_cache_config_info"] and "trtllm_kv_cache_hit_rate" in names["gauges"]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    metrics = gauges(100, 32) + config_gauges({"spec_method": "NGram", "spec_num_tokens": 3}, reuse=False)
+    with Replay(trtllm_routes([[5]], metrics)) as srv:
+        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "enable_prefix_caching": True,
+                                                 "speculative_config": ngram})
+        info = await e.start()
+        await e.stop()
+    eff = info.effective
+    assert {k: eff[k] for k in ("dtype", "tensor_parallel_size", "prefix_caching", "kv_blocks", "block_size",
+                                "kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "speculative")} == {
+        "dtype": "bfloat16", "tensor_parallel_size": 2, "prefix_caching": False, "kv_blocks": 100, "block_size": 32,
+        "kv_capacity_tokens": 3200, "max_num_seqs": 64, "max_num_batched_tokens": 8192,
+        "speculative": {"method": "ngram", "num_speculative_tokens": 3}}
+    assert "reports false" in info.unhonoured["enable_prefix_caching"]  # the server runs without block reuse
+    assert "speculative_config" not in info.unhonoured  # NGram with 3 drafts, as asked
+    assert "prompt_lookup_min 2" in info.unhonoured["speculative_config.prompt_lookup_min"]
+    assert info.memory == {}  # trtllm-serve exports no memory split
+    # without the speculative info gauge beside the parallel one, speculation is off
+    with Replay(trtllm_routes([[5]], gauges(100, 32) + config_gauges(None, reuse=True))) as srv:
+        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        off = await e.start()
+        await e.stop()
+    assert off.effective["speculative"] is False and off.effective["prefix_caching"] is True
+    # an older server (no config info gauges): nothing about features is claimed
+    with Replay(trtllm_routes([[5]], gauges(100, 32))) as srv:
+        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "speculative_config": ngram})
+        old = await e.start()
+        await e.stop()
+    assert "speculative" not in old.effective and "does not report" in old.unhonoured["speculative_config"]
