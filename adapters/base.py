@@ -100,10 +100,14 @@ class EngineInfo:
     # passed. Keys (absent = the engine does not tell): dtype, kv_capacity_tokens, kv_blocks,
     # block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
     # prefix_caching, cuda_graphs, compile, speculative, tensor_parallel_size, launch_command;
-    # `sources` maps each key to where it was read.
+    # `sources` maps each key to where it was read (memory keys as "memory.KEY"). `speculative`
+    # is False when the engine reports none, else a dict of adapters.features' uniform keys
+    # (method "ngram" | "draft_model", num_speculative_tokens, ...), possibly with the engine's
+    # own fields under its name. Adapters may add keys of their own (e.g. paged_kv, attention_backend).
     effective: dict[str, Any] = field(default_factory=dict)
-    # Memory as the engine reports it, bytes (absent = not exposed; never a guess):
-    # weights, kv_allocated, kv_peak_used, device_total, graph_pool.
+    # Memory as the engine reports it, bytes (absent = not exposed; never a guess; a figure read
+    # from a rounded log line says its resolution in its source): weights, kv_allocated,
+    # kv_peak_used, device_total, graph_pool, kv_bytes_per_token (+ engine-specific extras).
     memory: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -164,3 +164,30 @@ def test_missing_transformers_names_the_install(tiny_llama):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "UNAVAILABLE" in out.stdout and "pip install 'inferlab[hf]'" in out.stdout, out.stdout + out.stderr
+
+
+async def test_effective_is_what_the_baseline_is_and_features_are_unhonoured(tiny_llama):
+    engine = await started(tiny_llama, max_batch_size=3, enable_prefix_caching=True,
+                           speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    try:
+        info = engine.info
+    finally:
+        await engine.stop()
+    eff = info.effective
+    assert (eff["dtype"], eff["max_num_seqs"], eff["max_model_len"]) == ("float32", 3, 2048)
+    assert (eff["prefix_caching"], eff["speculative"], eff["paged_kv"], eff["cuda_graphs"]) == (False,) * 4
+    assert "kv_capacity_tokens" not in eff and set(eff["sources"]) >= set(eff) - {"sources"}
+    from adapters.model_shape import param_count
+
+    weights = param_count(tiny_llama) * 4  # fp32; the parameters as the safetensors headers count them
+    assert weights <= info.memory["weights"] < weights * 1.01 and set(info.memory) == {"weights"}  # + rope buffers
+    assert "no KV cache across requests" in info.unhonoured["enable_prefix_caching"]
+    assert "plain generate()" in info.unhonoured["speculative_config"]
+
+
+async def test_prefix_caching_off_is_honoured_trivially(tiny_llama):
+    engine = await started(tiny_llama, enable_prefix_caching=False)
+    try:
+        assert engine.info.unhonoured == {}
+    finally:
+        await engine.stop()

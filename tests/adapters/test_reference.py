@@ -132,3 +132,115 @@ async def test_server_mode_matches_offline_and_leaves_no_process(tiny_llama, llm
     except psutil.NoSuchProcess:
         gone = True
     assert gone, f"server pid {info.pid} still alive after stop()"
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def cycle_prompt(model_dir, llm=None) -> list[int]:
+    from reference_engine import LLM
+
+    out = reference_greedy(llm or LLM(str(model_dir)), [[5, 6, 7]], 37)[0]
+    return [5, 6, 7] + list(out.token_ids)  # 40 tokens of the model's own cycle: n-gram drafts get accepted
+
+
+async def test_in_process_features_effective_memory_and_counters(cyclic_llama):
+    """The engine's own report (effective_config / memory_report) becomes EngineInfo; the prefix-cache
+    and speculation counters of EngineStats reach snapshot().extra and move as requests run."""
+    prompt = cycle_prompt(cyclic_llama)
+    engine = ReferenceEngine(str(cyclic_llama), "float32", {"kv_cache_tokens": KV_TOKENS, "enable_prefix_caching": True,
+                                                            "speculative_config": NGRAM})
+    info = await engine.start()
+    try:
+        before = (await engine.snapshot()).extra
+        runs = [await run_all(engine, [prompt], 16) for _ in range(2)]
+        after = (await engine.snapshot()).extra
+    finally:
+        await engine.stop()
+    eff = info.effective
+    assert (eff["prefix_caching"], eff["speculative"]["method"], eff["speculative"]["num_speculative_tokens"]) == \
+        (True, "ngram", 3)
+    assert (eff["kv_capacity_tokens"], eff["block_size"], eff["dtype"], eff["cuda_graphs"]) == (KV_TOKENS, 16,
+                                                                                                "float32", False)
+    assert eff["sources"]["prefix_caching"].startswith("LLMEngine")
+    assert info.memory["kv_allocated"] == KV_TOKENS * info.memory["kv_bytes_per_token"] and info.memory["weights"] > 0
+    assert info.unhonoured == {}
+    assert set(after) == {"num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits",
+                          "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"}
+    assert all(before[k] == 0 for k in after if k.startswith(("prefix", "spec")))
+    assert after["prefix_cache_hits"] >= 32 and after["prefix_cache_queries"] >= 2 * len(prompt) - 1
+    assert 0 < after["spec_decode_num_accepted_tokens"] <= after["spec_decode_num_draft_tokens"]
+    assert tokens(runs[0][0]) == tokens(runs[1][0])
+
+
+def test_read_back_from_config_and_stats_when_the_engine_has_no_report(tiny_llama, llm):
+    """An engine without effective_config() / memory_report(): the dict is built from its config
+    and stats, weights from its parameters."""
+    from adapters.reference import read_back
+
+    class Bare:  # an LLMEngine's attributes, without its report methods
+        def __init__(self, core):
+            self.cfg, self.max_model_len, self.runner, self.stats = core.cfg, core.max_model_len, core.runner, core.stats
+
+    effective, memory = read_back(Bare(llm.engine))
+    assert (effective["kv_capacity_tokens"], effective["block_size"], effective["prefix_caching"],
+            effective["speculative"]) == (KV_TOKENS, 16, True, False)
+    assert all(s == "LLMEngine.cfg / stats()" for k, s in effective["sources"].items() if k != "memory.weights")
+    assert set(memory) == {"weights"} and memory["weights"] > 0
+
+
+def test_server_feature_flags_parse_with_inferlab_serve(tiny_llama):
+    """--enable-prefix-caching / --no-enable-prefix-caching and --speculative-config '<json>' as
+    `inferlab serve`'s own parser reads them (reference_engine/server/cli.py)."""
+    from reference_engine.server.cli import parse
+
+    for prefix in (True, False):
+        impl = ReferenceEngine(str(tiny_llama), "float32", {"mode": "server", "port": 5555,
+                                                            "enable_prefix_caching": prefix,
+                                                            "speculative_config": NGRAM})._impl
+        impl.server.launcher = Launcher.parse(None)
+        argv = impl.server_argv()
+        assert ("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching") in argv
+        ns = parse(argv[argv.index("serve") + 1:])
+        assert ns.enable_prefix_caching is prefix and ns.speculative_config == NGRAM
+
+
+@pytest.mark.slow
+async def test_server_mode_features_reset_and_counters(cyclic_llama, tmp_path):
+    """`inferlab serve` with prefix caching and n-gram speculation: reset_prefix_cache is False (409)
+    while a request holds blocks and True after; the speculation counters at /metrics move."""
+    import httpx
+
+    from adapters import prom
+    from adapters.metric_names import REFERENCE
+
+    prompt = cycle_prompt(cyclic_llama)
+    engine = ReferenceEngine(str(cyclic_llama), "float32", {
+        "mode": "server", "kv_cache_tokens": KV_TOKENS, "enable_prefix_caching": True, "speculative_config": NGRAM,
+        "log_path": str(tmp_path / "s.log")})
+    info = await engine.start()
+    try:
+        assert "--speculative-config" in info.effective["launch_command"]
+        assert (info.effective["kv_capacity_tokens"], info.effective["kv_blocks"]) == (KV_TOKENS, KV_TOKENS // 16)
+        async with httpx.AsyncClient(base_url=engine._impl.base_url) as c:
+            has_route = (await c.get("/server_info")).status_code == 200
+        if has_route:  # once the server reports its settings, they are the ones asked
+            assert info.effective["prefix_caching"] is True and info.unhonoured == {}
+        else:  # until then the adapter says it cannot confirm them, never assumes
+            assert "does not report" in info.unhonoured["speculative_config"]
+            assert "prefix_caching" not in info.effective and "speculative" not in info.effective
+        long = engine.generate(GenerationRequest("long", prompt, SamplingConfig(max_tokens=300)))
+        await long.__anext__()
+        held = await engine.reset_prefix_cache()  # the long request holds blocks: 409
+        await engine.abort("long")
+        async for _ in long:
+            pass
+        await run_all(engine, [prompt], 16)
+        freed = await engine.reset_prefix_cache()
+        async with httpx.AsyncClient(base_url=engine._impl.base_url) as c:
+            m = prom.Metrics.parse((await c.get("/metrics")).text)
+    finally:
+        await engine.stop()
+    assert held is False and freed is True
+    counters = {k: m.value(*names) for k, names in REFERENCE.counters().items()}
+    assert counters["spec_draft_tokens"] > 0 and counters["spec_accepted_tokens"] > 0
