@@ -42,7 +42,8 @@ def read_back(model: Any, max_batch_size: int) -> tuple[dict[str, Any], dict[str
     rb, src = ReadBack(), "the loaded model"
     params = list(model.parameters())
     rb.put("dtype", str(params[0].dtype).removeprefix("torch.") if params else None, src + " (parameter dtype)")
-    rb.put("max_model_len", getattr(model.config, "max_position_embeddings", None), "model.config.max_position_embeddings")
+    rb.put("max_model_len", getattr(model.config, "max_position_embeddings", None),
+           "model.config.max_position_embeddings")
     rb.put("max_num_seqs", max_batch_size, "the adapter's static batcher (max_batch_size)")
     what_it_is = "HF generate() with static batches (adapters/hf.py)"
     for key in ("prefix_caching", "speculative", "chunked_prefill", "cuda_graphs", "compile"):

@@ -125,7 +125,8 @@ def vllm_server_info(rb: ReadBack, cfg: dict[str, Any], source: str = "/server_i
     rb.put("chunked_prefill", as_bool(sched.get("enable_chunked_prefill")), source + " scheduler_config")
     rb.put("prefix_caching", as_bool(cache.get("enable_prefix_caching")), source + " cache_config")
     if "cudagraph_mode" in comp:  # CUDAGraphMode.NONE is 0 (or "NONE" in older dumps)
-        rb.put("cuda_graphs", comp["cudagraph_mode"] not in (0, "NONE", None), source + " compilation_config.cudagraph_mode")
+        rb.put("cuda_graphs", comp["cudagraph_mode"] not in (0, "NONE", None),
+               source + " compilation_config.cudagraph_mode")
     if "mode" in comp:  # CompilationMode.NONE is 0
         rb.put("compile", comp["mode"] not in (0, "NONE", None), source + " compilation_config.mode")
     if "speculative_config" in cfg:
@@ -134,7 +135,8 @@ def vllm_server_info(rb: ReadBack, cfg: dict[str, Any], source: str = "/server_i
     rb.mem("kv_allocated", as_int(cache.get("kv_cache_memory_bytes")), source + " cache_config.kv_cache_memory_bytes")
 
 
-def vllm_cache_labels(rb: ReadBack, labels: dict[str, str] | None, source: str = "vllm:cache_config_info labels") -> None:
+def vllm_cache_labels(rb: ReadBack, labels: dict[str, str] | None,
+                      source: str = "vllm:cache_config_info labels") -> None:
     """KV geometry and the prefix-cache switch from the labels of `vllm:cache_config_info`."""
     if not labels:
         return
@@ -161,7 +163,8 @@ SPEC_IN_LOG = re.compile(r"speculative_config=(None|SpeculativeConfig\(method='(
                          r"num_spec_tokens=(\d+)\))")
 LOG_MEMORY = {  # memory key -> pattern with the GiB figure
     "weights": re.compile(r"Model loading took ([\d.]+) GiB memory"),
-    "kv_allocated": re.compile(r"Available KV cache memory: ([\d.]+) GiB|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"),
+    "kv_allocated": re.compile(r"Available KV cache memory: ([\d.]+) GiB"
+                               r"|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache"),
     "graph_pool": re.compile(r"Graph capturing finished in \d+ secs, took ([\d.]+) GiB"),
 }
 KV_TOKENS_LOG = re.compile(r"\b\w+ KV cache size: ([\d,]+) tokens")

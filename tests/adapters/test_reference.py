@@ -180,7 +180,8 @@ def test_read_back_from_config_and_stats_when_the_engine_has_no_report(tiny_llam
 
     class Bare:  # an LLMEngine's attributes, without its report methods
         def __init__(self, core):
-            self.cfg, self.max_model_len, self.runner, self.stats = core.cfg, core.max_model_len, core.runner, core.stats
+            self.cfg, self.max_model_len, self.runner = core.cfg, core.max_model_len, core.runner
+            self.stats = core.stats
 
     effective, memory = read_back(Bare(llm.engine))
     assert (effective["kv_capacity_tokens"], effective["block_size"], effective["prefix_caching"],

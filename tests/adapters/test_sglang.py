@@ -263,7 +263,8 @@ def test_read_back_from_server_info():
             "speculative_num_draft_tokens": 4, "speculative_draft_model_path": None}},
         "launch_command": "python -m sglang.launch_server"}
     gib = 1 << 30
-    assert memory == {"weights": round(0.934 * gib), "kv_allocated": round(0.234 * gib), "graph_pool": round(0.375 * gib)}
+    assert memory == {"weights": round(0.934 * gib), "kv_allocated": round(0.234 * gib),
+                      "graph_pool": round(0.375 * gib)}
     assert sources["max_num_seqs"].endswith("effective_max_running_requests_per_dp")
     assert "0.001 resolution" in sources["memory.weights"]
     # the recorded (trimmed) answer alone: what it has, nothing invented

@@ -154,7 +154,8 @@ async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
             "tensor_parallel_size": 1, "max_model_len": 2048}
         assert eff["sources"]["max_num_seqs"].startswith("/server_info")
         assert "--no-enable-prefix-caching" in eff["launch_command"] and "--max-num-seqs 8" in eff["launch_command"]
-        assert info.memory == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048}  # tiny: 2 KV heads x 32 x 4 x K,V x 4 B
+        # tiny preset: 2 KV heads x head_dim 32 x 4 layers x K,V x 4 bytes = 2048 bytes per token
+        assert info.memory == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048}
         assert info.unhonoured == {}
         tree = [info.pid] + [c.pid for c in psutil.Process(info.pid).children(recursive=True)]
         assert len(tree) >= 2  # API server + engine core (+ worker)
@@ -232,7 +233,8 @@ def test_features_become_vllms_flags(tiny_llama, tmp_path, monkeypatch):
                                        "prompt_lookup_max": 5}
     assert "--enable-prefix-caching" in argv and "--no-enable-prefix-caching" not in argv
     with pytest.raises(ValueError, match="method must be one of"):
-        VLLMEngine(str(tiny_llama), "float32", {"speculative_config": {"method": "medusa", "num_speculative_tokens": 2}})
+        VLLMEngine(str(tiny_llama), "float32", {"speculative_config": {"method": "medusa",
+                                                                       "num_speculative_tokens": 2}})
     with pytest.raises(ValueError, match="true or false"):  # checked in attach mode too
         VLLMEngine(str(tiny_llama), "float32", {"url": "http://x", "enable_prefix_caching": "on"})
 
