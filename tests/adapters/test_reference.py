@@ -245,3 +245,30 @@ async def test_server_mode_features_reset_and_counters(cyclic_llama, tmp_path):
     assert held is False and freed is True
     counters = {k: m.value(*names) for k, names in REFERENCE.counters().items()}
     assert counters["spec_draft_tokens"] > 0 and counters["spec_accepted_tokens"] > 0
+
+
+async def test_attached_server_reads_the_engines_own_report_from_server_info():
+    """When `inferlab serve` answers GET /server_info with its engine's effective_config() and
+    memory_report() (the route this adapter asks for), those become EngineInfo; the labels fill
+    only what it leaves out. The answer here is built in that shape (values made up)."""
+    import json
+
+    from tests.adapters.replay import Replay, fixture
+
+    report = {"effective": {"dtype": "float32", "kv_capacity_tokens": 4096, "prefix_caching": False,
+                            "speculative": None, "max_num_seqs": 8},
+              "memory": {"weights": 123456, "kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048}}
+    routes = {("GET", "/v1/models"): (200, "application/json", fixture("vllm", "models.json")),
+              ("GET", "/metrics"): (200, "text/plain", fixture("vllm", "metrics.txt")),
+              ("GET", "/server_info"): (200, "application/json", json.dumps(report).encode()),
+              ("POST", "/v1/completions"): (200, "text/event-stream", fixture("vllm", "completions_stream.sse"))}
+    with Replay(routes) as srv:
+        e = ReferenceEngine("m", "float32", {"url": srv.url, "enable_prefix_caching": True})
+        info = await e.start()
+        await e.stop()
+    assert (info.effective["prefix_caching"], info.effective["speculative"], info.effective["max_num_seqs"]) == \
+        (False, False, 8)
+    assert info.effective["sources"]["max_num_seqs"].startswith("/server_info effective")
+    assert info.effective["block_size"] == 128 and info.effective["sources"]["block_size"].startswith("vllm:cache")
+    assert info.memory == report["memory"]
+    assert "reports false" in info.unhonoured["enable_prefix_caching"]
