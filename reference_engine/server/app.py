@@ -81,6 +81,11 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
             return Response(status_code=200)
         raise errors.APIError("Prefix cache reset failed: requests still hold KV blocks.", 409, code="conflict")
 
+    @app.get("/server_info", include_in_schema=False)  # as vLLM's (dev mode): what the engine runs with
+    async def server_info(request: Request) -> dict:
+        core = get_state(request).engine.core
+        return {"effective": core.effective_config(), "memory": core.memory_report()}
+
     @app.get("/version")
     async def version(request: Request) -> dict:
         return {"version": get_state(request).engine.version}

@@ -19,7 +19,7 @@ process (tests) do not share counts.
 | vllm:inter_token_latency_seconds | gap between token-bearing outputs, split evenly over their tokens |
 | vllm:e2e_request_latency_seconds | request accepted -> finished |
 | vllm:request_success_total{finished_reason} | requests finished with "stop" or "length" |
-| vllm:cache_config_info{block_size,num_gpu_blocks} | constant 1; the labels carry the KV geometry |
+| vllm:cache_config_info{block_size,num_gpu_blocks,enable_prefix_caching} | constant 1; the labels carry the KV geometry |
 """
 from __future__ import annotations
 
@@ -77,8 +77,9 @@ class _EngineCollector:
                 per_pos.add_metric([self.model, str(pos)], n)
             yield per_pos
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
-                                 labels=["block_size", "num_gpu_blocks"])
-        info.add_metric([str(s.block_size), str(s.kv_total_blocks)], 1.0)
+                                 labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        info.add_metric([str(s.block_size), str(s.kv_total_blocks), str(self.engine.config.enable_prefix_caching)],
+                        1.0)
         yield info
 
 

@@ -176,14 +176,14 @@ async def compat_generate(req: TGICompatRequest, request: Request):
 
 @router.get("/info")
 async def info(request: Request) -> dict:
+    """TGI v3's /info field set (router/src/lib.rs `Info` at v3.3.7): since v2.3.0 it carries no
+    dtype and no batch-token budget, so neither do we (a client must not learn here what real TGI
+    would not tell it)."""
     st = get_state(request)
-    cfg, L, s = st.engine.config, st.engine.max_model_len, st.engine.stats()
-    return {"model_id": st.served_name, "model_sha": None, "model_dtype": cfg.dtype,
-            "model_device_type": cfg.device, "model_pipeline_tag": "text-generation",
+    L = st.engine.max_model_len
+    return {"model_id": st.served_name, "model_sha": None, "model_pipeline_tag": "text-generation",
             "max_concurrent_requests": st.gate.limit, "max_best_of": 1, "max_stop_sequences": MAX_STOP_SEQUENCES,
-            "max_input_tokens": L - 1, "max_input_length": L - 1, "max_total_tokens": L,
-            "max_batch_total_tokens": s.kv_capacity_tokens, "max_batch_size": cfg.max_num_seqs,
-            "max_waiting_tokens": 0, "waiting_served_ratio": 0.0, "validation_workers": 1,
+            "max_input_tokens": L - 1, "max_total_tokens": L, "validation_workers": 1,
             "max_client_batch_size": 1, "router": "inferlab-reference-engine", "version": st.engine.version,
             "sha": None, "docker_label": None}
 
