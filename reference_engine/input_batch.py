@@ -89,7 +89,11 @@ class StepInputs:
     Padding (CUDA graphs): `fill(..., pad_to=b)` for a step of n one-token sequences (n <= b) also
     writes rows n..b-1 as padding: token id 0 at position 0 with slot -1, a sequence of zero query
     tokens and zero context (cu_seqlens_q stays at n). Their block-table rows are left as they are:
-    a sequence of length 0 reads no block."""
+    a sequence of length 0 reads no block.
+
+    Cost per step: host work O(tokens + sequences x their blocks); the device copy moves whole
+    block-table rows, O(B x max_blocks) (as vLLM's), so a very long max_model_len costs a little
+    more per step."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, block_size: int,
                  device: str | torch.device, table_dtype: torch.dtype = torch.int64):
