@@ -157,7 +157,7 @@ def check_shape(rep: Report, root, name: str, bw: float) -> dict:
     rep.add(f"Engine up in {time.perf_counter() - t:.1f} s: {e.effective_config()['attention_backend']} attention, "
             f"{len(g.sizes) if g else 0} CUDA graphs captured in {g.capture_s if g else 0:.1f} s, "
             f"KV {e.runner.kv_capacity_tokens:,} tokens ({', '.join(f'{k}={v}' for k, v in kw.items())}). "
-            f"Copy bandwidth {bw / 1e12:.2f} TB/s.", "")
+            f"Device-to-device copy bandwidth {bw / 1e12:.2f} TB/s (bytes read + written per second).", "")
     if cuda:
         rep.check(g is not None, f"{name}: CUDA graphs captured by default on CUDA")
     seen = count_replays(llm)
