@@ -119,7 +119,10 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TGIParameters(_Body):
-    """TGI's GenerateParameters; sampling is on when do_sample or any warper is set (TGI's rule)."""
+    """TGI's GenerateParameters; sampling is on when do_sample or any warper is set (TGI's rule).
+    Strict types, as TGI's serde parsing is: `watermark: 0` or `repetition_penalty: true` is a 422."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     best_of: int | None = None
     decoder_input_details: bool = False

@@ -108,3 +108,15 @@ def test_info_and_tokenize(server, offline):
     assert [t["id"] for t in toks] == offline.tokenizer.encode(PROMPT)
     assert "".join(t["text"] for t in toks) == PROMPT
     assert all(PROMPT[t["start"]:t["stop"]] == t["text"] for t in toks)
+
+
+def test_tgi_parameters_are_strictly_typed_as_tgi_parses_them():
+    # TGI deserializes with serde: a 0 is not a bool and a bool is not a float (422, not a 200)
+    from pydantic import ValidationError
+
+    from reference_engine.server.protocol import TGIParameters
+
+    for bad in ({"watermark": 0}, {"repetition_penalty": True}, {"max_new_tokens": 1.5}):
+        with pytest.raises(ValidationError):
+            TGIParameters(**bad)
+    assert TGIParameters(temperature=1, max_new_tokens=4).temperature == 1.0  # an integer is a number
