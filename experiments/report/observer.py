@@ -16,25 +16,29 @@ from experiments.summary import Runs
 METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2EL"))
 
 
-def section(runs: Runs) -> list[str]:
-    rows = []
+def _each(runs: Runs):
+    """(engine, level, summary) for every level an engine finished requests at."""
     for e in runs.engines:
         for level in runs.levels:
-            s = e.summary.get(level)
-            if not s:
+            if e.summary.get(level):
+                yield e, level, e.summary[level]
+
+
+def section(runs: Runs) -> list[str]:
+    rows = []
+    for e, level, s in _each(runs):
+        cmp = s.get("client_vs_server")
+        if cmp is None:
+            rows.append([e.label, level, "–", "–", "–", "–", _why_none(e, s)])
+            continue
+        for key, name in METRICS:
+            r = cmp["rows"].get(key)
+            if r is None:
                 continue
-            cmp = s.get("client_vs_server")
-            if cmp is None:
-                rows.append([e.label, level, "–", "–", "–", "–", _why_none(e, s)])
-                continue
-            for key, name in METRICS:
-                r = cmp["rows"].get(key)
-                if r is None:
-                    continue
-                diff = r["diff_ms"]
-                rel = f"{diff / r['server_ms']:+.0%}" if diff is not None and r["server_ms"] else "–"
-                rows.append([e.label, level, name, fmt(r["client_ms"]), fmt(r["server_ms"]),
-                             f"{fmt(diff)} ({rel})", f"{fmt(int(r['server_count']))} counted"])
+            diff = r["diff_ms"]
+            rel = f"{diff / r['server_ms']:+.0%}" if diff is not None and r["server_ms"] else "–"
+            rows.append([e.label, level, name, fmt(r["client_ms"]), fmt(r["server_ms"]),
+                         f"{fmt(diff)} ({rel})", f"{fmt(int(r['server_count']))} counted"])
     if not rows:
         return ["No engine in this report exports latency histograms."]
     intro = ("Client means against the engine's own histograms for the same requests (one scrape of its "
@@ -58,22 +62,21 @@ def _why_none(e, s: dict[str, Any]) -> str:
 
 def _scrapes(runs: Runs) -> list[str]:
     rows = []
-    for e in runs.engines:
-        for level in runs.levels:
-            s = e.summary.get(level)
-            if not s:
-                continue
-            view, tl = s.get("server_view") or {}, (s.get("observer") or {}).get("timeline")
-            ms = view.get("scrape_ms") or [None, None]
-            rows.append([e.label, level, fmt(ms[0]), fmt(ms[1]),
-                         f"every {tl['every_s']:g} s: {tl['scrapes']} scrapes, mean {fmt(tl['scrape_ms_mean'])} ms, "
-                         f"max {fmt(tl['scrape_ms_max'])} ms" if tl else "off"])
+    for e, level, s in _each(runs):
+        view, tl = s.get("server_view") or {}, (s.get("observer") or {}).get("timeline")
+        ms = view.get("scrape_ms") or [None, None]
+        rows.append([e.label, level, fmt(ms[0]), fmt(ms[1]),
+                     f"every {tl['every_s']:g} s: {tl['scrapes']} scrapes, mean {fmt(tl['scrape_ms_mean'])} ms, "
+                     f"max {fmt(tl['scrape_ms_max'])} ms" if tl else "off"])
     return ["What the harness asked of each engine besides the workload (scrape latencies in ms):", ""] + \
         table(["engine", "level", "scrape before", "scrape after", "timeline during the level"], rows)
 
 
 def flags(e, level: str, s: dict[str, Any]) -> list[str]:
-    """Flag lines for one engine and level: server disagreement, implausible readings, a timeline."""
+    """Flag lines for one engine and level (each repeat's own, when there were several):
+    server disagreement, implausible readings, a timeline."""
+    if s.get("per_repeat"):
+        return [line for r, rs in s["per_repeat"].items() for line in flags(e, f"{level} (repeat {r})", rs)]
     out = []
     cmp = s.get("client_vs_server")
     if cmp and cmp["flags"]:
