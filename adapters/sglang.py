@@ -48,8 +48,8 @@ from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequ
                            RequestError, TokenEvent, check_options)
 from adapters.deltas import Cumulative, Incremental, NotCumulative
 from adapters.metric_names import SGLANG
-from adapters.readback import GIB, ReadBack, as_bool, launch_command
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
+from adapters.sglang_settings import KV_HOW, NGRAM_WINDOW, feature_args, feature_flags, read_back, reported_dtype
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
 # option -> server flags (a boolean option adds its flags when true). `--disable-cuda-graph`
@@ -59,109 +59,6 @@ KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests
          "disable_radix_cache": ["--disable-radix-cache"],
          "disable_cuda_graph": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
          "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"]}
-KV_HOW = "--max-total-tokens (an upper bound: SGLang takes the minimum with what fits in memory)"
-NGRAM_WINDOW = ("SGLang's NGRAM drafts from a trie of every request's recent tokens (depth "
-                "--speculative-ngram-max-trie-depth, default 18), not from the request's own last "
-                "prompt_lookup_min..prompt_lookup_max tokens; those two settings have no SGLang flag")
-
-
-def feature_args(options: dict[str, Any]) -> dict[str, Any]:
-    """SGLang server arguments (ServerArgs field -> value) for the uniform features
-    (adapters.features); ValueError when they contradict option disable_radix_cache."""
-    out: dict[str, Any] = {}
-    prefix = features.prefix_caching("sglang", options)
-    if prefix is not None:
-        if options.get("disable_radix_cache") is not None and options["disable_radix_cache"] == prefix:
-            raise ValueError("engine 'sglang': enable_prefix_caching and disable_radix_cache contradict each other")
-        out["disable_radix_cache"] = not prefix
-    spec = features.speculative("sglang", options.get("speculative_config"))
-    if spec is not None:
-        k = spec["num_speculative_tokens"]
-        if spec["method"] == "ngram":
-            out.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=k + 1,
-                       speculative_ngram_max_bfs_breadth=1)
-        else:
-            out.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=spec["model"],
-                       speculative_num_steps=k, speculative_eagle_topk=1, speculative_num_draft_tokens=k + 1)
-    return out
-
-
-def feature_flags(options: dict[str, Any]) -> list[str]:
-    """`feature_args` as launch flags (a true boolean is a bare flag, a false one is left out)."""
-    out: list[str] = []
-    for k, v in feature_args(options).items():
-        flag = "--" + k.replace("_", "-")
-        if v is True:
-            out.append(flag)
-        elif v is not False:
-            out += [flag, str(v)]
-    return out
-
-
-def sglang_speculative(si: dict[str, Any]) -> dict[str, Any] | bool | None:
-    """The speculation a server reports, in the uniform keys (False: off; None: not reported)."""
-    if "speculative_algorithm" not in si:
-        return None
-    algo = si.get("speculative_algorithm")
-    if algo in (None, "", "NONE"):
-        return False
-    steps, drafts = si.get("speculative_num_steps"), si.get("speculative_num_draft_tokens")
-    native = {k: si.get(k) for k in ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                                     "speculative_num_draft_tokens", "speculative_draft_model_path") if k in si}
-    if algo == "NGRAM":
-        return {"method": "ngram", "num_speculative_tokens": drafts - 1 if drafts else None, "sglang": native}
-    if algo == "STANDALONE":
-        return {"method": "draft_model", "num_speculative_tokens": steps,
-                "model": si.get("speculative_draft_model_path"), "sglang": native}
-    return {"method": str(algo).lower(), "num_speculative_tokens": steps, "sglang": native}
-
-
-# the ServerArgs fields read_back takes from /server_info (checked against SGLang's own list by
-# tests/adapters/test_sglang_contract.py); max_total_num_tokens, max_req_input_len and
-# internal_states come from the scheduler
-SERVER_INFO_KEYS = ("dtype", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
-                    "context_length", "disable_radix_cache", "cuda_graph_backend_decode", "disable_cuda_graph",
-                    "enable_torch_compile", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                    "speculative_num_draft_tokens", "speculative_draft_model_path", "tp_size")
-
-
-def read_back(si: dict[str, Any], argv: list[str] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
-    """EngineInfo.effective and .memory from a /server_info answer (see the module docstring)."""
-    rb, src = ReadBack(), "/server_info"
-    state = (si.get("internal_states") or [{}])[0] or {}
-    rb.put("dtype", reported_dtype(si, None), src + " dtype")
-    rb.put("kv_capacity_tokens", si.get("max_total_num_tokens"), src + " max_total_num_tokens")
-    rb.put("block_size", si.get("page_size"), src + " page_size")
-    rb.put("max_num_seqs", state.get("effective_max_running_requests_per_dp"),
-           src + " internal_states[0].effective_max_running_requests_per_dp")
-    rb.put("max_num_seqs", si.get("max_running_requests"), src + " max_running_requests")
-    chunk = si.get("chunked_prefill_size")
-    if "chunked_prefill_size" in si:
-        rb.put("chunked_prefill", chunk not in (None, -1, 0), src + " chunked_prefill_size (-1: off)")
-        rb.put("max_num_batched_tokens", chunk if chunk not in (None, -1, 0) else si.get("max_prefill_tokens"),
-               src + (" chunked_prefill_size" if chunk not in (None, -1, 0) else " max_prefill_tokens"))
-    rb.put("max_model_len", si.get("context_length"), src + " context_length")
-    rb.put("max_model_len", si.get("max_req_input_len"), src + " max_req_input_len (no context_length)")
-    if "disable_radix_cache" in si:
-        rb.put("prefix_caching", not as_bool(si["disable_radix_cache"]), src + " disable_radix_cache")
-    if "cuda_graph_backend_decode" in si:
-        rb.put("cuda_graphs", si["cuda_graph_backend_decode"] != "disabled", src + " cuda_graph_backend_decode")
-    elif "disable_cuda_graph" in si:
-        rb.put("cuda_graphs", not as_bool(si["disable_cuda_graph"]), src + " disable_cuda_graph")
-    rb.put("compile", as_bool(si.get("enable_torch_compile")), src + " enable_torch_compile")
-    rb.put("speculative", sglang_speculative(si), src + " speculative_*")
-    rb.put("tensor_parallel_size", si.get("tp_size"), src + " tp_size")
-    rb.put("launch_command", launch_command(argv), "the argv this adapter launched")
-    mem = state.get("memory_usage") or {}
-    where = src + " internal_states[0].memory_usage.{} (GiB, 0.001 resolution)"
-    for key, field in (("weights", "weight"), ("kv_allocated", "kvcache")):
-        if isinstance(mem.get(field), (int, float)):
-            rb.mem(key, round(mem[field] * GIB), where.format(field))
-    if isinstance(mem.get("graph"), dict) and mem["graph"]:
-        rb.mem("graph_pool", round(sum(mem["graph"].values()) * GIB), where.format("graph"))
-    return rb.result()
-
-
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
     s = request.sampling
     p: dict[str, Any] = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
@@ -186,12 +83,6 @@ class SGLangEngine(ModalEngine):
     name = "sglang"
     IMPLS = {"server": "adapters.sglang:SGLangServer", "attach": "adapters.sglang:SGLangServer",
              "in_process": "adapters.sglang:SGLangInProcess"}
-
-
-def reported_dtype(info: dict[str, Any], asked: str | None) -> str | None:
-    """The dtype in SGLang's server info (its resolved `dtype` argument), else the one asked."""
-    d = info.get("dtype")
-    return str(d) if d not in (None, "", "auto") else asked
 
 
 def unhonoured(asked_dtype: str, info: dict[str, Any], asked_kv: int | None, how: str,

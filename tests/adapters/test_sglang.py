@@ -250,7 +250,7 @@ def server_info_0_5_23() -> dict:
 
 
 def test_read_back_from_server_info():
-    from adapters.sglang import read_back
+    from adapters.sglang_settings import read_back
 
     effective, memory = read_back(server_info_0_5_23(), ["python", "-m", "sglang.launch_server"])
     sources = effective.pop("sources")

@@ -158,8 +158,8 @@ def test_feature_flags_parse_to_what_they_mean(report):
 
 def test_server_info_keys_the_adapter_reads_are_sglangs(report):
     """/server_info = ServerArgs.resolved_dict() (one key per record field) + scheduler info +
-    internal_states; adapters.sglang.read_back reads these keys."""
-    from adapters.sglang import SERVER_INFO_KEYS
+    internal_states; adapters.sglang_settings.read_back reads these keys."""
+    from adapters.sglang_settings import SERVER_INFO_KEYS
 
     assert report["server_info_is_resolved_dict"]
     assert set(SERVER_INFO_KEYS) <= set(report["server_info_fields"]), \
