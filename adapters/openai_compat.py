@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, NamedTuple
 
 import httpx
 
-from adapters import features, prom
+from adapters import features, prom, sse
 from adapters.base import (UNKNOWN_TOKEN_ID, Engine, EngineInfo, EngineUnavailable, GenerationRequest,
                            MemorySnapshot, RequestError, SamplingConfig, TokenEvent, check_options)
 from adapters.metric_names import VLLM, MetricNames
@@ -82,7 +82,8 @@ class OpenAIEngine(Engine):
         # snapshot() parses only these (see adapters.prom); start() parses everything once
         self._metric_names = self.METRICS.prefixes()
         self._live: set[str] = set()  # requests whose generate() is running
-        self._responses: dict[str, httpx.Response] = {}
+        self._streamer: sse.Streamer | None = None  # the measured path (adapters/sse.py)
+        self._responses: dict[str, sse.Stream] = {}
         self._aborted: set[str] = set()
 
     # -- hooks for server subclasses -------------------------------------------------------
@@ -218,6 +219,7 @@ class OpenAIEngine(Engine):
                 base_url=self.base_url, headers=headers, trust_env=False,
                 timeout=httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+            self._streamer = await sse.Streamer(self.base_url, headers).open()
             if self.served_model_name is None:
                 self.served_model_name = await self._first_model()
             self.events_carry_token_ids, _ = await self._probe()
@@ -256,17 +258,15 @@ class OpenAIEngine(Engine):
         counted = 0  # text-only streams: completion tokens accounted for so far
         self._live.add(rid)
         try:
-            async with self._client.stream("POST", "/v1/completions", json=body) as resp:
+            async with self._streamer.post("/v1/completions", body) as resp:
                 if resp.status_code != 200:
-                    await resp.aread()
                     raise RequestError(f"request {rid}: HTTP {resp.status_code} from {self.base_url}: "
-                                       f"{resp.text[:500]}")
+                                       f"{(await resp.text())[:500]}")
                 self._responses[rid] = resp
                 try:
                     if rid in self._aborted:  # abort() came while the request was being sent
-                        await resp.aclose()
-                    async for line in resp.aiter_lines():
-                        recv_ns = time.perf_counter_ns()
+                        resp.close()
+                    async for recv_ns, line in resp.lines():
                         if not line.startswith("data:"):
                             continue  # blank separators, comments, event: lines
                         data = line[5:].strip()
@@ -286,7 +286,9 @@ class OpenAIEngine(Engine):
                             yield TokenEvent(rid, ids, text, recv_ns)
                 except RequestError:
                     raise
-                except (httpx.HTTPError, RuntimeError, ValueError) as e:  # RuntimeError: closed by abort()
+                except sse.StreamClosed:  # abort() closed it
+                    pass
+                except sse.StreamError as e:
                     if rid not in self._aborted:
                         raise RequestError(f"request {rid}: stream from {self.base_url} broke: {e!r}") from e
             if held is None:
@@ -310,7 +312,7 @@ class OpenAIEngine(Engine):
         self._aborted.add(request_id)
         resp = self._responses.get(request_id)
         if resp is not None:
-            await resp.aclose()
+            resp.close()
 
     async def reset_prefix_cache(self) -> bool:
         """POST /reset_prefix_cache (vLLM needs VLLM_SERVER_DEV_MODE=1 for it)."""
@@ -326,6 +328,9 @@ class OpenAIEngine(Engine):
     async def stop(self) -> None:
         """Close the client, then stop whatever `connect` launched. Idempotent."""
         client, self._client = self._client, None
+        streamer, self._streamer = self._streamer, None
+        if streamer is not None:
+            await streamer.close()
         await aclose_then(client, self.disconnect)
 
     # -- helpers -----------------------------------------------------------------------------

