@@ -96,7 +96,8 @@ class Search(_Strict):
 
 class Load(_Strict):
     """How it is sent. Closed loop: at most `concurrency` in flight. Open loop: arrivals at
-    `rate` req/s (Poisson when burstiness = 1, gamma otherwise; "inf" sends all at once).
+    `rate` req/s (Poisson when burstiness = 1, gamma otherwise; "inf" sends all at once), at
+    most `max_concurrency` in flight when set (an arrival then waits for a slot).
     A list sweeps; each level reruns the same requests after its own warm-up. Search: open
     loop at rates the search picks (see `Search`)."""
 
@@ -104,6 +105,9 @@ class Load(_Strict):
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)
+    # open loop only: at most this many in flight; an arrival waits for a free slot (vllm bench
+    # serve's --max-concurrency). None: no cap.
+    max_concurrency: int | None = Field(None, ge=1)
     warmup: int = Field(2, ge=0)
     seed: int = 0
     timeout_s: float = Field(600.0, gt=0)  # per request: a stuck engine fails the run instead of hanging it

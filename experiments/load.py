@@ -138,13 +138,20 @@ class LoadGenerator:
         self._t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(work)))))
 
-    async def open(self, work: list[list[WorkItem]], offsets: list[float]) -> None:
+    async def open(self, work: list[list[WorkItem]], offsets: list[float], max_concurrency: int | None = None) -> None:
+        """Arrivals at `offsets` (s from now); with `max_concurrency`, an arrival waits for one of
+        that many slots, and its TTFT counts from when it is sent (as vllm bench serve does)."""
         self._t0 = time.perf_counter()
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
         async def later(chain: list[WorkItem], at: float) -> None:
             delay = self._t0 + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await self._chain(chain, at)
+            if slots is None:
+                await self._chain(chain, at)
+                return
+            async with slots:
+                await self._chain(chain, at)
 
         await asyncio.gather(*(later(c, t) for c, t in zip(work, offsets)))

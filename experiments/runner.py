@@ -196,7 +196,8 @@ class EngineRun:
             if kind == "concurrency":
                 await gen.closed(todo, int(value))
             else:
-                await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed))
+                await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed),
+                               cfg.load.max_concurrency)
         finally:
             sampler.timeline = None
             if timeline is not None:

@@ -64,3 +64,29 @@ def test_open_loop_multi_turn_sends_each_turn_after_the_previous(tmp_path, exp_m
     # rate = inf: every conversation's first turn is sent at once
     firsts = sorted(r["send_ns"] for r in recs if r["level"] == "rate=inf" and r["request_id"].endswith("-t0"))
     assert firsts[-1] - firsts[0] < 20e6
+
+
+def test_open_loop_max_concurrency_caps_requests_in_flight(tmp_path, exp_model, paced):
+    import json
+
+    from experiments.commands import run_main
+    from tests.experiments.exp_util import write_config
+
+    cfg = write_config(tmp_path / "c.toml", exp_model, """
+        engine = "paced"
+        [workload]
+        num_requests = 12
+        input_len = 4
+        output_len = 6
+        [load]
+        mode = "open"
+        rate = "inf"
+        max_concurrency = 3
+        warmup = 0
+    """, name="cap")
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    recs = [json.loads(s) for s in (tmp_path / "res/cap/paced/requests.jsonl").read_text().splitlines()]
+    assert len(recs) == 12
+    edges = sorted([(r["send_ns"], 1) for r in recs] + [(r["done_ns"], -1) for r in recs], key=lambda e: (e[0], e[1]))
+    in_flight = np.cumsum([d for _, d in edges])
+    assert in_flight.max() == 3  # all 12 arrive at once, yet never more than 3 are sent
