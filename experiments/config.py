@@ -105,8 +105,8 @@ class Load(_Strict):
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)
-    # open loop only: at most this many in flight; an arrival waits for a free slot (vllm bench
-    # serve's --max-concurrency). None: no cap.
+    # open loop, finite rates: at most this many in flight; an arrival waits for a free slot (vllm
+    # bench serve's --max-concurrency). rate = "inf" stays everything at once. None: no cap.
     max_concurrency: int | None = Field(None, ge=1)
     warmup: int = Field(2, ge=0)
     seed: int = 0

@@ -9,6 +9,7 @@ completed with `--resume` (only requests missing from the JSONL are sent again).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import resource
 import shutil
@@ -196,8 +197,8 @@ class EngineRun:
             if kind == "concurrency":
                 await gen.closed(todo, int(value))
             else:
-                await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed),
-                               cfg.load.max_concurrency)
+                cap = cfg.load.max_concurrency if math.isfinite(value) else None  # "inf": all at once
+                await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed), cap)
         finally:
             sampler.timeline = None
             if timeline is not None:

@@ -140,7 +140,8 @@ def _sdpa_any(q, k, v, scale, mask):
 BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchBackend}
 # Backends that need an optional package, imported only when chosen so that the engine imports
 # without it: name -> "module:function" returning the class (or raising a one-line ImportError).
-LAZY_BACKENDS: dict[str, str] = {"triton": "reference_engine.triton_attention:backend_class"}
+LAZY_BACKENDS: dict[str, str] = {"triton": "reference_engine.triton_attention:backend_class",
+                                 "cpu": "reference_engine.cpu_attention:backend_class"}
 
 
 def get_backend(name: str) -> type[AttentionBackend]:

@@ -84,6 +84,7 @@ class SpeculativeConfig:
 
 
 LOAD_FORMATS = ("auto", "dummy")
+LINEAR_BACKENDS = ("torch", "onednn")
 
 
 def default_cuda_graph_sizes(limit: int = 256) -> list[int]:
@@ -98,7 +99,10 @@ class EngineConfig:
     the engine may use; the KV cache gets what weights, peak activations and CUDA graphs leave, as in
     vLLM); with none, the cache gets `DEFAULT_KV_BYTES`, capped at `max_num_seqs` full contexts.
 
-    `attention_backend` None picks "triton" on CUDA (when triton imports) and "torch" elsewhere.
+    `attention_backend` None picks "triton" on CUDA (when triton imports), "cpu" on CPU (when its C++
+    kernel builds) and "torch" otherwise. `linear_backend` None picks "onednn" on CPU (weights
+    prepacked for oneDNN, `cpu_linear.py`; bf16 weights are multiplied as fp32 where the CPU has no
+    bf16 dot product) and "torch" (`F.linear`) elsewhere.
     CUDA graphs capture decode steps per batch size in `cuda_graph_sizes` (default: vLLM's, up to
     `max_num_seqs`); they are used only on CUDA, with a backend that supports them (triton), and
     `enforce_eager=True` turns them off. `load_format="dummy"` makes random weights on the device
@@ -115,7 +119,8 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     record_steps: bool = False
-    attention_backend: str | None = None  # None: "triton" on CUDA if it imports, else "torch"
+    attention_backend: str | None = None  # None: "triton" on CUDA if it imports, "cpu" on CPU if it builds
+    linear_backend: str | None = None  # None: "onednn" on CPU (when torch has oneDNN), else "torch"
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (`serve`: cores - 1)
     seed: int = 0
     enable_prefix_caching: bool = True
@@ -165,6 +170,14 @@ class EngineConfig:
         if self.attention_backend is None:  # resolved once, so everything built from this config agrees
             from reference_engine.triton_attention import default_attention_backend
             self.attention_backend = default_attention_backend(self.device)
+        if self.linear_backend is None:
+            from reference_engine import cpu_linear
+            self.linear_backend = "onednn" if torch.device(self.device).type == "cpu" and cpu_linear.available() \
+                else "torch"
+        if self.linear_backend not in LINEAR_BACKENDS:
+            raise ValueError(f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
+        if self.linear_backend == "onednn" and torch.device(self.device).type != "cpu":
+            raise ValueError(f"linear_backend 'onednn' runs on CPU only (device is {self.device!r})")
 
 
 @dataclass

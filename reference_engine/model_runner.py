@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reference_engine import cpu_linear
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
 from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
@@ -63,6 +64,10 @@ class ModelRunner:
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         load = dummy_model if cfg.load_format == "dummy" else load_model
         self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len)
+        self.linear_compute_dtype = str(self.dtype).removeprefix("torch.")
+        if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (cpu_linear.py)
+            cpu_linear.pack(self.model)
+            self.linear_compute_dtype = cpu_linear.compute_dtype(self.model)
         spec = cfg.speculative
         self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
                                       self.max_model_len) if spec else None
@@ -181,6 +186,8 @@ class ModelRunner:
         and the device's readings (`DeviceMemory.report`) on CUDA."""
         out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
+        if self.cfg.linear_backend == "onednn":
+            out["weights_packed"] = cpu_linear.packed_bytes(self.model)
         if self.activation_peak is not None:
             out["activation_peak"] = self.activation_peak
         if self.graph_pool_bytes is not None:

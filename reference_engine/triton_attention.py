@@ -67,14 +67,20 @@ def triton_available() -> bool:
 
 
 def default_attention_backend(device: str | torch.device | None = None) -> str:
-    """"triton" when the engine runs on CUDA and triton imports, else "torch".
+    """"triton" when the engine runs on CUDA and triton imports, "cpu" on CPU when its C++ decode
+    kernel builds (`cpu_attention.py`), else "torch".
 
     `device` is the engine's device; None means CUDA if torch sees one."""
     if device is None:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         dev = torch.device(device)
-    return "triton" if dev.type == "cuda" and triton_available() else "torch"
+    if dev.type == "cuda":
+        return "triton" if triton_available() else "torch"
+    if dev.type == "cpu":
+        from reference_engine import cpu_attention
+        return "cpu" if cpu_attention.available() else "torch"
+    return "torch"
 
 
 def backend_class() -> type[TritonBackend]:

@@ -80,13 +80,18 @@ def test_open_loop_max_concurrency_caps_requests_in_flight(tmp_path, exp_model, 
         output_len = 6
         [load]
         mode = "open"
-        rate = "inf"
+        rate = [2000, "inf"]
         max_concurrency = 3
         warmup = 0
     """, name="cap")
     assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     recs = [json.loads(s) for s in (tmp_path / "res/cap/paced/requests.jsonl").read_text().splitlines()]
-    assert len(recs) == 12
-    edges = sorted([(r["send_ns"], 1) for r in recs] + [(r["done_ns"], -1) for r in recs], key=lambda e: (e[0], e[1]))
-    in_flight = np.cumsum([d for _, d in edges])
-    assert in_flight.max() == 3  # all 12 arrive at once, yet never more than 3 are sent
+    assert len(recs) == 24
+
+    def most_in_flight(level: str) -> int:
+        rs = [r for r in recs if r["level"] == level]
+        edges = sorted([(r["send_ns"], 1) for r in rs] + [(r["done_ns"], -1) for r in rs])
+        return int(np.cumsum([d for _, d in edges]).max())
+
+    assert most_in_flight("rate=2000") == 3  # all 12 arrive within ~6 ms, yet never more than 3 are sent
+    assert most_in_flight("rate=inf") == 12  # "inf" is everything at once, uncapped

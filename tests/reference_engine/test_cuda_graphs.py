@@ -52,7 +52,9 @@ def test_enforce_eager_and_sizes_are_config_fields():
         EngineConfig("m", cuda_graph_sizes=4)
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig("m", enforce_eager="yes")
-    assert EngineConfig("m").attention_backend == "torch"  # CPU default; "triton" on CUDA
+    from reference_engine import cpu_attention
+    # CPU default: the C++ kernel where it builds, else the PyTorch backend; "triton" on CUDA
+    assert EngineConfig("m").attention_backend == ("cpu" if cpu_attention.available() else "torch")
     assert EngineConfig("m", device="cuda").attention_backend == "triton"  # (triton imports here)
 
 

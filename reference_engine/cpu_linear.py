@@ -1,0 +1,81 @@
+"""CPU linear layers with weights prepacked for oneDNN, the GEMM library vLLM's CPU backend uses.
+
+`torch.nn.functional.linear` on CPU calls MKL's sgemm on the weight as stored, every call. oneDNN
+can reorder a weight once into the blocked layout its AVX2/AVX-512 kernels read
+(`torch.ops.mkldnn._reorder_linear_weight`, what inductor's freezing pass does) and then multiply
+against it (`torch.ops.mkldnn._linear_pointwise`); vLLM-CPU does the same through its own
+`onednn_mm` handle. On the project's 2-core AVX2 machine this took a decode batch of 128 rows
+from ~56 to ~110 GFLOP/s (docs/perf/cpu_vs_vllm.md).
+
+bfloat16 on a CPU without bf16 dot-product instructions (no AVX512_BF16 / AMX): torch's bf16
+GEMM runs at a fraction of fp32 speed and oneDNN refuses bf16 there. `PackedLinear` then keeps an
+fp32 copy of the bf16 weights (the same values, exactly), multiplies in fp32 and rounds the
+output to bf16, which is what a bf16 GEMM with fp32 accumulation returns (up to summation
+order). Activations between layers stay bf16, the KV cache stays bf16; the engine reports
+`linear_compute_dtype = "float32"` in its effective settings.
+
+Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
+`weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
+(fp32) or 2 (bf16).
+
+Invariant: `pack(model)` replaces every `nn.Linear` of the model in place, keeps the original
+parameters (tied embeddings, `param_bytes`, the loader's names) and changes no output beyond
+floating-point summation order.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def native_bf16() -> bool:
+    """Does this CPU multiply bf16 natively (oneDNN takes bf16 weights)?"""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class PackedLinear(nn.Module):
+    """`linear`'s forward over a oneDNN-packed copy of its weight (fp32, or bf16 where native)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach()
+        self.out_dtype = w.dtype
+        self.compute_dtype = w.dtype if w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and native_bf16()) \
+            else torch.float32
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(self.compute_dtype))
+        b = linear.bias
+        self.bias = None if b is None else b.detach().to(self.compute_dtype)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the parameter stays reachable (state, tied embeddings)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
+        return y.to(self.out_dtype)
+
+    def packed_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+
+def pack(model: nn.Module) -> nn.Module:
+    """Swap every `nn.Linear` of `model` (CPU, float32 or bfloat16) for a `PackedLinear`."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16):
+            setattr(model, name, PackedLinear(child))
+        else:
+            pack(child)
+    return model
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes of the packed copies, held beside the parameters."""
+    return sum(m.packed_bytes() for m in model.modules() if isinstance(m, PackedLinear))
+
+
+def compute_dtype(model: nn.Module) -> str:
+    """The dtype the packed GEMMs multiply in ("float32" for bf16 weights on a CPU without bf16)."""
+    kinds = {str(m.compute_dtype).removeprefix("torch.") for m in model.modules() if isinstance(m, PackedLinear)}
+    return ", ".join(sorted(kinds)) or "none"

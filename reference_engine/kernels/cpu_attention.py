@@ -1,0 +1,244 @@
+"""A C++ CPU kernel for decode attention over the paged KV cache, compiled on first use.
+
+`decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out)`: one query token per sequence,
+
+    q (B, H, D), k_cache / v_cache (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int64,
+    seq_lens (B,) int64 context length (the query's own key included), out (B, H, D)
+
+One task per (sequence, kv head), spread over torch's intra-op threads (`at::parallel_for`). A task
+walks its sequence's blocks through the block table, reading each key and value row of its kv
+head once, for the H/Hkv query heads that share it (GQA), with an online softmax in float32; no
+context is copied. fp32 or bf16 q/cache (bf16 is widened to fp32 as it is read); out has q's dtype.
+
+Built with `torch.utils.cpp_extension.load_inline` (needs a C++ compiler and OpenMP; about 30 s
+the first time, then cached under TORCH_EXTENSIONS_DIR). The module name carries the CPU's vector
+ISA, so a cache shared between machines never loads code built for another instruction set.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+
+import torch
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC8 1
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const at::BFloat16* p) {  // bf16 -> fp32: the 16 bits are the high half
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// lane r of the result = the sum of the 8 lanes of a[r]
+static inline __m256 reduce8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+// e^x for x <= 0 (Cephes' expf: exp(x) = 2^n e^r, |r| <= ln2/2, degree-5 polynomial; ~1 ulp)
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+// x[r] = e^(x[r] - mx) for r < n; returns their sum.
+static inline float exp_shifted(float* x, int64_t n, float mx) {
+  float sum = 0.f;
+  int64_t r = 0;
+#ifdef VEC8
+  __m256 acc = _mm256_setzero_ps();
+  for (; r + 8 <= n; r += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + r), _mm256_set1_ps(mx)));
+    _mm256_storeu_ps(x + r, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (int i = 0; i < 8; ++i) sum += lanes[i];
+#endif
+  for (; r < n; ++r) { x[r] = std::exp(x[r] - mx); sum += x[r]; }
+  return sum;
+}
+
+// s[g * ld + r] = q_g . k_r for the G query rows q (G, D) and key rows k_r = k + r * stride, r < n.
+template <typename T>
+static inline void scores(const float* q, const T* k, int64_t stride, int64_t n, float* s, int64_t ld,
+                          int64_t G, int64_t D) {
+  int64_t r0 = 0;
+#ifdef VEC8
+  if (D % 8 == 0) {
+    for (; r0 + 8 <= n; r0 += 8) {  // 8 rows at once: one q load feeds 8 FMAs, one reduction for 8 sums
+      for (int64_t g = 0; g < G; ++g) {
+        __m256 a[8];
+        for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+        const float* qg = q + g * D;
+        for (int64_t c = 0; c < D; c += 8) {
+          const __m256 qv = _mm256_loadu_ps(qg + c);
+          for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, load8(k + (r0 + r) * stride + c), a[r]);
+        }
+        _mm256_storeu_ps(s + g * ld + r0, reduce8(a));
+      }
+    }
+  }
+#endif
+  for (int64_t r = r0; r < n; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      float x = 0.f;
+      for (int64_t d = 0; d < D; ++d) x += q[g * D + d] * static_cast<float>(k[r * stride + d]);
+      s[g * ld + r] = x;
+    }
+}
+
+// acc_g += sum_r p[g * ld + r] * v_r for the G rows acc (G, D) and value rows v_r = v + r * stride.
+template <typename T>
+static inline void accumulate(const float* p, int64_t ld, const T* v, int64_t stride, int64_t n, float* acc,
+                              int64_t G, int64_t D) {
+#ifdef VEC8
+  if (D % 8 == 0) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < D; c += 8) {
+        __m256 a = _mm256_loadu_ps(acc + g * D + c);
+        for (int64_t r = 0; r < n; ++r)
+          a = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ld + r]), load8(v + r * stride + c), a);
+        _mm256_storeu_ps(acc + g * D + c, a);
+      }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] += p[g * ld + r] * static_cast<float>(v[r * stride + d]);
+}
+
+template <typename T>
+static inline void prefetch(const T* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(p) + o);
+}
+
+// One task: one sequence, kv heads [h0, h1). A block holds bs rows of Hkv * D elements, contiguous;
+// the task reads its heads' rows block by block and prefetches the next block of its table.
+// Work buffers (floats): qf, acc (nh * D); s (G * bs); m, l (nh); nh = (h1 - h0) * G query heads.
+template <typename T>
+static void decode_task(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t len, T* out,
+                        int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t h0, int64_t h1, float scale,
+                        float* qf, float* acc, float* s, float* m, float* l) {
+  const int64_t G = H / Hkv, nh = (h1 - h0) * G, stride = Hkv * D, block = bs * stride;
+  for (int64_t i = 0; i < nh * D; ++i) qf[i] = static_cast<float>(q[h0 * G * D + i]) * scale;
+  std::fill(acc, acc + nh * D, 0.f);
+  std::fill(m, m + nh, -INFINITY);
+  std::fill(l, l + nh, 0.f);
+  for (int64_t t0 = 0; t0 < len; t0 += bs) {
+    const int64_t n = std::min(bs, len - t0), blk = table[t0 / bs];
+    if (t0 + bs < len) {
+      const int64_t next = table[t0 / bs + 1] * block;
+      prefetch(kc + next, block * (int64_t)sizeof(T));
+      prefetch(vc + next, block * (int64_t)sizeof(T));
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t i0 = (h - h0) * G;  // this kv head's G query heads: i0 .. i0 + G - 1
+      const T* kb = kc + blk * block + h * D;
+      scores(qf + i0 * D, kb, stride, n, s, bs, G, D);
+      for (int64_t g = 0; g < G; ++g) {  // online softmax: rescale what was summed so far
+        float* sg = s + g * bs;
+        const int64_t i = i0 + g;
+        float mx = m[i];
+        for (int64_t r = 0; r < n; ++r) mx = std::max(mx, sg[r]);
+        const float c = std::exp(m[i] - mx);
+        l[i] = l[i] * c + exp_shifted(sg, n, mx);
+        m[i] = mx;
+        for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= c;
+      }
+      accumulate(s, bs, vc + blk * block + h * D, stride, n, acc + i0 * D, G, D);
+    }
+  }
+  for (int64_t i = 0; i < nh; ++i) {
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    T* o = out + (h0 * G + i) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[i * D + d] * inv);
+  }
+}
+
+// Tasks: B x parts, where a sequence's kv heads are cut into `parts` ranges only when there are
+// too few sequences to keep every thread busy.
+template <typename T>
+static void decode_impl(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
+                        T* out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t width,
+                        float scale) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t parts = std::min<int64_t>(Hkv, std::max<int64_t>(1, (4 * threads + B - 1) / B));
+  const int64_t per = (Hkv + parts - 1) / parts, G = H / Hkv;
+  at::parallel_for(0, B * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(per * G * D), acc(per * G * D), s(G * bs), m(per * G), l(per * G);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = w / parts, h0 = (w % parts) * per, h1 = std::min(Hkv, h0 + per);
+      if (h0 >= h1) continue;
+      decode_task(q + b * H * D, kc, vc, tables + b * width, lens[b], out + b * H * D, H, Hkv, D, bs, h0, h1,
+                  scale, qf.data(), acc.data(), s.data(), m.data(), l.data());
+    }
+  });
+}
+
+void decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
+            torch::Tensor seq_lens, double scale, torch::Tensor out) {
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "decode: contiguous tensors expected");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
+              "decode: int64 block tables and seq lens expected");
+  TORCH_CHECK(block_tables.stride(1) == 1 && seq_lens.is_contiguous(), "decode: row-major tables expected");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type()
+              && out.scalar_type() == q.scalar_type(), "decode: q, caches and out must share a dtype");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), bs = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && H % Hkv == 0 && block_tables.size(0) >= B && seq_lens.size(0) >= B,
+              "decode: shape mismatch");
+  const int64_t width = block_tables.stride(0);
+  if (q.scalar_type() == at::kFloat) {
+    decode_impl<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                       block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), out.data_ptr<float>(),
+                       B, H, Hkv, D, bs, width, (float)scale);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    using bf = at::BFloat16;
+    decode_impl<bf>(q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(),
+                    block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), out.data_ptr<bf>(),
+                    B, H, Hkv, D, bs, width, (float)scale);
+  } else {
+    TORCH_CHECK(false, "decode: float32 or bfloat16 expected, got ", q.scalar_type());
+  }
+}
+"""
+
+ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
+             "AVX2": ["-mavx2", "-mfma"]}
+
+
+def compiler_available() -> bool:
+    return shutil.which("c++") is not None or shutil.which("g++") is not None
+
+
+@functools.cache
+def module():
+    """The compiled extension (built once per process; the build itself is cached on disk)."""
+    from torch.utils.cpp_extension import load_inline
+
+    isa = torch.backends.cpu.get_cpu_capability()
+    flags = ["-O3", "-fopenmp", *ISA_FLAGS.get(isa, [])]
+    return load_inline(name=f"inferlab_cpu_attention_{isa.lower()}", cpp_sources=[SOURCE], functions=["decode"],
+                       extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)

@@ -1,0 +1,67 @@
+"""`experiments/configs/cpu_vs_vllm.toml` runs, at a reduced size: the config file itself, with
+its workload shrunk and vLLM eager (compiling takes minutes on 2 cores), both load shapes,
+the reference engine's CPU fast path read back, and greedy agreement with vLLM in fp32.
+The full-size numbers are a benchmark: docs/perf/cpu_vs_vllm.md."""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from experiments.commands import run_main
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "experiments/configs/cpu_vs_vllm.toml"
+
+
+def _toml(d: dict, prefix: str = "") -> str:
+    """Just enough TOML for the config's own shape (scalars, lists, one-level inline tables)."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v) if v != float("inf") else '"inf"'
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
+        return json.dumps(v)
+    flat = [f"{k} = {val(v)}" for k, v in d.items() if not isinstance(v, dict) or k == "make_model" or k == "env"]
+    out = "\n".join(flat) + "\n"
+    for k, v in d.items():
+        if isinstance(v, dict) and k not in ("make_model", "env"):
+            out += f"\n[{prefix}{k}]\n" + _toml(v, f"{prefix}{k}.")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_cpu_vs_vllm_config_runs_reduced(tmp_path, exp_model):
+    if not (REPO / ".venv-vllm/bin/python").exists():
+        if os.environ.get("CI"):
+            pytest.fail(".venv-vllm is absent although .ci/run makes it (make vllm)")
+        pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
+    cfg = tomllib.loads(CONFIG.read_text())
+    assert cfg["engines"] == ["reference", "vllm"] and cfg["load"]["rate"][0] == "inf"
+    cfg["model"] = str(exp_model)
+    cfg.pop("make_model")
+    cfg["workload"].update(num_requests=6, input_len=16, output_len=8)
+    cfg["load"].update(rate=["inf", 50.0], max_concurrency=2, warmup=1)
+    cfg["kv"]["tokens"] = 4096
+    cfg["engine_options"]["vllm"].update(launcher=str(REPO / ".venv-vllm"), enforce_eager=True)
+    (tmp_path / "c.toml").write_text(_toml(cfg))
+    assert run_main([str(tmp_path / "c.toml"), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    run = tmp_path / "res/cpu_vs_vllm"
+    report = (run / "report.md").read_text()
+    for level in ("rate=inf", "rate=50"):
+        assert f"| vllm | {level} | 6 | 1.000 | 1.000 |" in report  # fp32 greedy: identical tokens
+    ref = json.loads((run / "reference/manifest.json").read_text())["info"]["effective"]
+    assert ref["max_num_seqs"] == 128 and ref["dtype"] == "float32"
+    from reference_engine import cpu_attention, cpu_linear
+    if cpu_linear.available():
+        assert ref["linear_backend"] == "onednn"
+    if cpu_attention.available():
+        assert ref["attention_backend"] == "cpu"

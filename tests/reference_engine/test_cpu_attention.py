@@ -1,0 +1,94 @@
+"""The CPU attention backend ("cpu", a C++ decode kernel) against the PyTorch backend.
+
+Same cases as the Triton tests (`make_case`: random cache blocks in a random permutation, so a
+wrong block or a slot past a sequence's end changes the result), on the backend the engine picks
+by default on CPU. Skipped only where the kernel cannot be built (no C++ compiler).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_engine import attention
+from reference_engine.attention import TorchBackend
+from reference_engine.config import EngineConfig
+from tests.reference_engine.test_triton_attention import MIXED, make_case
+
+ca = pytest.importorskip("reference_engine.cpu_attention")
+if not ca.available():
+    pytest.skip("the CPU attention kernel does not build here (no C++ compiler with OpenMP)", allow_module_level=True)
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def run_both(case):
+    scale = case.q.shape[-1] ** -0.5
+    kv_ref = [(k.clone(), v.clone()) for k, v in case.kv]
+    kv_cpu = [(k.clone(), v.clone()) for k, v in case.kv]
+    ref = TorchBackend(kv_ref, case.block_size).forward(0, case.q, case.k, case.v, case.meta, scale)
+    out = ca.CpuBackend(kv_cpu, case.block_size).forward(0, case.q, case.k, case.v, case.meta, scale)
+    assert torch.equal(kv_cpu[0][0], kv_ref[0][0]) and torch.equal(kv_cpu[0][1], kv_ref[0][1])
+    return out, ref
+
+
+def assert_close(out, ref, dtype):
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    assert rel < TOL[dtype], f"relative error {rel:.2e} >= {TOL[dtype]:.0e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
+def test_mixed_batch_matches_torch(group, dtype):
+    """Decodes (contexts ending on and around block boundaries) batched with prefill chunks."""
+    case = make_case(MIXED, group=group, dtype=dtype, seed=group)
+    assert_close(*run_both(case), dtype)
+
+
+@pytest.mark.parametrize("head_dim", [8, 12, 32, 64, 128])
+def test_head_dims(head_dim):
+    """Vector path (head_dim % 8 == 0) and scalar path (12) alike."""
+    case = make_case([(1, 1), (7, 1), (8, 1), (9, 1), (40, 1), (17, 1)], head_dim=head_dim, group=2, seed=head_dim)
+    assert_close(*run_both(case), torch.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("batch", [1, 2, 7])
+def test_few_sequences_split_heads(batch, threads):
+    """Fewer sequences than threads: a sequence's kv heads are split over tasks."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seqs = [(13 * i + 5, 1) for i in range(batch)]
+        case = make_case(seqs, kv_heads=4, group=2, seed=batch)
+        assert_close(*run_both(case), torch.float32)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 32])
+def test_block_sizes(block_size):
+    b = block_size
+    case = make_case([(b - 1 or 1, 1), (b, 1), (2 * b + 3, 1), (b + 1, 4)], block_size=b, group=2, seed=b)
+    assert_close(*run_both(case), torch.float32)
+
+
+def test_strided_tables_and_int32_lengths():
+    """The runner's step buffers: a table view narrower than its buffer row, int32 lengths (Triton's)."""
+    case = make_case([(20, 1), (3, 1), (35, 1)], group=2, seed=3)
+    wide = torch.zeros(8, 10, dtype=torch.int64)
+    wide[:3, :case.meta.block_tables.shape[1]] = case.meta.block_tables
+    case.meta.block_tables = wide[:3]
+    case.meta.seq_lens = case.meta.seq_lens.to(torch.int32)
+    assert_close(*run_both(case), torch.float32)
+
+
+def test_float16_falls_back_to_torch():
+    case = make_case([(20, 1), (3, 1)], group=2, dtype=torch.float16, seed=4)
+    out, ref = run_both(case)
+    assert torch.equal(out, ref)
+
+
+def test_registered_and_default_on_cpu():
+    assert attention.get_backend("cpu") is ca.CpuBackend
+    assert EngineConfig("m").attention_backend == "cpu"
