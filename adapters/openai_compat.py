@@ -329,9 +329,7 @@ class OpenAIEngine(Engine):
         """Close the client, then stop whatever `connect` launched. Idempotent."""
         client, self._client = self._client, None
         streamer, self._streamer = self._streamer, None
-        if streamer is not None:
-            await streamer.close()
-        await aclose_then(client, self.disconnect)
+        await aclose_then(client, self.disconnect, streamer)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -251,11 +251,13 @@ def need(module: str, install: str):
         raise EngineUnavailable(f"{module} is not importable here ({e}); {install}") from e
 
 
-async def aclose_then(client: Any, then: Callable[[], Any]) -> None:
-    """Close an HTTP client (None: nothing to close), then await `then()` even if closing failed."""
+async def aclose_then(client: Any, then: Callable[[], Any], *more: Any) -> None:
+    """Close an HTTP client and any `more` (None: nothing to close), then await `then()` even if
+    closing failed."""
     try:
-        if client is not None:
-            await client.aclose()
+        for c in (client, *more):
+            if c is not None:
+                await c.aclose()
     finally:
         await then()
 

@@ -242,9 +242,7 @@ class SGLangServer(LaunchedServer, Engine):
     async def stop(self) -> None:
         client, self.client = self.client, None
         streamer, self._streamer = self._streamer, None
-        if streamer is not None:
-            await streamer.close()
-        await aclose_then(client, self.disconnect)
+        await aclose_then(client, self.disconnect, streamer)
 
 
 async def engine_server_info(engine: Any) -> dict[str, Any]:

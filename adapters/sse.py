@@ -92,7 +92,7 @@ class Streamer:
         async with self._session.post(self.base_url + path, json=body) as resp:
             yield Stream(resp)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         session, self._session = self._session, None
         if session is not None:
             await session.close()

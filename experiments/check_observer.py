@@ -59,7 +59,7 @@ async def _bare_openai(impl: Any, items: list[WorkItem], sampling: dict[str, Any
 
         await asyncio.gather(*(worker() for _ in range(min(conc, len(items)))))
     finally:
-        await streamer.close()
+        await streamer.aclose()
     return out
 
 
