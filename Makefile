@@ -10,6 +10,9 @@ $(BIN)/inferlab: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	@# the reference engine's C++ CPU attention kernel, built once here (about 30 s) rather than
+	@# inside the first engine start; without a compiler the PyTorch backend serves instead
+	$(BIN)/python -c "from reference_engine import cpu_attention as c; print('CPU attention kernel:', 'built' if c.available() else 'not built, the PyTorch backend serves')"
 	@touch $@
 
 setup: $(BIN)/inferlab
