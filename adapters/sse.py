@@ -29,6 +29,8 @@ import aiohttp
 # aiohttp refuses lines over twice this buffer.
 READ_BUFSIZE = 1 << 22
 
+KEEPALIVE_S = 2.0  # idle pooled connections are dropped after this (see Streamer.open)
+
 StreamError = (aiohttp.ClientError, ValueError)  # transport failures, over-long lines, bad chunks
 
 
@@ -79,9 +81,12 @@ class Streamer:
         if self._session is None:
             # limit=0: no cap on connections (closed-loop concurrency decides); no total or read
             # timeout: a queued request may sit silent for minutes before its first token.
+            # keepalive_timeout below the servers' own idle limit (uvicorn's, so vLLM's, SGLang's
+            # and ours: 5 s): otherwise a pooled connection the server has just closed is reused
+            # and the request dies with "connection reset by peer".
             self._session = aiohttp.ClientSession(
                 headers=self.headers, read_bufsize=READ_BUFSIZE, trust_env=False,
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0))
         return self
 
