@@ -2,8 +2,8 @@
 
 Builds the engine twice on one model, once with the PyTorch reference path
 (attention_backend="torch", linear_backend="torch") and once with the CPU defaults (oneDNN
-linear layers, C++ decode attention), fills a decode batch of B sequences with P prompt ids,
-and profiles S decode steps with torch.profiler. Prints each run's decode tok/s and its top ops
+linear layers, C++ decode attention), profiles the prefill of B sequences of P prompt
+ids, then S decode steps of that batch, with torch.profiler. Prints each run's decode tok/s and its top ops
 by self CPU time.
 
     .venv/bin/python scripts/profile_cpu.py [MODEL_DIR] [B] [P] [S]
@@ -29,20 +29,25 @@ def run(model: str, b: int, p: int, steps: int, **kw) -> None:
     for _ in range(b):
         e.add_request([rng.randrange(3, vocab) for _ in range(p)],
                       SamplingParams(max_tokens=steps + 64, temperature=0.0, ignore_eos=True))
-    while any(r.num_computed_tokens < p for r in e.scheduler.running) or e.scheduler.waiting:
-        e.step()  # prefill everything first
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as pre:
+        while any(r.num_computed_tokens < p for r in e.scheduler.running) or e.scheduler.waiting:
+            e.step()  # prefill everything first (chunks of max_num_batched_tokens)
+    pre_s = time.perf_counter() - t
     for _ in range(3):
         e.step()  # warm decode
     t = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as dec:
         for _ in range(steps):
             e.step()
-    dt = time.perf_counter() - t
+    dec_s = time.perf_counter() - t
     eff = e.effective_config()
     print(f"\n## attention_backend={eff['attention_backend']} linear_backend={eff['linear_backend']} "
-          f"threads={torch.get_num_threads()}: batch {b}, {steps} decode steps, {b * steps / dt:,.0f} tok/s "
-          f"(under the profiler)\n")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+          f"threads={torch.get_num_threads()}\n")
+    print(f"prefill: {b} x {p} tokens in {pre_s:.2f} s, {b * p / pre_s:,.0f} tok/s (under the profiler)")
+    print(pre.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+    print(f"decode: batch {b}, {steps} steps in {dec_s:.2f} s, {b * steps / dec_s:,.0f} tok/s (under the profiler)")
+    print(dec.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
 
 
 if __name__ == "__main__":
