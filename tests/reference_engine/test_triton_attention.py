@@ -95,22 +95,27 @@ def make_case(seqs: list[tuple[int, int]], *, block_size: int = 16, kv_heads: in
                 kv, block_size)
 
 
-def run_both(case: Case, **triton_opts):
-    """Same inputs through both backends, each on its own copy of the cache."""
+def against_torch(case: Case, make_backend):
+    """Same inputs through `make_backend(kv, block_size)` and the PyTorch backend, each on its own
+    copy of the cache; (out, ref). Shared with the CPU kernel's tests."""
     scale = case.q.shape[-1] ** -0.5
     kv_ref = [(k.clone(), v.clone()) for k, v in case.kv]
-    kv_tri = [(k.clone(), v.clone()) for k, v in case.kv]
+    kv_new = [(k.clone(), v.clone()) for k, v in case.kv]
     ref = TorchBackend(kv_ref, case.block_size).forward(0, case.q, case.k, case.v, case.meta, scale)
-    out = ta.TritonBackend(kv_tri, case.block_size, **triton_opts).forward(0, case.q, case.k, case.v, case.meta, scale)
-    # the store kernel wrote exactly what index_copy_ wrote, and nothing else
-    assert torch.equal(kv_tri[0][0], kv_ref[0][0]) and torch.equal(kv_tri[0][1], kv_ref[0][1])
+    out = make_backend(kv_new, case.block_size).forward(0, case.q, case.k, case.v, case.meta, scale)
+    # the backend wrote exactly what index_copy_ wrote into the cache, and nothing else
+    assert torch.equal(kv_new[0][0], kv_ref[0][0]) and torch.equal(kv_new[0][1], kv_ref[0][1])
     return out, ref
 
 
-def assert_close(out, ref, dtype):
+def run_both(case: Case, **triton_opts):
+    return against_torch(case, lambda kv, bs: ta.TritonBackend(kv, bs, **triton_opts))
+
+
+def assert_close(out, ref, dtype, tol=TOL):
     assert out.dtype == ref.dtype and out.shape == ref.shape
     rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-    assert rel < TOL[dtype], f"relative error {rel:.2e} >= {TOL[dtype]:.0e}"
+    assert rel < tol[dtype], f"relative error {rel:.2e} >= {tol[dtype]:.0e}"
 
 
 SMALL = dict(block_r=16, block_n=16)  # small tiles: several query blocks and key tiles per sequence
