@@ -7,7 +7,6 @@ Exit codes: 0 all engines ok; 1 an engine failed mid-run (see its manifest's rea
 from __future__ import annotations
 
 import argparse
-import shutil
 import signal
 import sys
 import threading
@@ -57,9 +56,28 @@ def run_main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     try:
         cfg = load(a.config, engine=a.engine)
+        whole = load(a.config) if a.engine else cfg  # what config.json records: the whole comparison
     except ConfigError as e:
         return _fail(str(e))
+    toml = Path(a.config).read_text()
+    if not cfg.cells:
+        return _run(cfg, whole, toml, Path(a.out), a)
+    from experiments.report import matrix
 
+    codes = []
+    for cell, cell_whole in zip(cfg.cell_configs(), whole.cell_configs()):
+        print(f"inferlab: cell {cell.name}", file=sys.stderr)
+        head = f"# cell {cell.name!r} of the matrix config {a.config} (its [[cells]] entry merged into the rest)\n"
+        codes.append(_run(cell, cell_whole, head + toml, Path(a.out) / cfg.name, a))
+        if codes[-1] == 2:
+            return 2
+    report = matrix.build(Path(a.out) / cfg.name, whole, command=f"inferlab run {a.config}")
+    print(f"inferlab: matrix report written to {report}", file=sys.stderr)
+    return max(codes)
+
+
+def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
+    """Run one config (a plain one, or one cell of a matrix) into out/<cfg.name>/."""
     from experiments import bandwidth, ceilings, workloads
     from experiments.progress import Progress
     from experiments.report import build
@@ -70,7 +88,7 @@ def run_main(argv: list[str]) -> int:
         items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
     except (ValueError, OSError) as e:
         return _fail(f"{a.config}: {e}")
-    run_dir = Path(a.out) / cfg.name
+    run_dir = out / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     engines = {}
     for name in cfg.all_engines():  # every adapter validates its options before anything runs
@@ -78,9 +96,9 @@ def run_main(argv: list[str]) -> int:
             engines[name] = build_engine(cfg, name, run_dir / name)
         except (ValueError, TypeError) as e:
             return _fail(f"{a.config}: engine_options.{name}: {e}")
-    shutil.copyfile(a.config, run_dir / "config.toml")
+    (run_dir / "config.toml").write_text(toml)
     # the run folder describes the whole comparison; `--engine` only refreshes one column of it
-    (run_dir / "config.json").write_text((load(a.config) if a.engine else cfg).model_dump_json(indent=2))
+    (run_dir / "config.json").write_text(whole.model_dump_json(indent=2))
     plan = Plan(cfg, run_dir, items, warm, bandwidth.peak_copy_gbps(), resume=a.resume,
                 compute=ceilings.compute_peak(str(cfg.model), cfg.dtype),
                 progress=Progress(False if a.no_progress else None))

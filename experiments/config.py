@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+NAME = r"^[A-Za-z0-9_.-]+$"  # run and cell names: they become folder names
 IntOrRange = int | tuple[int, int]  # fixed length, or inclusive uniform range [lo, hi]
 
 
@@ -174,7 +176,7 @@ class KV(_Strict):
 
 
 class Config(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=NAME)
     model: str
     make_model: MakeModel | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -199,6 +201,10 @@ class Config(_Strict):
     repeats: int = Field(1, ge=1, le=50)
     cost_per_hour: float | None = Field(None, gt=0)  # the machine's price: cost per million output tokens
     seed: int = 0
+    # A matrix: each cell is a table of overrides of the keys above (model, dtype, load, ...),
+    # merged into this config; `inferlab run` runs every cell into results/<name>/<cell name>/
+    # and writes one report comparing the engines across cells (experiments/report/matrix.py).
+    cells: list[dict[str, Any]] = []
 
     @model_validator(mode="after")
     def _engines(self) -> "Config":
@@ -217,9 +223,29 @@ class Config(_Strict):
             raise ValueError(f"engine listed twice in {names}")
         if self.load.mode == "search" and not any(v is not None for v in self.slo.model_dump().values()):
             raise ValueError('load.mode = "search" needs at least one SLO ([slo] ttft_ms, tpot_ms or e2el_ms)')
-        if self.make_model is None and not Path(self.model).is_dir():
+        if self.make_model is None and not Path(self.model).is_dir() and not self.cells:
             raise ValueError(f"model directory {self.model!r} does not exist (set make_model = {{...}} to create it)")
+        names = [c.get("name") for c in self.cells]
+        for i, c in enumerate(self.cells):
+            if not isinstance(c.get("name"), str) or not re.fullmatch(NAME, c["name"]):
+                raise ValueError(f"cells[{i}] needs a name of letters, digits, '_', '.' or '-'")
+            if "cells" in c:
+                raise ValueError(f"cells[{i}] ({c['name']}): a cell cannot hold cells")
+            if names.count(c["name"]) > 1:
+                raise ValueError(f"cell name {c['name']!r} used twice")
         return self
+
+    def cell_configs(self) -> list["Config"]:
+        """The matrix's cells as whole configs (tables merged key by key, lists and values replaced),
+        each named after its cell; [] for a plain config. Raises ValueError naming the bad cell."""
+        base = self.model_dump(mode="python", exclude={"cells"})
+        out = []
+        for i, c in enumerate(self.cells):
+            try:
+                out.append(Config.model_validate(_merge(base, c)))
+            except ValidationError as e:
+                raise ValueError(f"cells[{i}] ({c['name']}): {_one_line(e)}") from None
+        return out
 
     def adapter(self, name: str) -> str:
         """The registered engine behind a config name: itself, or a variant's `adapter` option
@@ -238,6 +264,14 @@ class Config(_Strict):
         """Hash of the validated config (what was run), for the manifest."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top: tables merged key by key, anything else replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _one_line(err: ValidationError) -> str:
@@ -264,6 +298,10 @@ def load(path: str | Path, engine: str | None = None) -> Config:
         raw.pop("optional_engines", None)
         raw["engine"] = engine
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
+        cfg.cell_configs()  # every cell must validate too: a bad cell fails before anything runs
     except ValidationError as e:
         raise ConfigError(f"{p}: {_one_line(e)}") from None
+    except ValueError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    return cfg

@@ -1,0 +1,78 @@
+"""The report of a matrix config (`cells = [...]`): one table across its cells.
+
+Each cell ran as a run folder of its own (`results/<name>/<cell>/`, with its full report); this
+page puts the headline numbers of every cell side by side, with the reference engine's speed as
+a ratio to the best other engine's in the same cell, and the greedy-token agreement. Ratios are
+within one cell of one run: never across runs or machines.
+
+Ratio convention: > 1 means the reference engine (else the first engine listed) is better
+(throughput: ref ÷ other; latency: other ÷ ref), so one column reads the same way for every metric.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from experiments.intervals import get
+from experiments.report.md import fmt, table
+from experiments.report.rows import cell
+from experiments.summary import agreement, load_runs, summarize
+
+HEADLINE = (("output tok/s", "output_throughput", "f1", True), ("TTFT p50 (ms)", "ttft_ms.median", "f1", False),
+            ("TPOT p50 (ms)", "tpot_ms.median", "f2", False))
+
+
+def speed_ratio(ref: float | None, other: float | None, higher_better: bool) -> float | None:
+    """> 1: the reference engine is better on this metric."""
+    if not ref or not other:
+        return None
+    return ref / other if higher_better else other / ref
+
+
+def _rows(cell_name: str, cfg: dict[str, Any], runs, base: str) -> list[list[str]]:
+    engines = [e for e in runs.engines if e.summary]
+    agree = agreement(runs)
+    rows = []
+    for level in runs.levels:
+        for label, path, unit, higher in HEADLINE:
+            vals = {e.label: get(e.summary[level], path) if level in e.summary else None for e in engines}
+            cells = {e.label: cell(e.summary[level], path, unit) if level in e.summary else "–" for e in engines}
+            others = [v for k, v in vals.items() if k != base and v is not None]
+            best = (max if higher else min)(others) if others else None
+            r = speed_ratio(vals.get(base), best, higher)
+            rows.append([cell_name, cfg["dtype"], level, label, " · ".join(f"{k} {c}" for k, c in cells.items()),
+                         "–" if r is None else f"**{r:.2f}**"])
+        agr = [f"{k} {fmt(v[level]['exact'], 3)} of {v[level]['requests']}" for k, v in agree.items() if level in v]
+        if agr:
+            rows.append([cell_name, cfg["dtype"], level, f"greedy outputs identical to {base}'s", " · ".join(agr), ""])
+    return rows
+
+
+def build(root: Path, whole, command: str) -> Path:
+    """Write root/report.md from the cell folders root/<cell>/ of the matrix config `whole`;
+    `command` is what made them, quoted in the page."""
+    names = whole.all_engines()
+    base = "reference" if "reference" in names else names[0]  # the engine the ratios are about
+    body, links = [], []
+    for c in whole.cell_configs():
+        d = root / c.name
+        if not (d / "config.json").is_file():
+            body.append([c.name, c.dtype, "–", "not run", "", ""])
+            continue
+        runs = load_runs([d])
+        summarize(runs)
+        body += _rows(c.name, {"dtype": c.dtype}, runs, base)
+        links.append(f"- `{c.name}`: model `{c.model}`, {c.dtype} — [full report]({c.name}/report.md)")
+    md = [f"# inferlab matrix report: {whole.name}", "",
+          f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by `{command}`.", "",
+          "One row per cell, load level and headline metric; every engine's value (median, with its 95 % "
+          f"interval where the cell's report has one) and {base}'s speed relative to the best "
+          f"other engine in the same cell (**> 1: {base} better**; throughput {base} ÷ other, latency "
+          f"other ÷ {base}). The cells ran one after another in one invocation; each cell's report has the "
+          "effective settings, memory and fairness flags.", "",
+          *table(["cell", "dtype", "level", "metric", "engines", f"{base} ÷ best other"], body), "",
+          "## Cells", "", *links, ""]
+    path = root / "report.md"
+    path.write_text("\n".join(md))
+    return path
