@@ -1,6 +1,7 @@
 """`experiments/configs/cpu_vs_vllm.toml` runs, at a reduced size: the config file itself, with
-its workload shrunk and vLLM eager (compiling takes minutes on 2 cores), both load shapes,
-the reference engine's CPU fast path read back, and greedy agreement with vLLM in fp32.
+its workload shrunk, vLLM eager (compiling takes minutes on 2 cores) and only its first cell
+(tiny, fp32; the four cells are checked to be the table's), both load shapes, the reference
+engine's CPU fast path read back, greedy agreement with vLLM in fp32, and the matrix page.
 The full-size numbers are a benchmark: docs/perf/cpu_vs_vllm.md."""
 from __future__ import annotations
 
@@ -48,13 +49,19 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, exp_model):
     assert cfg["engines"] == ["reference", "vllm"] and cfg["load"]["rate"][0] == "inf"
     cfg["model"] = str(exp_model)
     cfg.pop("make_model")
+    assert [(c["name"], c.get("dtype", "float32")) for c in cfg["cells"]] == [
+        ("tiny-fp32", "float32"), ("tiny-bf16", "bfloat16"), ("small-fp32", "float32"), ("small-bf16", "bfloat16")]
+    assert cfg["cells"][0] == {"name": "tiny-fp32"}  # the base config as written: the model set above
+    cfg["cells"] = cfg["cells"][:1]
     cfg["workload"].update(num_requests=6, input_len=16, output_len=8)
     cfg["load"].update(rate=["inf", 50.0], max_concurrency=2, warmup=1)
     cfg["kv"]["tokens"] = 4096
     cfg["engine_options"]["vllm"].update(launcher=str(REPO / ".venv-vllm"), enforce_eager=True)
     (tmp_path / "c.toml").write_text(_toml(cfg))
     assert run_main([str(tmp_path / "c.toml"), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
-    run = tmp_path / "res/cpu_vs_vllm"
+    page = (tmp_path / "res/cpu_vs_vllm/report.md").read_text()
+    assert "| tiny-fp32 | float32 | rate=inf | output tok/s | reference " in page and "reference ÷ best other" in page
+    run = tmp_path / "res/cpu_vs_vllm/tiny-fp32"
     report = (run / "report.md").read_text()
     for level in ("rate=inf", "rate=50"):
         assert f"| vllm | {level} | 6 | 1.000 | 1.000 |" in report  # fp32 greedy: identical tokens
