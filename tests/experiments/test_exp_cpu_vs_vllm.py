@@ -49,8 +49,10 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, exp_model):
     assert cfg["engines"] == ["reference", "vllm"] and cfg["load"]["rate"][0] == "inf"
     cfg["model"] = str(exp_model)
     cfg.pop("make_model")
-    assert [(c["name"], c.get("dtype", "float32")) for c in cfg["cells"]] == [
+    assert [(c["name"], c.get("dtype", "float32")) for c in cfg["cells"][:4]] == [
         ("tiny-fp32", "float32"), ("tiny-bf16", "bfloat16"), ("small-fp32", "float32"), ("small-bf16", "bfloat16")]
+    assert [(c["name"], c["engines"]) for c in cfg["cells"][4:]] == [  # HF under the same Poisson loads
+        ("tiny-fp32-hf", ["reference", "hf"]), ("small-fp32-hf", ["reference", "hf"])]
     assert cfg["cells"][0] == {"name": "tiny-fp32"}  # the base config as written: the model set above
     cfg["cells"] = cfg["cells"][:1]
     cfg["workload"].update(num_requests=6, input_len=16, output_len=8)
