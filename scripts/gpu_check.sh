@@ -24,6 +24,18 @@ start=$(date +%s)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || echo "nvidia-smi: not found"
 } 2>&1 | tee "$LOG"
 
+# nvidia-ml-py (pyproject's [gpu] extra) for the memory report's NVML readings (device_used, process_used).
+# The GPU machine may have no internet: try briefly, and run without it (those keys are then absent).
+if [ ${#SMOKE[@]} -eq 0 ]; then
+  if "$PY" -c "import pynvml" 2>/dev/null; then
+    echo "gpu_check.sh: nvidia-ml-py already installed"
+  elif timeout 60 "$PY" -m pip install -q --disable-pip-version-check --retries 0 --timeout 15 "nvidia-ml-py>=12"; then
+    echo "gpu_check.sh: installed nvidia-ml-py"
+  else
+    echo "gpu_check.sh: could not install nvidia-ml-py (no network?); continuing without NVML readings"
+  fi 2>&1 | tee -a "$LOG"
+fi
+
 timeout --kill-after=10 430 "$PY" scripts/gpu_check.py --out "$OUT_DIR" ${SMOKE[@]+"${SMOKE[@]}"} 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

@@ -150,8 +150,10 @@ def check_shape(rep: Report, root, name: str, bw: float) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
+    # No prefix caching: every batch reuses prompts[:b] and aborted requests leave their blocks cached, so
+    # prefill tok/s would be partly cache hits, and the engine would skip prefill work HF does in the comparison.
     llm = LLM(str(d), device=common.DEVICE, dtype="bfloat16", load_format="dummy", max_model_len=1024, max_num_seqs=256,
-              max_num_batched_tokens=8192, **kw)
+              max_num_batched_tokens=8192, enable_prefix_caching=False, **kw)
     e = llm.engine
     g = e.runner.graphs
     rep.add(f"Engine up in {time.perf_counter() - t:.1f} s: {e.effective_config()['attention_backend']} attention, "
@@ -176,6 +178,8 @@ def check_shape(rep: Report, root, name: str, bw: float) -> dict:
     params = SamplingParams(max_tokens=OUT, temperature=0.0, ignore_eos=True)
     dt = timed(lambda: llm.generate(prompts[:HF_BATCH], params))
     res["engine_tok_s"] = HF_BATCH * OUT / dt
+    hits = e.stats().prefix_cache_hits
+    rep.check(hits == 0, f"{name}: no prefix-cache hits ({hits} tokens), so prefill and the HF comparison are uncached")
     mem = e.memory_report()
     expect = expected_weight_bytes(cfg, e.max_model_len)
     rep.add("Memory (GiB), the engine's report (`LLMEngine.memory_report()`):", "")

@@ -5,10 +5,11 @@ itself (its info routes, cache-config labels, startup log), each with its source
 that differs from the other engines' is marked **≠**; a difference that breaks a fairness
 rule (dtype, a pinned KV budget, prefix caching, speculation, parallelism) is also flagged.
 
-Memory: weights, KV allocated and KV peak used as the engine reports them
-(`EngineInfo.memory`, or a snapshot's `kv_peak_used_tokens`), the process tree's or the
-device's peak as sampled, and activations/other = peak − weights − KV allocated where all
-three are known. A dash where a part is not exposed: never a guess.
+Memory: weights, KV allocated, KV peak used, the activation peak and the CUDA graph pool as the
+engine reports them (`EngineInfo.memory` keys weights, kv_allocated, kv_peak_used or a snapshot's
+`kv_peak_used_tokens`, activation_peak, graph_pool), the process tree's or the device's peak as
+sampled, and activations/other = peak − weights − KV allocated where all three are known. A dash
+where a part is not exposed: never a guess.
 """
 from __future__ import annotations
 
@@ -122,10 +123,12 @@ def memory_section(runs: Runs) -> list[str]:
         peak, where = _peak(e)
         w, kv = m.get("weights"), m.get("kv_allocated")
         other = peak - w - kv if None not in (peak, w, kv) else None
-        rows.append([e.label, mib(w), mib(kv), mib(_kv_peak_used(e)), mib(other),
-                     f"{mib(peak)} ({where})" if peak is not None else "–"])
-    return ["The same split for every engine, in MiB: weights and KV as the engine reports them, the peak as "
-            "sampled (GPU memory where there is a GPU, else the RSS of the engine's process tree), and "
-            "activations/other = peak − weights − KV allocated (the interpreter and libraries included on CPU). "
+        rows.append([e.label, mib(w), mib(kv), mib(_kv_peak_used(e)), mib(m.get("activation_peak")),
+                     mib(m.get("graph_pool")), mib(other), f"{mib(peak)} ({where})" if peak is not None else "–"])
+    return ["The same split for every engine, in MiB: weights, KV, activation peak and CUDA graph pool as the "
+            "engine reports them, the peak as sampled (GPU memory where there is a GPU, else the RSS of the "
+            "engine's process tree), and activations/other = peak − weights − KV allocated (activations and "
+            "graph pool included; the interpreter and libraries too on CPU). "
             "A dash where an engine does not expose a part.", ""] + \
-        table(["engine", "weights", "KV allocated", "KV peak used", "activations / other", "peak"], rows)
+        table(["engine", "weights", "KV allocated", "KV peak used", "activation peak", "CUDA graph pool",
+               "activations / other", "peak"], rows)

@@ -120,7 +120,7 @@ def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model
         engines = ["paced", "paced2"]
         [engine_options.paced]
         effective = { dtype = "float32", prefix_caching = true, max_num_seqs = 8, sources = { dtype = "/info" } }
-        memory = { weights = 104857600, kv_allocated = 52428800 }
+        memory = { weights = 104857600, kv_allocated = 52428800, activation_peak = 31457280, graph_pool = 10485760 }
         [engine_options.paced2]
         effective = { dtype = "float32", prefix_caching = false, max_num_seqs = 8 }
         [workload]
@@ -136,10 +136,15 @@ def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model
     assert "| max running sequences | 8 | 8 |" in report  # equal: not marked
     assert "- **settings**: prefix caching differs between engines: paced yes, paced2 no." in report
     assert "- paced: dtype from /info" in report
+    assert ("| engine | weights | KV allocated | KV peak used | activation peak | CUDA graph pool | "
+            "activations / other | peak |") in report
     row = next(x for x in report.splitlines() if x.startswith("| paced | 100.0 | 50.0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4:6] == ["30.0", "10.0"]  # activation peak, graph pool: as the engine reported them
     assert row.endswith("(RSS) |")  # peak sampled from the engine's process tree; other = peak - 150 MiB
-    assert next(x for x in report.splitlines() if x.startswith("| paced2 |") and "(RSS)" in x).startswith(
-        "| paced2 | – | – |")  # not exposed: a dash, never a guess
+    row2 = next(x for x in report.splitlines() if x.startswith("| paced2 |") and "(RSS)" in x)
+    assert row2.startswith("| paced2 | – | – |")  # not exposed: a dash, never a guess
+    assert [c.strip() for c in row2.strip("|").split("|")][4:6] == ["–", "–"]
 
 
 def test_a_variant_runs_an_engine_again_with_other_options(tmp_path, exp_model, paced):

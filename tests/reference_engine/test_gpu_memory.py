@@ -3,6 +3,9 @@ numbers, its wiring in the runner with a fake CUDA memory reader, and the engine
 effective settings (the dicts adapters copy into EngineInfo)."""
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 
@@ -149,3 +152,65 @@ def test_dummy_weights_make_the_shape_without_reading_files(tiny_qwen3, tmp_path
     assert torch.equal(q_norm, torch.ones_like(q_norm))
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == 3
+
+
+class FakeNvml:
+    """Stands in for nvidia-ml-py's `pynvml` (NVML needs a GPU): one device, three processes."""
+
+    def __init__(self, fail: bool = False):
+        self.inits, self.by = 0, []
+        self.fail = fail
+
+    def nvmlInit(self):
+        self.inits += 1
+        if self.fail:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        self.by.append(("uuid", uuid))
+        return "handle"
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self.by.append(("index", index))
+        return "handle"
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        assert handle == "handle"
+        return type("Mem", (), {"used": 7 * GiB, "total": 141 * GiB, "free": 134 * GiB})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        proc = lambda pid, used: type("Proc", (), {"pid": pid, "usedGpuMemory": used})()  # noqa: E731
+        return [proc(os.getpid(), 4 * GiB + 5), proc(os.getpid() + 1, 3 * GiB), proc(os.getpid() + 2, None)]
+
+
+def test_nvml_readings_are_reported(monkeypatch):
+    nv = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    props = type("Props", (), {"uuid": "1234-abcd"})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    m = DeviceMemory("cuda:0")
+    assert m.nvml() == {"device_used": 7 * GiB, "process_used": 4 * GiB + 5}  # this pid's, not the others'
+    assert m.nvml() == {"device_used": 7 * GiB, "process_used": 4 * GiB + 5}
+    assert nv.inits == 1 and nv.by == [("uuid", "GPU-1234-abcd")]  # opened once, torch's device by UUID
+    # report(): torch's readings (faked here: no CUDA on this machine) plus NVML's
+    monkeypatch.setattr(m, "snapshot", lambda: Snapshot(free=100 * GiB, total=141 * GiB, reserved=9 * GiB))
+    monkeypatch.setattr(m, "allocated", lambda: 8 * GiB)
+    monkeypatch.setattr(m, "peak", lambda: 10 * GiB)
+    assert m.report() == {"device_total": 141 * GiB, "device_free": 100 * GiB, "torch_allocated": 8 * GiB,
+                          "torch_reserved": 9 * GiB, "torch_peak_allocated": 10 * GiB,
+                          "device_used": 7 * GiB, "process_used": 4 * GiB + 5}
+
+
+def test_nvml_falls_back_to_the_index_and_is_optional(monkeypatch):
+    nv = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+
+    def no_uuid(device):
+        raise RuntimeError("no CUDA")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_uuid)
+    assert DeviceMemory("cuda:1").nvml()["device_used"] == 7 * GiB and nv.by == [("index", 1)]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail=True))
+    assert DeviceMemory("cuda:0").nvml() == {}  # NVML fails: no keys, never a guess
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: import fails
+    assert DeviceMemory("cuda:0").nvml() == {}
