@@ -102,7 +102,8 @@ class EngineConfig:
     `attention_backend` None picks "triton" on CUDA (when triton imports), "cpu" on CPU (when its C++
     kernel builds) and "torch" otherwise. `linear_backend` None picks "onednn" on CPU (weights
     prepacked for oneDNN, `cpu_linear.py`; bf16 weights are multiplied as fp32 where the CPU has no
-    bf16 dot product) and "torch" (`F.linear`) elsewhere.
+    bf16 dot product) and "torch" (`F.linear`) elsewhere. `fused_ops` None turns on, on CPU when the
+    kernels build, the one-pass C++ RMSNorm, rotary and SiLU-and-multiply (`cpu_ops.py`).
     CUDA graphs capture decode steps per batch size in `cuda_graph_sizes` (default: vLLM's, up to
     `max_num_seqs`); they are used only on CUDA, with a backend that supports them (triton), and
     `enforce_eager=True` turns them off. `load_format="dummy"` makes random weights on the device
@@ -121,6 +122,7 @@ class EngineConfig:
     record_steps: bool = False
     attention_backend: str | None = None  # None: "triton" on CUDA if it imports, "cpu" on CPU if it builds
     linear_backend: str | None = None  # None: "onednn" on CPU (when torch has oneDNN), else "torch"
+    fused_ops: bool | None = None  # None: the C++ element-wise kernels on CPU when they build (cpu_ops.py)
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (`serve`: cores - 1)
     seed: int = 0
     enable_prefix_caching: bool = True
@@ -174,6 +176,13 @@ class EngineConfig:
             from reference_engine import cpu_linear
             self.linear_backend = "onednn" if torch.device(self.device).type == "cpu" and cpu_linear.available() \
                 else "torch"
+        if self.fused_ops is None:
+            from reference_engine import cpu_ops
+            self.fused_ops = torch.device(self.device).type == "cpu" and cpu_ops.available()
+        if not isinstance(self.fused_ops, bool):
+            raise ValueError(f"fused_ops must be a bool, got {self.fused_ops!r}")
+        if self.fused_ops and torch.device(self.device).type != "cpu":
+            raise ValueError(f"fused_ops runs on CPU only (device is {self.device!r})")
         if self.linear_backend not in LINEAR_BACKENDS:
             raise ValueError(f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         if self.linear_backend == "onednn" and torch.device(self.device).type != "cpu":

@@ -212,7 +212,7 @@ class LLMEngine:
     def effective_config(self) -> dict:
         """The settings this engine runs with, read back from its parts (not from what was asked):
         the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
-        linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
+        fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
         kv_cache_dtype and num_threads (torch intra-op threads)."""
         r, cfg = self.runner, self.cfg
         return {
@@ -225,6 +225,7 @@ class LLMEngine:
             "speculative": dict(cfg.speculative_config) if cfg.speculative_config else None,
             "tensor_parallel_size": 1, "attention_backend": cfg.attention_backend, "device": str(r.device),
             "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
+            "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
         }
 

@@ -82,6 +82,21 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
+class Rotary(nn.Module):
+    """`apply_rope` as a module, so a fused kernel can stand in for it (reference_engine/cpu_ops.py)."""
+
+    def forward(self, q, k, rope):
+        return apply_rope(q, k, rope)
+
+
+class SiluAndMul(nn.Module):
+    """(N, 2I) stacked gate and up -> silu(gate) * up (N, I). A module for the same reason as `Rotary`."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -101,6 +116,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.scale = self.d ** -0.5
+        self.rotary = Rotary()
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend, meta: AttentionMetadata):
         n = x.shape[0]
@@ -110,7 +126,7 @@ class Attention(nn.Module):
         v = v.reshape(n, self.hkv, self.d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, k, rope)
+        q, k = self.rotary(q, k, rope)
         o = backend.forward(self.layer_idx, q, k, v, meta, self.scale)  # (N, H, D)
         return self.o_proj(o.reshape(n, self.h * self.d))
 
@@ -118,13 +134,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.sizes = [cfg.intermediate_size, cfg.intermediate_size]
+        self.sizes = [cfg.intermediate_size, cfg.intermediate_size]  # the loader's row blocks of gate_up_proj
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)  # gate, up stacked
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.sizes, dim=-1)  # (N, I) each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))  # (N, 2I) -> (N, I) -> (N, hidden)
 
 
 class DecoderLayer(nn.Module):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine import cpu_linear
+from reference_engine import cpu_linear, cpu_ops
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
 from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
@@ -68,6 +68,8 @@ class ModelRunner:
         if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (cpu_linear.py)
             cpu_linear.pack(self.model)
             self.linear_compute_dtype = cpu_linear.compute_dtype(self.model)
+        if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (cpu_ops.py)
+            cpu_ops.fuse(self.model)
         spec = cfg.speculative
         self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
                                       self.max_model_len) if spec else None

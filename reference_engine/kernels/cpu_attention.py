@@ -10,56 +10,16 @@ walks its sequence's blocks through the block table, reading each key and value 
 head once, for the H/Hkv query heads that share it (GQA), with an online softmax in float32; no
 context is copied. fp32 or bf16 q/cache (bf16 is widened to fp32 as it is read); out has q's dtype.
 
-Built with `torch.utils.cpp_extension.load_inline` (needs a C++ compiler and OpenMP; about 30 s
-the first time, then cached under TORCH_EXTENSIONS_DIR). The module name carries the CPU's vector
-ISA, so a cache shared between machines never loads code built for another instruction set.
+Built on first use by `cpu_build.load` (a C++ compiler with OpenMP; about 30 s the first time, then
+cached on disk per CPU vector ISA).
 """
 from __future__ import annotations
 
 import functools
-import shutil
 
-import torch
+from reference_engine.kernels import cpu_build
 
-SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <vector>
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define VEC8 1
-static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const at::BFloat16* p) {  // bf16 -> fp32: the 16 bits are the high half
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-// lane r of the result = the sum of the 8 lanes of a[r]
-static inline __m256 reduce8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-}
-// e^x for x <= 0 (Cephes' expf: exp(x) = 2^n e^r, |r| <= ln2/2, degree-5 polynomial; ~1 ulp)
-static inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
-
+SOURCE = cpu_build.HEADER + r"""
 // x[r] = e^(x[r] - mx) for r < n; returns their sum.
 static inline float exp_shifted(float* x, int64_t n, float mx) {
   float sum = 0.f;
@@ -225,20 +185,12 @@ void decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch
 }
 """
 
-ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
-             "AVX2": ["-mavx2", "-mfma"]}
-
-
-def compiler_available() -> bool:
-    return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
 @functools.cache
 def module():
     """The compiled extension (built once per process; the build itself is cached on disk)."""
-    from torch.utils.cpp_extension import load_inline
+    return cpu_build.load("inferlab_cpu_attention", SOURCE, ["decode"])
 
-    isa = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp", *ISA_FLAGS.get(isa, [])]
-    return load_inline(name=f"inferlab_cpu_attention_{isa.lower()}", cpp_sources=[SOURCE], functions=["decode"],
-                       extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+
+compiler_available = cpu_build.compiler_available

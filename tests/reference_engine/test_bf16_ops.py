@@ -17,8 +17,10 @@ from tests.reference_engine.helpers import random_prompts
 
 def decode_ops(model_dir, dtype: str) -> collections.Counter:
     # the plain PyTorch path (the one that mirrors HF's numerics); the CPU fast path's casts
-    # (bf16 GEMMs in fp32 where the CPU has no bf16 math, cpu_linear.py) are by design
-    llm = LLM(str(model_dir), dtype=dtype, kv_cache_tokens=2048, attention_backend="torch", linear_backend="torch")
+    # (bf16 GEMMs in fp32 where the CPU has no bf16 math, cpu_linear.py; fused kernels, cpu_ops.py)
+    # are by design
+    llm = LLM(str(model_dir), dtype=dtype, kv_cache_tokens=2048, attention_backend="torch", linear_backend="torch",
+              fused_ops=False)
     e = llm.engine
     for p in random_prompts(8192, 8, 10, 30):
         e.add_request(p, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
