@@ -1,16 +1,17 @@
-"""CPU attention backend ("cpu"): `TorchBackend`'s contract, with decode steps in a C++ kernel.
+"""CPU attention backend ("cpu"): `TorchBackend`'s contract, with decodes and prefills in C++ kernels.
 
 `TorchBackend` gathers every decoding sequence's whole context into a fresh tensor each layer and
 step, then runs SDPA on it; at batch 128 that copy moves more bytes than the weights. Here the
 decode batch goes to `kernels/cpu_attention.py`, which reads keys and values in place through
 the block table (one task per sequence, or per sequence and kv-head range when sequences are
 fewer than threads), so each cached row is read once per layer and nothing is allocated.
-Writing the step's K/V into the cache and prefill chunks (SDPA on the chunk, a gather only when
-earlier context is cached) are `TorchBackend`'s code.
+Prefill chunks go to the kernel's prefill, which reads context (prefix-cached blocks, earlier
+chunks) the same way, in place; `TorchBackend` runs SDPA per sequence and gathers cached context.
+Writing the step's K/V into the cache is `TorchBackend`'s code.
 
 Picked by default on CPU when the kernel builds (`default_attention_backend`); float32 and
 bfloat16 caches (bf16 is widened to fp32 as it is read, scores and sums in fp32). Other dtypes
-fall back to `TorchBackend._decode`. tests/reference_engine/test_cpu_attention.py checks it
+fall back to `TorchBackend`. tests/reference_engine/test_cpu_attention.py checks it
 against `TorchBackend`.
 """
 from __future__ import annotations
@@ -26,17 +27,36 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 class CpuBackend(TorchBackend):
-    """Decodes through the C++ kernel; everything else as `TorchBackend`."""
+    """Decodes and prefills through the C++ kernels; writing K/V and other dtypes as `TorchBackend`."""
 
-    def _decode(self, q, k_cache, v_cache, meta, scale):
+    def new_step(self) -> None:
+        self._plan = None
+
+    def forward(self, layer, q, k, v, meta, scale):
+        k_cache, v_cache = self.kv[layer]
         if q.dtype not in DTYPES or k_cache.dtype != q.dtype or q.device.type != "cpu":
-            return super()._decode(q, k_cache, v_cache, meta, scale)
-        nd = q.shape[0]
-        out = torch.empty_like(q)  # (B, H, D)
-        kernel.module().decode(q.contiguous(), k_cache, v_cache, _long(meta.block_tables[:nd]),
-                               _long(meta.seq_lens[:nd]).contiguous(), float(scale), out)
+            return super().forward(layer, q, k, v, meta, scale)
+        hkv, d = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v)
+        nd, n = meta.num_decodes, q.shape[0]
+        out = torch.empty_like(q)  # (N, H, D)
+        m = kernel.module()
+        tables, lens, starts = self._step_plan(meta)
+        if nd:
+            m.decode(q[:nd].contiguous(), k_cache, v_cache, tables[:nd], lens[:nd], float(scale), out[:nd])
+        if n > nd:  # prefill chunks: their rows follow the decodes' (the batch layout invariant)
+            m.prefill(q[nd:].contiguous(), k_cache, v_cache, tables[nd:], lens[nd:], starts, float(scale), out[nd:])
         return out
 
+    def _step_plan(self, meta):
+        """int64 block tables, lengths and prefill offsets, made once per step and shared by every layer."""
+        plan = getattr(self, "_plan", None)
+        if plan is None or plan[0] is not meta:
+            nd = meta.num_decodes
+            starts = torch.tensor(meta.query_start[nd:], dtype=torch.int64) - meta.query_start[nd]
+            plan = self._plan = (meta, _long(meta.block_tables), _long(meta.seq_lens).contiguous(), starts)
+        return plan[1:]
 
 def _long(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int64 else t.long()

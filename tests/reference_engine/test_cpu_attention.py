@@ -1,4 +1,4 @@
-"""The CPU attention backend ("cpu", a C++ decode kernel) against the PyTorch backend.
+"""The CPU attention backend ("cpu": C++ decode and prefill kernels) against the PyTorch backend.
 
 Same cases as the Triton tests (`make_case`: random cache blocks in a random permutation, so a
 wrong block or a slot past a sequence's end changes the result), on the backend the engine picks
@@ -38,6 +38,15 @@ def assert_close(out, ref, dtype):
 def test_mixed_batch_matches_torch(group, dtype):
     """Decodes (contexts ending on and around block boundaries) batched with prefill chunks."""
     case = make_case(MIXED, group=group, dtype=dtype, seed=group)
+    assert_close(*run_both(case), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [12, 64])
+def test_long_prefill_chunks(head_dim, dtype):
+    """Chunks of several 16-row tiles (a ragged last tile), from scratch and after cached context,
+    with 3 query heads per kv head; the vector (64) and scalar (12) paths."""
+    case = make_case([(5, 1), (0, 70), (37, 50), (16, 33)], group=3, head_dim=head_dim, dtype=dtype, seed=head_dim)
     assert_close(*run_both(case), dtype)
 
 
