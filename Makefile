@@ -3,16 +3,15 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
+QUICKSTART := experiments/configs/quickstart.toml
+
 .PHONY: setup demo test test-fast vllm sglang clean
 
+# Installs use uv where it can be had (scripts/venv_install.sh: pip's index settings passed on,
+# pip as the fallback; INSTALLER=pip forces pip); setup also builds the reference engine's C++
+# CPU kernels, once, rather than inside the first engine start.
 $(BIN)/inferlab: pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
-	@# the reference engine's C++ CPU attention kernel, built once here (about 30 s) rather than
-	@# inside the first engine start; without a compiler the PyTorch backend serves instead
-	$(BIN)/python -c "from reference_engine import cpu_attention as c; print('CPU attention kernel:', 'built' if c.available() else 'not built, the PyTorch backend serves')"
+	PYTHON=$(PY) bash scripts/setup_venv.sh $(VENV)
 	@touch $@
 
 setup: $(BIN)/inferlab
@@ -25,10 +24,12 @@ vllm:
 sglang:
 	bash scripts/setup_sglang_venv.sh
 
-# The quickstart compares against a real peer: vLLM's CPU build is set up first (1-2 minutes,
-# with a progress line), then reference, HF baseline and vLLM run side by side.
-demo: setup vllm
-	$(BIN)/inferlab run experiments/configs/quickstart.toml
+# The quickstart compares against a real peer. The two venvs install side by side (make -j2; vLLM's
+# prints a progress line every 10 s), then reference, HF baseline and vLLM run one after another.
+# Fresh clone, 2 cores: about 4.5 minutes (docs/perf/2026-11-30-make-demo.md).
+demo:
+	@$(MAKE) --no-print-directory -j2 setup vllm
+	$(BIN)/inferlab run $(QUICKSTART)
 
 # One torch thread per process in tests: servers and clients share 2 cores, and spinning
 # OpenMP threads of one process slow the others by an order of magnitude.

@@ -6,11 +6,11 @@
 # (sgl-kernel, flashinfer, triton, CUDA torch) are left out; the wheel goes in with --no-deps,
 # beside CPU torch and a few light packages its modules import at the top.
 # Idempotent: a venv that already has the pinned versions is left alone (exit 0 at once).
-# Usage: scripts/setup_sglang_venv.sh [VENV_DIR]   (env PYTHON picks the base interpreter)
+# Usage: scripts/setup_sglang_venv.sh [VENV_DIR]   (env PYTHON picks the base interpreter;
+# INSTALLER=pip installs with pip instead of uv, see scripts/venv_install.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-sglang}"
-PYTHON="${PYTHON:-python3}"
 SGLANG_VERSION=0.5.23
 TORCH_VERSION=2.13.0   # the CPU build, as `make setup` installs it
 LIGHT=(msgspec numpy orjson psutil pybase64 requests packaging pillow starlette anyio pydantic pyzmq tqdm
@@ -29,8 +29,7 @@ if [ -x "$VENV/bin/python" ] && ready; then
   echo "$VENV: sglang $SGLANG_VERSION already installed"
   exit 0
 fi
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet "torch==$TORCH_VERSION" "${LIGHT[@]}"
-"$VENV/bin/python" -m pip install --quiet --no-deps "sglang==$SGLANG_VERSION"
+bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" "${LIGHT[@]}"
+bash scripts/venv_install.sh "$VENV" --no-deps "sglang==$SGLANG_VERSION"
 ready || { echo "$VENV: install finished but the check failed" >&2; exit 1; }
 echo "$VENV: sglang $SGLANG_VERSION (no GPU dependencies) for the contract tests"

