@@ -50,6 +50,8 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("config")
     p.add_argument("--engine", help="run only this engine (overrides the config's engine list); the other "
                                     "engines' folders in the run are kept, so the report still compares them")
+    p.add_argument("--cell", action="append", metavar="NAME", help="a matrix config: run only this cell (repeatable); "
+                                                                   "the other cells' folders are kept in the page")
     p.add_argument("--resume", action="store_true", help="send only the requests missing from requests.jsonl")
     p.add_argument("--out", default="results", help="results root (default: results)")
     p.add_argument("--no-progress", action="store_true")
@@ -61,11 +63,18 @@ def run_main(argv: list[str]) -> int:
         return _fail(str(e))
     toml = Path(a.config).read_text()
     if not cfg.cells:
-        return _run(cfg, whole, toml, Path(a.out), a)
+        return _fail(f"{a.config}: --cell needs a matrix config ([[cells]])") if a.cell else \
+            _run(cfg, whole, toml, Path(a.out), a)
+    unknown = set(a.cell or []) - {c["name"] for c in cfg.cells}
+    if unknown:
+        return _fail(f"{a.config}: no cell named {', '.join(sorted(unknown))} "
+                     f"(cells: {', '.join(c['name'] for c in cfg.cells)})")
     from experiments.report import matrix
 
     codes = []
     for cell, cell_whole in zip(cfg.cell_configs(), whole.cell_configs()):
+        if a.cell and cell.name not in a.cell:
+            continue
         print(f"inferlab: cell {cell.name}", file=sys.stderr)
         head = f"# cell {cell.name!r} of the matrix config {a.config} (its [[cells]] entry merged into the rest)\n"
         codes.append(_run(cell, cell_whole, head + toml, Path(a.out) / cfg.name, a))

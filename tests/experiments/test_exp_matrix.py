@@ -91,3 +91,16 @@ def test_matrix_runs_every_cell_and_compares_across_them(tmp_path, exp_model, pa
     assert 0.3 < ratio("b", "concurrency=2", "TPOT p50 (ms)") < 0.8  # planted 1 ms vs 2 ms
     assert ratio("b", "concurrency=1", "TPOT p50 (ms)") < 0.8  # the cell's own extra level ran too
     assert not any(r.startswith("| a |") and "concurrency=1" in r for r in page.splitlines())
+
+
+def test_one_cell_reruns_alone_and_unknown_cells_are_config_errors(tmp_path, exp_model, paced):
+    path = write_config(tmp_path / "m.toml", exp_model, MATRIX, name="m")
+    out = ["--out", str(tmp_path / "res"), "--no-progress"]
+    assert run_main([str(path), "--cell", "b", *out]) == 0
+    root = tmp_path / "res/m"
+    assert (root / "b/report.md").is_file() and not (root / "a").exists()
+    page = (root / "report.md").read_text()
+    assert "| a | float32 | – | not run |" in page and "| b | bfloat16 | concurrency=1 |" in page
+    assert run_main([str(path), "--cell", "nope", *out]) == 2
+    plain = write_config(tmp_path / "p.toml", exp_model, 'engine = "paced"\n', name="p")
+    assert run_main([str(plain), "--cell", "a", *out]) == 2
