@@ -22,6 +22,7 @@ import torch
 
 from reference_engine.attention import TorchBackend
 from reference_engine.kernels import cpu_attention as kernel
+from reference_engine.kernels import cpu_build
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -64,14 +65,8 @@ def _long(t: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def available() -> bool:
-    """Does the kernel build and load here? (a C++ compiler with OpenMP is needed)"""
-    if not kernel.compiler_available():
-        return False
-    try:
-        kernel.module()
-    except Exception:  # no compiler, headers or OpenMP: the torch backend serves instead
-        return False
-    return True
+    """Does the kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
+    return cpu_build.builds(kernel.module)
 
 
 def backend_class() -> type[CpuBackend]:

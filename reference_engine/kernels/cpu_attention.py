@@ -287,6 +287,3 @@ void decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch
 def module():
     """The compiled extension (built once per process; the build itself is cached on disk)."""
     return cpu_build.load("inferlab_cpu_attention", SOURCE, ["decode", "prefill"])
-
-
-compiler_available = cpu_build.compiler_available

@@ -71,6 +71,18 @@ def compiler_available() -> bool:
     return shutil.which("c++") is not None or shutil.which("g++") is not None
 
 
+def builds(module) -> bool:
+    """Does `module()` (a kernel's cached builder) build and load here? False without a C++ compiler,
+    headers or OpenMP: the PyTorch code serves instead."""
+    if not compiler_available():
+        return False
+    try:
+        module()
+    except Exception:
+        return False
+    return True
+
+
 def load(name: str, source: str, functions: list[str]):
     """Build (or load from the disk cache) `source` as extension `<name>_<isa>` exporting `functions`.
     -ffp-contract=off: no fused multiply-adds the source did not write, so plain `a * b + c` rounds
