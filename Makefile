@@ -26,7 +26,7 @@ sglang:
 
 # The quickstart compares against a real peer. The two venvs install side by side (make -j2; vLLM's
 # prints a progress line every 10 s), then reference, HF baseline and vLLM run one after another.
-# Fresh clone, 2 cores: 4.5-5.5 minutes, more when others load the machine (docs/perf/2026-11-30-make-demo.md).
+# Fresh clone, 2 quiet cores: 3 min 51 s (docs/perf/2026-12-01-make-demo.md); more when others load the machine.
 demo:
 	@$(MAKE) --no-print-directory -j2 setup vllm
 	$(BIN)/inferlab run $(QUICKSTART)
