@@ -1,16 +1,26 @@
 """The asyncio front of the engine: many concurrent streams over one step loop.
 
-The step loop is a background task. Between steps it applies queued adds and aborts
-(so the core is only ever touched by one thread at a time), then runs `LLMEngine.step`
-in a worker thread — torch releases the GIL, so the event loop keeps serving HTTP
-while the model runs — and hands each delta to its request's queue.
+The step loop runs in one dedicated thread for the engine's whole life (vLLM runs its
+engine core as a busy loop in a process of its own; a thread is enough here, since torch
+releases the GIL while the model runs and the event loop keeps serving HTTP). Between steps
+it applies the adds and aborts the event loop queued, then runs `LLMEngine.step`, and hands
+the step's deltas back to the event loop, which puts each on its request's queue.
 
-Invariant: every stream ends with exactly one delta whose `finished` is True
-(finish_reason "abort" when aborted), or with the exception that broke the step.
+Why one thread and not `asyncio.to_thread` per step: the default executor hands successive
+steps to whichever of its threads is free, and every thread that enters an OpenMP region
+gets a team of its own. Two teams on two cores measured 7-15 % slower per step than one
+(docs/perf/cpu_vs_vllm.md). The core is built in the same thread (the thread count torch
+sets there is that thread's).
+
+Invariants: the core is only ever touched by the engine thread (and by `reset_prefix_cache`
+under the step lock); streams are only touched on the event loop; every stream ends with
+exactly one delta whose `finished` is True (finish_reason "abort" when aborted), or with the
+exception that broke the step.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import uuid
 from importlib import metadata
@@ -50,30 +60,41 @@ class AsyncEngine:
         self.config = config
         self.core: LLMEngine | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._ops: list[tuple] = []
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._step_lock = threading.Lock()  # held while a step runs in the worker thread
+        self._ops: list[tuple] = []  # (kind, ...) queued by the event loop, taken by the engine thread
+        self._ops_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._step_lock = threading.Lock()  # held while the engine thread touches the core
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> "AsyncEngine":
-        if self.core is None:
-            self.core = await asyncio.to_thread(LLMEngine, self.config)
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.create_task(self._loop(), name="inferlab-step-loop")
+        if self._thread is None:
+            self._aloop = asyncio.get_running_loop()
+            self._stop = False
+            built: concurrent.futures.Future = concurrent.futures.Future()
+            self._thread = threading.Thread(target=self._run, args=(built,), name="inferlab-engine", daemon=True)
+            self._thread.start()
+            try:
+                await asyncio.wrap_future(built)  # the core's constructor error, if any, raises here
+            except BaseException:
+                self._thread = None
+                raise
         return self
 
     async def shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        for rid in list(self._streams):
-            self._apply_abort(rid)
+        if self._thread is not None:
+            self._stop = True
+            self._wake.set()
+            await asyncio.to_thread(self._thread.join)  # the step in flight ends first
+            self._thread = None
+        if self.core is not None:  # the engine thread has ended: free what the streams held
+            for rid in list(self.core.requests):
+                self.core.abort(rid)
+        for rid, stream in list(self._streams.items()):
+            stream.queue.put_nowait(TokenDelta(rid, [], "", finished=True, finish_reason="abort"))
+        self._streams.clear()
 
     # ---- facts ----------------------------------------------------------------------
     @property
@@ -102,11 +123,12 @@ class AsyncEngine:
     @property
     def is_alive(self) -> bool:
         """True while the step loop runs (started and not crashed or shut down)."""
-        return self._task is not None and not self._task.done()
+        return self._thread is not None and self._thread.is_alive() and not self._stop
 
     def stats(self) -> EngineStats:
         s = self._started().stats()
-        s.num_waiting += sum(1 for op in self._ops if op[0] == "add")
+        with self._ops_lock:
+            s.num_waiting += sum(1 for op in self._ops if op[0] == "add")
         return s
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -121,7 +143,7 @@ class AsyncEngine:
                     request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
         """Validate now (ValueError on bad input), queue for the next step, return the stream."""
         core = self._started()
-        if self._task is None:
+        if not self.is_alive:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
         prompt_token_ids = list(prompt_token_ids)
         core.validate(prompt_token_ids, params)
@@ -130,8 +152,7 @@ class AsyncEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         stream = RequestStream(rid)
         self._streams[rid] = stream
-        self._ops.append(("add", prompt_token_ids, params, rid, cache_salt))
-        self._wake.set()
+        self._queue(("add", prompt_token_ids, params, rid, cache_salt))
         return stream
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -146,62 +167,74 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams:
-            self._ops.append(("abort", request_id))
-            if self._wake is not None:
-                self._wake.set()
+            self._queue(("abort", request_id))
 
-    # ---- the loop -------------------------------------------------------------------
+    # ---- the loop: event-loop side --------------------------------------------------
     def _started(self) -> LLMEngine:
         if self.core is None:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
         return self.core
 
-    def _apply_abort(self, rid: str) -> None:
-        delta = self.core.abort(rid) if self.core is not None else None
-        stream = self._streams.pop(rid, None)
-        if stream is not None:
-            stream.queue.put_nowait(delta or TokenDelta(rid, [], "", finished=True, finish_reason="abort"))
+    def _queue(self, op: tuple) -> None:
+        with self._ops_lock:
+            self._ops.append(op)
+        self._wake.set()
 
-    def _apply_ops(self) -> None:
-        ops, self._ops = self._ops, []
+    def _deliver(self, out: list[tuple[str, TokenDelta | BaseException]]) -> None:
+        """On the event loop: each item to its stream; a finished delta or an error ends the stream."""
+        for rid, item in out:
+            stream = self._streams.get(rid)
+            if stream is None:
+                continue  # already ended (an abort that raced a finish)
+            stream.queue.put_nowait(item)
+            if isinstance(item, BaseException) or item.finished:
+                del self._streams[rid]
+
+    # ---- the loop: engine-thread side -----------------------------------------------
+    def _run(self, built: concurrent.futures.Future) -> None:
+        try:
+            self.core = LLMEngine(self.config)
+        except BaseException as e:
+            built.set_exception(e)
+            return
+        built.set_result(None)
+        core = self.core
+        while not self._stop:
+            with self._ops_lock:
+                ops, self._ops = self._ops, []
+                if not ops and not core.has_unfinished():
+                    self._wake.clear()
+            if not ops and not core.has_unfinished():
+                self._wake.wait()
+                continue
+            with self._step_lock:
+                out = self._apply(ops)
+                if core.has_unfinished():
+                    out += self._step()
+            if out:
+                self._aloop.call_soon_threadsafe(self._deliver, out)
+
+    def _apply(self, ops: list[tuple]) -> list[tuple[str, TokenDelta | BaseException]]:
+        out: list[tuple[str, TokenDelta | BaseException]] = []
         for op in ops:
             if op[0] == "add":
                 _, ids, params, rid, salt = op
-                if rid not in self._streams:
-                    continue  # aborted before it was ever queued
                 try:
                     self.core.add_request(ids, params, rid, cache_salt=salt)
                 except ValueError as e:
-                    self._streams.pop(rid).queue.put_nowait(e)
+                    out.append((rid, e))
             else:
-                self._apply_abort(op[1])
+                rid = op[1]
+                delta = self.core.abort(rid)
+                out.append((rid, delta or TokenDelta(rid, [], "", finished=True, finish_reason="abort")))
+        return out
 
-    def _step(self) -> list[TokenDelta]:
-        with self._step_lock:
-            return self.core.step()
-
-    async def _loop(self) -> None:
-        core = self.core
-        while True:
-            if not self._ops and not core.has_unfinished():
-                self._wake.clear()
-                await self._wake.wait()
-            self._apply_ops()
-            if not core.has_unfinished():
-                continue
-            try:
-                deltas = await asyncio.to_thread(self._step)
-            except Exception as e:  # a bug in a step: fail the in-flight requests, keep serving
-                for rid in list(core.requests):
-                    core.abort(rid)
-                    stream = self._streams.pop(rid, None)
-                    if stream is not None:
-                        stream.queue.put_nowait(RuntimeError(f"engine step failed: {e!r}"))
-                continue
-            for d in deltas:
-                stream = self._streams.get(d.request_id)
-                if stream is None:
-                    continue
-                stream.queue.put_nowait(d)
-                if d.finished:
-                    del self._streams[d.request_id]
+    def _step(self) -> list[tuple[str, TokenDelta | BaseException]]:
+        try:
+            return [(d.request_id, d) for d in self.core.step()]
+        except Exception as e:  # a bug in a step: fail the in-flight requests, keep serving
+            failed = []
+            for rid in list(self.core.requests):
+                self.core.abort(rid)
+                failed.append((rid, RuntimeError(f"engine step failed: {e!r}")))
+            return failed

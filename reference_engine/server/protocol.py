@@ -155,5 +155,8 @@ class TGICompatRequest(TGIRequest):
 
 
 class TokenizeRequest(_Body):
+    """TGI's /tokenize body; strict like `TGIParameters` (serde takes no `0.0` for a bool)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
     inputs: str
     add_special_tokens: bool = True
