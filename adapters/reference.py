@@ -90,7 +90,7 @@ def to_sampling_params(request: GenerationRequest):
 
 
 class ReferenceInProcess(Engine):
-    """`reference_engine.AsyncEngine` in this interpreter (its model steps run in a worker thread)."""
+    """`reference_engine.AsyncEngine` in this interpreter (its model steps run in the engine's own thread)."""
 
     name = "reference"
 

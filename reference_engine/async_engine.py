@@ -221,7 +221,7 @@ class AsyncEngine:
                 _, ids, params, rid, salt = op
                 try:
                     self.core.add_request(ids, params, rid, cache_salt=salt)
-                except ValueError as e:
+                except Exception as e:  # ValueError for bad input; anything else ends this stream alone
                     out.append((rid, e))
             else:
                 rid = op[1]

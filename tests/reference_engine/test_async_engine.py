@@ -94,3 +94,33 @@ async def test_reset_prefix_cache_and_speculative_streams(tiny_llama):
         assert toks == offline.token_ids and engine.stats().num_preemptions_total == 1
     finally:
         await engine.shutdown()
+
+
+async def test_a_failed_step_fails_its_streams_and_the_engine_keeps_serving(tiny_llama):
+    """A step that raises ends every in-flight stream with the error; the engine thread lives on."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine = await AsyncEngine(EngineConfig(str(tiny_llama))).start()
+    try:
+        real_step, calls = engine.core.step, []
+
+        def broken_step():  # fails once, on the first step that holds all three requests
+            if not calls and len(engine.core.requests) == 3:
+                calls.append(1)
+                raise RuntimeError("planted")
+            return real_step()
+
+        engine.core.step = broken_step
+        streams = [engine.add_request([5, 6, 7, i], params) for i in range(3)]
+        for s in streams:
+            try:
+                async for _ in s:
+                    pass
+                raise AssertionError("the stream ended without the step's error")
+            except RuntimeError as e:
+                assert "engine step failed" in str(e) and "planted" in str(e)
+        assert calls and engine.is_alive and engine.stats().num_running == 0 and engine.stats().kv_used_blocks == 0
+        deltas = [d async for d in engine.generate([5, 6, 7], params)]
+        assert deltas[-1].finished and sum(len(d.new_token_ids) for d in deltas) == 8
+    finally:
+        await engine.shutdown()
+    assert not engine.is_alive
