@@ -1,6 +1,6 @@
 """Lab 12 — the serving engine: one async step loop, many streams, bounded admission, metrics.
 
-Smallest working piece: `AsyncEngine` runs `LLMEngine.step` in a worker thread from an asyncio task;
+Smallest working piece: `AsyncEngine` runs `LLMEngine.step` in an engine thread of its own, for asyncio;
 each request gets a stream of deltas. Three clients stream at once and their deltas interleave step by
 step; then the server's admission gate refuses work beyond its limit (503 + Retry-After) instead of
 letting the queue grow; then the Prometheus text a scraper would read.
