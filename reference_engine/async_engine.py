@@ -63,6 +63,7 @@ class AsyncEngine:
         self._ops: list[tuple] = []  # (kind, ...) queued by the event loop, taken by the engine thread
         self._ops_lock = threading.Lock()
         self._wake = threading.Event()
+        self._delivered = threading.Event()  # the event loop has taken the last step's deltas
         self._stop = False
         self._thread: threading.Thread | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -189,6 +190,7 @@ class AsyncEngine:
             stream.queue.put_nowait(item)
             if isinstance(item, BaseException) or item.finished:
                 del self._streams[rid]
+        self._delivered.set()
 
     # ---- the loop: engine-thread side -----------------------------------------------
     def _run(self, built: concurrent.futures.Future) -> None:
@@ -212,7 +214,13 @@ class AsyncEngine:
                 if core.has_unfinished():
                     out += self._step()
             if out:
+                # Wait until the event loop has taken them, so that it gets the GIL once per step
+                # (as with one to_thread call per step); without this, back-to-back steps of a
+                # small model starved it and clients read tokens in bursts.
+                self._delivered.clear()
                 self._aloop.call_soon_threadsafe(self._deliver, out)
+                while not self._delivered.wait(0.1) and not self._stop:
+                    pass
 
     def _apply(self, ops: list[tuple]) -> list[tuple[str, TokenDelta | BaseException]]:
         out: list[tuple[str, TokenDelta | BaseException]] = []
