@@ -1,11 +1,16 @@
 """The paced engine as a process of its own (see paced_engine.py): JSON lines in on stdin
 ({id, prompt, max_tokens, ttft_ms, period_ms, pattern, capacity}), JSON lines out on stdout
 ({id, ids, fin, due, t = the perf_counter_ns when written}) at the scheduled times. A thread per
-request (or `capacity` worker threads and a FIFO queue, when set); one lock per write."""
+request; one lock per write.
+
+With `capacity` set, the child is a FIFO queue with that many servers, kept in scheduled time:
+a request starts at max(its arrival, the earliest server's scheduled finish) and its events are
+due from there. A late wake-up (a loaded 2-core machine delays sleeps by milliseconds) delays
+that event only; it never pushes back the requests behind it, so the planted saturation rate
+is exactly capacity / (ttft + (events - 1) * period), however busy the machine is."""
 from __future__ import annotations
 
 import json
-import queue
 import sys
 import threading
 import time
@@ -17,9 +22,9 @@ from paced_engine import schedule, token_ids  # noqa: E402
 lock = threading.Lock()
 
 
-def serve(req: dict) -> None:
+def serve(req: dict, start_ns: int) -> None:
     pos = 0
-    sched = schedule(time.perf_counter_ns(), req["max_tokens"], req["ttft_ms"], req["period_ms"], req["pattern"])
+    sched = schedule(start_ns, req["max_tokens"], req["ttft_ms"], req["period_ms"], req["pattern"])
     for i, (due, n) in enumerate(sched):
         ids, fin = token_ids(req["prompt"], pos, n), i == len(sched) - 1
         delay = (due - time.perf_counter_ns()) / 1e9
@@ -32,20 +37,21 @@ def serve(req: dict) -> None:
         pos += n
 
 
-def worker(q: queue.Queue) -> None:
-    while True:
-        serve(q.get())
+def admit(free_at: list[int], req: dict, arrival_ns: int) -> int:
+    """Scheduled start of `req` on the server that frees first; books that server until the
+    request's last event is due. `free_at` holds each server's scheduled finish (ns)."""
+    i = min(range(len(free_at)), key=free_at.__getitem__)
+    start = max(arrival_ns, free_at[i])
+    free_at[i] = schedule(start, req["max_tokens"], req["ttft_ms"], req["period_ms"], req["pattern"])[-1][0]
+    return start
 
 
 print(json.dumps({"ready": True}), flush=True)  # the parent's start() waits for this
-waiting: queue.Queue | None = None
+free_at: list[int] | None = None
 for raw in sys.stdin:
-    req = json.loads(raw)
+    req, now = json.loads(raw), time.perf_counter_ns()
+    start = now
     if req.get("capacity"):  # a planted saturation: `capacity` requests served at a time, the rest queue (FIFO)
-        if waiting is None:
-            waiting = queue.Queue()
-            for _ in range(req["capacity"]):
-                threading.Thread(target=worker, args=(waiting,), daemon=True).start()
-        waiting.put(req)
-    else:
-        threading.Thread(target=serve, args=(req,), daemon=True).start()
+        free_at = free_at or [0] * req["capacity"]
+        start = admit(free_at, req, now)
+    threading.Thread(target=serve, args=(req, start), daemon=True).start()

