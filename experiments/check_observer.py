@@ -98,7 +98,7 @@ async def _run_once(engine: Engine, info: EngineInfo, cfg: Any, items: list[Work
         try:
             await LoadGenerator(engine, sampling, done).closed([[it] for it in items], conc)
         finally:
-            sampler.stop()
+            await asyncio.to_thread(sampler.stop)
             out.close()
     view = (await bracket.close(len(items))).get("server_view")
     return recs, view

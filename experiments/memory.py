@@ -129,6 +129,9 @@ class MemorySampler:
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
+        """Ends the thread. From a coroutine call it through `asyncio.to_thread`: a timeline
+        scrape in flight waits on the event loop, which a join on the loop's own thread blocks."""
+        self.timeline = None
         self._stop.set()
         self._thread.join(timeout=5)
 

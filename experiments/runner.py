@@ -145,7 +145,7 @@ class EngineRun:
                     return self._end("failed", failure)
             return self._end("ok")
         finally:
-            sampler.stop()
+            await asyncio.to_thread(sampler.stop)
             sampler.frame().to_csv(self.dir.path / f"memory-r{self.repeat}-s{self.session}.csv", index=False)
             self.rep["finished_at"] = m["finished_at"] = _now()
             self.rep["harness_cpu_s"] = self.rep.get("harness_cpu_s", 0.0) + _cpu_s() - cpu0

@@ -96,8 +96,9 @@ def test_times_match_the_engine_within_1ms():
 
 
 def test_whole_run_matches_the_truth(tmp_path, exp_model, paced):
-    """Through `inferlab run` (warm-up, memory sampler, JSONL, summary.json)."""
-    truth_path = tmp_path / "truth.json"
+    """Through `inferlab run` (warm-up, memory sampler, JSONL, summary.json). 36 requests, so
+    that the 85 % rule tolerates 5 descheduled ones (with 12, two missed it in CI on e027773)."""
+    truth_path, N = tmp_path / "truth.json", 36
     cfg = write_config(tmp_path / "c.toml", exp_model, f"""
         engine = "paced"
         [engine_options.paced]
@@ -106,7 +107,7 @@ def test_whole_run_matches_the_truth(tmp_path, exp_model, paced):
         pattern = {PATTERN}
         truth_path = "{truth_path}"
         [workload]
-        num_requests = 12
+        num_requests = {N}
         input_len = 16
         output_len = {OUT}
         [load]
@@ -116,12 +117,12 @@ def test_whole_run_matches_the_truth(tmp_path, exp_model, paced):
     assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     truth = json.loads(truth_path.read_text())
     recs = [json.loads(s) for s in (tmp_path / "res/calib/paced/requests.jsonl").read_text().splitlines()]
-    assert len(recs) == 12
+    assert len(recs) == N
     got_rows = [metrics.per_request(r) for r in recs]
     want_rows = [true_row(r["send_ns"], truth[r["request_id"]]) for r in recs]
     compare(got_rows, want_rows)
     s = json.loads((tmp_path / "res/calib/paced/summary.json").read_text())["levels"]["concurrency=1"]
-    assert s["num_requests"] == 12 and s["output_tokens"] == 12 * OUT
+    assert s["num_requests"] == N and s["output_tokens"] == N * OUT
     assert s["token_checks"]["stopped_early"] == 0
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):  # summary.json says what per_request says
         pooled = [v for r in got_rows for v in (r[key] if key == "itl_ms" else [r[key]])]

@@ -47,7 +47,7 @@ async def _sample(pid: int, timeline_s: float | None) -> tuple[MemorySampler, _K
                       asyncio.get_running_loop(), timeline_s)
         sampler.timeline = tl
     await asyncio.sleep(0.5)
-    sampler.stop()
+    await asyncio.to_thread(sampler.stop)  # a scrape in flight needs this loop
     return sampler, engine, tl
 
 
