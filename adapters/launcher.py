@@ -1,9 +1,12 @@
 """Start an engine's server as a subprocess, wait for health, and stop its whole tree.
 
 Invariants:
-- A `ServerProcess` runs in a session (and process group) of its own, so `stop()`
-  reaches every worker the engine forks; after `stop()` returns, no process of the
-  tree is alive (checked with psutil), or `stop()` raised saying which survived.
+- A `ServerProcess` runs in a process group of its own, so `stop()` reaches every
+  worker the engine forks; after `stop()` returns, no process of the tree is alive
+  (checked with psutil), or `stop()` raised saying which survived.
+- It stays in the harness's session. Linux with autogroup scheduling (the default) gives
+  each session an equal share of the CPUs; a server in a session of its own starved the
+  client for 0.1-0.6 s at a time on 2 cores (docs/perf/2026-12-01-autogroup.md).
 - Everything the server prints goes to one log file; start failures quote its tail.
 - `Launcher` turns an engine's "python module / console script + flags" into an argv
   for one of three launch kinds: a python interpreter (the harness's own, or a venv's),
@@ -95,7 +98,7 @@ class ServerProcess:
             try:
                 self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
+                                             process_group=0)  # own group, same session (see top)
             except FileNotFoundError as e:
                 raise EngineUnavailable(f"cannot launch {self.argv[0]!r}: {e.strerror}") from e
         deadline = t0 + timeout_s

@@ -8,12 +8,15 @@ engine's gauges *during* the level is opt-in (`[observer] timeline_s`); every ti
 scrape's latency is kept and the level is flagged as possibly perturbed.
 
 Where a server's view exists, `compare` sets the client's numbers beside it; `bunched`
-finds one-token-per-event streams whose tokens arrived in a burst after a stall (the
-client read late, not the engine), which no server histogram can explain.
+finds one-token-per-event streams whose tokens arrived in a burst after a stall, and
+`LoopWatch` says whose stall it was: a client whose event loop woke up late across the gap
+may have read the tokens late (the reading is not the engine's); a client whose loop kept
+waking on time was handed them late (the engine's front end stalled: its users see that too).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import asdict
 from typing import Any
@@ -82,6 +85,46 @@ class Timeline:
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
+
+
+class LoopWatch:
+    """How late the client's event loop woke up during a level: a task sleeps `every_s` and
+    keeps each wake-up more than `late_ms` late as (woke_ns, late_ms). Tokens that arrive in
+    a burst when the loop has just woken late were waiting for the client; tokens that arrive
+    in a burst while it kept waking on time were waiting upstream. One timer wake-up per
+    `every_s`, on the client only; the engine is sent nothing."""
+
+    LIMIT = 1000  # late wake-ups kept per level
+
+    def __init__(self, every_s: float = 0.01, late_ms: float = 20.0):
+        self.every, self.late_ms = every_s, late_ms
+        self.late: list[tuple[int, float]] = []
+        self.wakeups = 0
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> "LoopWatch":
+        self.task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        step = int(self.every * 1e9)
+        while True:
+            due = time.perf_counter_ns() + step
+            await asyncio.sleep(self.every)
+            now = time.perf_counter_ns()
+            self.wakeups += 1
+            late = (now - due) / 1e6
+            if late > self.late_ms and len(self.late) < self.LIMIT:
+                self.late.append((now, late))
+
+    async def stop(self) -> dict[str, Any]:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        return {"every_s": self.every, "late_ms": self.late_ms, "wakeups": self.wakeups,
+                "late": [[t, round(ms, 3)] for t, ms in self.late],
+                "max_late_ms": max((ms for _, ms in self.late), default=None)}
 
 
 class Bracket:
@@ -155,15 +198,22 @@ def compare(client: dict[str, Any], view: dict[str, Any] | None) -> dict[str, An
     return {"rows": rows, "flags": flags}
 
 
-def bunched(records: list[dict[str, Any]], ref_gap_ms: float | None) -> dict[str, Any]:
+def bunched(records: list[dict[str, Any]], ref_gap_ms: float | None,
+            loop: dict[str, Any] | None = None) -> dict[str, Any]:
     """Requests streamed one token per event whose tokens arrived bunched after a stall:
     at least a quarter of their tokens came < ref/10 after the previous one, right behind a
     gap > 10 x ref. `ref_gap_ms` is the engine's typical inter-token gap (the server's ITL
-    mean, else the client's median gap). Returns the count and the worst example."""
+    mean, else the client's median gap). With the level's `LoopWatch` summary (`loop`), a
+    burst counts against the client (`requests`) only when the loop woke up at least half the
+    stall late between the stall's start and just after the burst; the others were handed
+    over late by the engine (`engine_side`). Without it every burst counts against the client.
+    Returns both counts and the worst example of each."""
     if not ref_gap_ms or ref_gap_ms <= 0:
         return {"requests": 0}
     fast, slow = ref_gap_ms / 10 * 1e6, ref_gap_ms * 10 * 1e6  # ns
-    hits, worst = 0, None
+    late = (loop or {}).get("late") or []
+    out: dict[str, Any] = {"requests": 0, "example": None, "engine_side": 0, "engine_example": None,
+                           "ref_gap_ms": ref_gap_ms, "loop_watched": loop is not None}
     for r in records:
         ev = r["events"]
         if len(ev) < 4 or any(n != 1 for _, n in ev):
@@ -174,14 +224,21 @@ def bunched(records: list[dict[str, Any]], ref_gap_ms: float | None) -> dict[str
         stalls = np.nonzero(gaps > slow)[0]
         if quick.sum() * 4 < len(ev) or not len(stalls):
             continue
-        rest = quick[stalls[0] + 1:]  # the gaps right after the first stall
+        i = stalls[0]
+        rest = quick[i + 1:]  # the gaps right after the first stall
         burst = len(rest) if rest.all() else int(np.argmin(rest))  # leading quick gaps
-        hits += 1
-        ex = {"request_id": r["request_id"], "stall_ms": gaps[stalls[0]] / 1e6, "burst_tokens": burst + 1,
-              "burst_ms": float(gaps[stalls[0] + 1: stalls[0] + 1 + burst].sum() / 1e6)}
-        if worst is None or ex["stall_ms"] > worst["stall_ms"]:
-            worst = ex
-    return {"requests": hits, "example": worst, "ref_gap_ms": ref_gap_ms}
+        stall_ms = gaps[i] / 1e6
+        ex = {"request_id": r["request_id"], "stall_ms": stall_ms, "burst_tokens": burst + 1,
+              "burst_ms": float(gaps[i + 1: i + 1 + burst].sum() / 1e6)}
+        lo, hi = int(t[i]), int(t[i + 1]) + int(fast) + 5_000_000  # the gap, and 5 ms past the burst's start
+        client_late = [ms for woke, ms in late if lo <= woke <= hi]
+        ex["loop_late_ms"] = max(client_late, default=0.0)
+        key = "requests" if loop is None or ex["loop_late_ms"] >= stall_ms / 2 else "engine_side"
+        exk = "example" if key == "requests" else "engine_example"
+        out[key] += 1
+        if out[exk] is None or stall_ms > out[exk]["stall_ms"]:
+            out[exk] = ex
+    return out
 
 
 def implausible(s: dict[str, Any], cmp: dict[str, Any] | None, bunch: dict[str, Any]) -> list[str]:
@@ -193,7 +250,8 @@ def implausible(s: dict[str, Any], cmp: dict[str, Any] | None, bunch: dict[str, 
                    f"tokens in bursts after a stall (e.g. {ex['request_id']}: {ex['burst_tokens']} tokens within "
                    f"{ex['burst_ms']:.1f} ms after a {ex['stall_ms']:.0f} ms wait; the engine's typical gap is "
                    f"{bunch['ref_gap_ms']:.2f} ms): the client read them late, so their TTFT/TPOT/ITL are not "
-                   "the engine's")
+                   "the engine's" + (f" (its event loop woke up {ex['loop_late_ms']:.0f} ms late then)"
+                                     if bunch.get("loop_watched") else ""))
     if cmp:
         own = cmp["rows"].get("tpot") or cmp["rows"].get("itl")
         tp = (s.get("tpot_ms") or {}).get("mean")
@@ -201,6 +259,17 @@ def implausible(s: dict[str, Any], cmp: dict[str, Any] | None, bunch: dict[str, 
             out.append(f"client TPOT mean {tp:.2f} ms is far below the engine's own "
                        f"{own['server_ms']:.2f} ms: tokens reached the client in bursts")
     return out
+
+
+def handed_late(bunch: dict[str, Any]) -> str | None:
+    """A note (not a flag) for bursts the engine caused: the client's loop was awake."""
+    if not bunch.get("engine_side"):
+        return None
+    ex = bunch["engine_example"]
+    return (f"{bunch['engine_side']} request(s) got a quarter or more of their tokens in bursts after a stall "
+            f"while the client's event loop kept waking on time (e.g. {ex['request_id']}: {ex['burst_tokens']} "
+            f"tokens within {ex['burst_ms']:.1f} ms after a {ex['stall_ms']:.0f} ms wait, the loop at most "
+            f"{ex['loop_late_ms']:.0f} ms late): the engine handed them over late, as its users would see them")
 
 
 CAUSES = ("likely causes: something delayed the client's reading of the streams — a /metrics scrape during "

@@ -23,11 +23,11 @@ from typing import Any
 from adapters import registry
 from adapters.base import Engine, EngineInfo, EngineUnavailable
 from experiments.config import Config
-from experiments import search
 from experiments.isolate import Isolated
 from experiments.load import LoadGenerator, Outcome, arrivals, chains
 from experiments.memory import MemorySampler
-from experiments.observer import Bracket, Timeline
+from experiments import sched, search
+from experiments.observer import Bracket, LoopWatch, Timeline
 from experiments.progress import Progress
 from experiments.results import EngineDir, git_commit, hardware, record, versions
 from experiments.workloads import WorkItem
@@ -128,6 +128,7 @@ class EngineRun:
         m["info"] = self.rep["info"] = info.to_dict()
         # An attached server's process is unknown (pid None) but it is not ours.
         m["same_process"] = info.pid == os.getpid() or (info.pid is None and info.mode == "in_process")
+        m["scheduler"] = sched.placement(info.pid, options.get("url") if info.mode == "attach" else None)
         if info.mode == "attach" or "kv_cache_tokens" in info.unhonoured:
             m["kv_pinned"] = False  # we did not size its KV cache, or it could not take the size we gave
         self._save()
@@ -192,6 +193,7 @@ class EngineRun:
 
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
         sent = sum(len(c) for c in todo)
+        watch = LoopWatch().start()  # whose stall a burst was (observer.bunched)
         cpu0, loop0, t0 = _cpu_s(), time.thread_time(), time.perf_counter()
         try:
             if kind == "concurrency":
@@ -203,6 +205,7 @@ class EngineRun:
             sampler.timeline = None
             if timeline is not None:
                 timeline.close()
+            loop = await watch.stop()
         wall, cpu, loop_cpu = time.perf_counter() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
         sampler.now()
         memory = sampler.summary(start_idx)
@@ -214,7 +217,7 @@ class EngineRun:
             "wall_s": prev.get("wall_s", 0.0) + wall,
             "sent": prev.get("sent", 0) + sent,
             "memory": _with_bracket(memory, observed),
-            "observer": {"timeline": timeline.summary() if timeline else None,
+            "observer": {"timeline": timeline.summary() if timeline else None, "loop": loop,
                          "snapshot_before": observed.get("snapshot_before"),
                          "snapshot_after": observed.get("snapshot_after")},
             "server_view": observed.get("server_view"),

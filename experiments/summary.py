@@ -190,7 +190,8 @@ def _observed(s: dict[str, Any], lv: dict[str, Any], recs: list[dict[str, Any]])
     view = lv.get("server_view")
     cmp = observer.compare(s, view)
     own_itl = (cmp or {}).get("rows", {}).get("itl", {}).get("server_ms")
-    bunch = observer.bunched(recs, own_itl or s["itl_ms"]["mean"])  # means are robust to bunching
+    obs = lv.get("observer") or {}
+    bunch = observer.bunched(recs, own_itl or s["itl_ms"]["mean"], obs.get("loop"))  # means are robust to bunching
     s["server_view"] = view
     s["client_vs_server"] = cmp
     s["bunched"] = bunch

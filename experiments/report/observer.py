@@ -83,6 +83,9 @@ def flags(e, level: str, s: dict[str, Any]) -> list[str]:
         out.append(f"- **{e.label}** {level}: " + "; ".join(cmp["flags"]) + f" — {observer.CAUSES}.")
     for line in s.get("implausible") or []:
         out.append(f"- **{e.label}** {level}: {line}.")
+    note = observer.handed_late(s.get("bunched") or {})
+    if note:
+        out.append(f"- **{e.label}** {level}: {note}.")
     tl = (s.get("observer") or {}).get("timeline")
     if tl:
         out.append(f"- **{e.label}** {level}: possibly perturbed by the observer: the engine's gauges were "

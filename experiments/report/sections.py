@@ -55,6 +55,8 @@ def flags(runs: Runs) -> list[str]:
                        "measured here and its KV budget was set by whoever started it.")
         elif e.manifest.get("kv_pinned") is False and any(c[1].get("kv", {}).get("tokens") for c in runs.configs):
             out.append(f"- **{e.label}** does not take a pinned KV budget in tokens; see its KV capacity above.")
+        if (e.manifest.get("scheduler") or {}).get("warning"):
+            out.append(f"- **{e.label}**: {e.manifest['scheduler']['warning']}.")
         for setting, why in ((e.manifest.get("info") or {}).get("unhonoured") or {}).items():
             out.append(f"- **{e.label}** could not honour `{setting}`: {why}.")
         for level, s in e.summary.items():

@@ -52,6 +52,11 @@ async def test_start_health_stop_kills_tree(tmp_path):
     tree = [srv.pid] + [c.pid for c in psutil.Process(srv.pid).children(recursive=True)]
     assert len(tree) == 2
     assert "env yes" in srv.log_tail(5) and srv.log_text().startswith("$ ")
+    import os
+    # its own process group (stop() signals it), but the harness's session: with autogroup
+    # scheduling a session of its own would get an equal CPU share against the client's
+    assert all(os.getpgid(p) == srv.pid for p in tree) and srv.pid != os.getpgid(0)
+    assert all(os.getsid(p) == os.getsid(0) for p in tree)
     await srv.stop()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree)
     assert not srv.running()

@@ -77,10 +77,11 @@ def _compare(got_rows: list[dict], want_rows: list[dict]) -> None:
 
 
 def test_times_match_the_engine_within_1ms():
-    """One request at a time at 500 events/s, straight through the load generator."""
-    items = [WorkItem(f"r{i}", [5, 6, 7 + i], OUT) for i in range(16)]
+    """One request at a time at 500 events/s, straight through the load generator. 36 requests,
+    so that the 85 % rule tolerates 5 descheduled ones (with 16, three missed it in CI on de6ec3c)."""
+    items = [WorkItem(f"r{i}", [5, 6, 7 + i], OUT) for i in range(36)]
     eng, outs = asyncio.run(drive(items, 1))
-    assert len(outs) == 16 and all(o.ok for o in outs)
+    assert len(outs) == 36 and all(o.ok for o in outs)
     got_rows, want_rows = [], []
     for o in outs:
         rec = record(o, "concurrency=1", 1)

@@ -81,6 +81,36 @@ def test_bunched_streams_are_found_and_normal_ones_are_not():
     assert len(lines) == 2 and "read them late" in lines[0] and "far below" in lines[1]
 
 
+def test_a_burst_counts_against_the_client_only_when_its_loop_was_late():
+    stalled = _rec("s", [6.0] * 4 + [500.0] + [0.02] * 26)  # the stall ends at 524 ms
+    t_burst = stalled["events"][5][0]
+    late_client = {"late": [[t_burst + 1_000_000, 480.0]]}  # the loop woke 480 ms late as the burst came
+    awake = {"late": [[t_burst - 300_000_000, 30.0]]}  # one 30 ms hiccup inside the gap: not the cause
+    b = observer.bunched([stalled], 6.0, late_client)
+    assert b["requests"] == 1 and b["engine_side"] == 0 and b["example"]["loop_late_ms"] == 480.0
+    assert "woke up 480 ms late" in observer.implausible({}, None, b)[0]
+    b = observer.bunched([stalled], 6.0, awake)
+    assert b["requests"] == 0 and b["engine_side"] == 1 and observer.implausible({}, None, b) == []
+    assert "engine handed them over late" in observer.handed_late(b)
+    elsewhere = {"late": [[t_burst + 50_000_000, 480.0]]}  # late, but 50 ms after the burst was read
+    assert observer.bunched([stalled], 6.0, elsewhere)["engine_side"] == 1
+
+
+async def test_loop_watch_sees_a_blocked_loop():
+    import asyncio
+    import time
+
+    watch = observer.LoopWatch(every_s=0.01, late_ms=20.0).start()
+    await asyncio.sleep(0.1)
+    t0 = time.perf_counter_ns()
+    time.sleep(0.2)  # blocks the event loop, as a descheduled client would be
+    await asyncio.sleep(0.05)
+    out = await watch.stop()
+    assert out["wakeups"] >= 10 and watch.task.done()
+    (woke, late), = [x for x in out["late"] if x[1] > 100]
+    assert 150 < late < 400 and woke > t0
+
+
 @pytest.fixture
 async def slow_server(tmp_path):
     port = free_port()

