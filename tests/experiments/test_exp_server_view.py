@@ -10,7 +10,10 @@ of its own, and the kernel's autogroup scheduling kept the client off the CPU
 (docs/perf/2026-12-01-autogroup.md). Servers now start in the harness's session, and the
 run's manifest must say the engine was found in the harness's autogroup. An engine that
 still misses the bound is measured again, alone, up to `ATTEMPTS` runs in all, and one run
-must meet it: a harness that disturbs the engine misses it every time."""
+must meet it: a harness that disturbs the engine misses it every time.
+
+The launched run also checks the report's settings table on both real engines, with a
+planted difference (vLLM's prefix caching off) marked and flagged."""
 from __future__ import annotations
 
 import json
@@ -73,6 +76,21 @@ def _assert_agrees(run: Path, engine: str) -> dict:
     return s
 
 
+def _assert_settings_read_back(run: Path) -> None:
+    """Both real engines' settings as they read them back (vLLM's /server_info, the reference
+    server's own report), side by side; the planted prefix-caching difference is marked and
+    flagged (a fairness rule), equal settings are not. Random prompts share no block, so the
+    planted difference leaves the latency check below untouched."""
+    report = (run / "report.md").read_text()
+    assert "| setting | reference | vllm |" in report
+    assert "| prefix caching | yes **≠** | no **≠** |" in report
+    assert "- **settings**: prefix caching differs between engines: reference yes, vllm no." in report
+    assert "| dtype | float32 | float32 |" in report and "| KV capacity (tokens) | 4096 | 4096 |" in report
+    eff = json.loads((run / "vllm" / "manifest.json").read_text())["info"]["effective"]
+    assert eff["sources"]["prefix_caching"].startswith("/server_info"), eff["sources"]  # the server said so
+    assert "--no-enable-prefix-caching" in eff["launch_command"]
+
+
 ATTEMPTS = 3
 
 
@@ -101,8 +119,10 @@ def test_vllm_launched_and_inferlab_serve_agree_with_their_own_histograms(tmp_pa
         [engine_options.vllm]
         launcher = "{VENV}"
         enforce_eager = true
+        enable_prefix_caching = false   # planted: the settings table must mark and flag it
         """ + WORKLOAD)
     run = _run(tmp_path, cfg)
+    _assert_settings_read_back(run)
     for engine in ("reference", "vllm"):
         alone = tmp_path / f"{engine}.toml"
         alone.write_text(cfg.read_text().replace('engines = ["reference", "vllm"]', f'engine = "{engine}"'))
