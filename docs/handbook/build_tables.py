@@ -75,7 +75,8 @@ def markdown_tables(text: str) -> list[tuple[str | None, list[list[str]]]]:
 
 def select(spec: Table, text: str) -> list[list[str]]:
     for heading, rows in markdown_tables(text):
-        if spec.section and not (heading or "").startswith(spec.section):  # "X (estimate)" is section X
+        h = heading or ""
+        if spec.section and h != spec.section and not h.startswith(spec.section + " ("):  # "X (estimate)" is X
             continue
         if spec.header_has and not any(spec.header_has in c for c in rows[0]):
             continue
@@ -85,6 +86,8 @@ def select(spec: Table, text: str) -> list[list[str]]:
         if spec.columns:
             idx = [header.index(c) for c in spec.columns]
             header, body = [header[i] for i in idx], [[r[i] for i in idx] for r in body]
+        if not body:  # a selector that keeps nothing is broken, not an empty measurement
+            raise LookupError(f"the table in section {heading!r} of {spec.source} has no row matching {spec.rows!r}")
         return [header] + body
     raise LookupError(f"no table in section {spec.section!r} / header with {spec.header_has!r} in {spec.source}")
 

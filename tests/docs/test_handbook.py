@@ -77,6 +77,12 @@ def test_table_selection_and_missing_sources(tmp_path):
     assert mod["select"](spec, text) == [["metric", "a"], ["output tokens/s", "5"]]
     with pytest.raises(LookupError):
         mod["select"](mod["Table"]("unused", section="Latency"), text)
+    # a section is its heading, or the heading with a note in brackets, never a longer heading
+    text2 = "## Memory split\n\n| engine | peak |\n|---|---|\n| a | 9 |\n\n## Memory (sampled)\n\n" \
+            "| level | metric | a |\n|---|---|---|\n| c=1 | peak RSS (MiB) | 7 |\n"
+    assert mod["select"](mod["Table"]("unused", section="Memory", rows="peak RSS"), text2)[1] == ["c=1", "peak RSS (MiB)", "7"]
+    with pytest.raises(LookupError, match="no row matching"):  # rows that keep nothing: a broken selector
+        mod["select"](mod["Table"]("unused", section="Throughput", rows="TTFT"), text)
     mod["TABLES"]["x"] = mod["Table"]("results/none/report.md", section="Throughput", optional=True)
     assert "Not measured yet" in mod["render"]("x", hb.CHAPTERS[0])
 
