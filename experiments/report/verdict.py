@@ -63,14 +63,23 @@ def search_section(runs: Runs) -> list[str]:
         best = intervals.median_ci(f["best_rate"] for f in found if f.get("best_rate") is not None)
         fails = [f["failing_rate"] for f in found if f.get("failing_rate") is not None]
         target = found[0].get("target", 0.95)
+        # what a million output tokens cost when the machine runs at that rate (cost_per_hour set)
+        costs = [(e.summary.get(f"rate={f['best_rate']:g}") or {}).get("cost_per_m_output")
+                 for f in found if f.get("best_rate") is not None]
+        cost = intervals.median_ci(c for c in costs if c is not None)
         rows.append([e.label, f"{fmt(best[0], 3)} [{fmt(best[1], 3)}–{fmt(best[2], 3)}]" if best else
                      "– (even the lowest rate tried failed)", fmt(min(fails), 3) if fails else "– (never failed)",
-                     f"{target:.0%}", str(len(found)), str(sum(len(f["points"]) for f in found))])
+                     f"{target:.0%}", str(len(found)), str(sum(len(f["points"]) for f in found)),
+                     fmt(cost[0], 3) if cost else "–"])
     if not rows:
         return []
+    header = ["engine", "best rate (req/s)", "lowest failing rate", "target", "repeats", "levels run",
+              "cost per million output tokens at the best rate"]
+    if all(r[-1] == "–" for r in rows):  # no cost_per_hour in the config
+        header, rows = header[:-1], [r[:-1] for r in rows]
     return ["## Best load under the SLOs", "",
             "The highest Poisson rate (requests/s) at which the share of requests meeting every SLO stays at or "
             "above the target, found by doubling then bisection (experiments/search.py). The lowest failing rate "
             "bounds it from above: the answer is known to within their difference.", ""] + \
-        table(["engine", "best rate (req/s)", "lowest failing rate", "target", "repeats", "levels run"], rows) + \
+        table(header, rows) + \
         ["", "![goodput_vs_rate](plots/goodput_vs_rate.png)", ""]

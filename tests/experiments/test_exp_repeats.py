@@ -102,6 +102,7 @@ def test_search_finds_a_planted_saturation_rate(tmp_path, exp_model, paced):
         [slo]
         ttft_ms = 30
         """)
+    cfg.write_text("cost_per_hour = 3.6\n" + cfg.read_text())  # $0.001 a second
     assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     m = json.loads((tmp_path / "res/t/paced/manifest.json").read_text())
     found = m["repeats"]["1"]["search"]
@@ -112,6 +113,12 @@ def test_search_finds_a_planted_saturation_rate(tmp_path, exp_model, paced):
     assert step <= planted / 8  # 8 levels: doubling to 64 then bisecting down to a step of 2-4 req/s
     report = (tmp_path / "res/t/report.md").read_text()
     assert "## Best load under the SLOs" in report and "goodput_vs_rate.png" in report
+    # the cost of a million output tokens at the best rate: $0.001/s over that level's output tokens/s
+    at_best = json.loads((tmp_path / "res/t/paced/summary.json").read_text())["levels"][f"rate={best:g}"]
+    want = 0.001 / at_best["output_throughput"] * 1e6
+    row = next(x for x in report.splitlines() if x.startswith("| paced |") and "95%" in x)
+    assert "cost per million output tokens at the best rate |" in report
+    assert abs(float(row.strip("|").split("|")[-1]) - want) <= 0.0005 + 1e-3 * want, (row, want)
     assert (tmp_path / "res/t/plots/goodput_vs_rate.png").is_file()
 
 
