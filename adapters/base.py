@@ -107,7 +107,8 @@ class EngineInfo:
     effective: dict[str, Any] = field(default_factory=dict)
     # Memory as the engine reports it, bytes (absent = not exposed; never a guess; a figure read
     # from a rounded log line says its resolution in its source): weights, kv_allocated,
-    # kv_peak_used, device_total, graph_pool, kv_bytes_per_token (+ engine-specific extras).
+    # kv_peak_used, device_total, graph_pool, kv_bytes_per_token (+ engine-specific extras), as read
+    # at start; `Engine.memory()` reads the report again after the levels (the run's KV peak).
     memory: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +157,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def snapshot(self) -> MemorySnapshot: ...
+
+    async def memory(self) -> dict[str, int]:
+        """The engine's memory report now (EngineInfo.memory's keys, bytes), read after the
+        levels for what grows while it serves (kv_peak_used, device peaks); {} where the
+        engine reports nothing beyond what `start` read."""
+        return {}
 
     @abc.abstractmethod
     async def stop(self) -> None: ...

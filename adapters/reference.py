@@ -154,6 +154,9 @@ class ReferenceInProcess(Engine):
         snap.extra = {k: getattr(st, k) for k in COUNTERS}
         return snap
 
+    async def memory(self) -> dict[str, int]:
+        return read_back(self.engine.core)[1] if self.engine is not None else {}
+
     async def stop(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:

@@ -71,6 +71,10 @@ class ReferenceServer(LaunchedServer, OpenAIEngine):
             rb.mem(k, v, "/server_info memory (LLMEngine.memory_report())")
         vllm_shapes(rb, info, self._first_metrics, self.METRICS.cache_info)
 
+    async def memory(self) -> dict[str, int]:
+        info = await server_info_json(self._client) if self._client is not None else {}
+        return {k: int(v) for k, v in (info.get("memory") or {}).items() if v is not None}
+
     def server_argv(self) -> list[str]:
         s = self.server
         return s.argv(module="experiments.cli", args=["serve", s.model_arg, "--host", s.host, "--port", s.port,

@@ -84,6 +84,9 @@ class ModalEngine(Engine):
     async def snapshot(self) -> MemorySnapshot:
         return await self._impl.snapshot()
 
+    async def memory(self) -> dict[str, int]:
+        return await self._impl.memory()
+
     async def stop(self) -> None:
         await self._impl.stop()
 

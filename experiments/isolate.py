@@ -110,6 +110,9 @@ class Isolated(Engine):
     async def snapshot(self) -> MemorySnapshot:
         return MemorySnapshot(**(await self._call("snapshot"))["value"])
 
+    async def memory(self) -> dict[str, int]:
+        return dict((await self._call("memory"))["value"])
+
     async def stop(self) -> None:
         if self.proc is None:
             return
@@ -179,6 +182,8 @@ async def _child(target: str, model: str, dtype: str, options: dict[str, Any], o
             await reply(m, engine.reset_prefix_cache())
         elif op == "snapshot":
             await reply(m, _snap(engine))
+        elif op == "memory":
+            await reply(m, engine.memory())
         elif op == "stop":
             await engine.stop()
             write({"k": m["k"], "value": None})

@@ -146,6 +146,7 @@ class EngineRun:
                     return self._end("failed", failure)
             return self._end("ok")
         finally:
+            self.rep["memory_after"] = await _memory_after(engine)
             await asyncio.to_thread(sampler.stop)
             sampler.frame().to_csv(self.dir.path / f"memory-r{self.repeat}-s{self.session}.csv", index=False)
             self.rep["finished_at"] = m["finished_at"] = _now()
@@ -235,6 +236,14 @@ def _with_bracket(memory: dict[str, Any], observed: dict[str, Any]) -> dict[str,
         memory["kv_capacity_tokens"] = after.get("kv_capacity_tokens") or before.get("kv_capacity_tokens")
     memory["kv_usage_before"], memory["kv_usage_after"] = before.get("kv_usage"), after.get("kv_usage")
     return memory
+
+
+async def _memory_after(engine: Engine) -> dict[str, int]:
+    """The engine's memory report after its last level ({} when it says nothing or is gone)."""
+    try:
+        return await asyncio.wait_for(engine.memory(), timeout=10)
+    except Exception:  # a crashed engine: the start-time report stays the only one
+        return {}
 
 
 async def _quiet_stop(engine: Engine) -> None:

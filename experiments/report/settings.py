@@ -6,8 +6,8 @@ that differs from the other engines' is marked **≠**; a difference that breaks
 rule (dtype, a pinned KV budget, prefix caching, speculation, parallelism) is also flagged.
 
 Memory: weights, KV allocated, KV peak used, the activation peak and the CUDA graph pool as the
-engine reports them (`EngineInfo.memory` keys weights, kv_allocated, kv_peak_used or a snapshot's
-`kv_peak_used_tokens`, activation_peak, graph_pool), the process tree's or the device's peak as
+engine reports them (`EngineInfo.memory` keys weights, kv_allocated, activation_peak, graph_pool;
+kv_peak_used from the engine's `memory()` after the last level, else a snapshot's `kv_peak_used_tokens`), the process tree's or the device's peak as
 sampled, and activations/other = peak − weights − KV allocated where all three are known. A dash
 where a part is not exposed: never a guess.
 """
@@ -105,15 +105,19 @@ def _peak(e) -> tuple[int | None, str]:
 
 
 def _kv_peak_used(e) -> int | None:
+    """The most KV bytes held at once over the run: the engine's own peak read after its last
+    level (each repeat's `memory_after`), else the sampled or snapshot peak in tokens. Never the
+    figure read at start, which only saw the warm-up."""
     info = e.manifest.get("info") or {}
     per_tok = (info.get("memory") or {}).get("kv_bytes_per_token")
-    peaks = []
+    peaks = [r["memory_after"]["kv_peak_used"] for r in (e.manifest.get("repeats") or {}).values()
+             if (r.get("memory_after") or {}).get("kv_peak_used") is not None]
     for s in e.summary.values():
         after = ((s.get("observer") or {}).get("snapshot_after") or {}).get("extra") or {}
         tok = after.get("kv_peak_used_tokens") or (s.get("memory") or {}).get("peak_kv_used_tokens")
         if tok is not None and per_tok:
             peaks.append(int(tok * per_tok))
-    return max(peaks) if peaks else (info.get("memory") or {}).get("kv_peak_used")
+    return max(peaks) if peaks else None
 
 
 def memory_section(runs: Runs) -> list[str]:
