@@ -72,6 +72,10 @@ class TokenEvent:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # as the engine reports them
     completion_tokens: int | None = None
+    # (sent_ns, headers_ns) of the HTTP request behind a stream (adapters.sse.Stream.wire):
+    # when its last byte left the client and when the response's headers came back; None
+    # where the adapter does not stream over HTTP.
+    wire: tuple[int | None, int | None] | None = None
 
     @staticmethod
     def now() -> int:

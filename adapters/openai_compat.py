@@ -281,9 +281,9 @@ class OpenAIEngine(Engine):
                         if ids is None:
                             ids, counted = self._count_text_only(obj, text, chunk_usage, counted)
                         if finish is not None:
-                            held = TokenEvent(rid, ids, text, recv_ns, True, finish)
+                            held = TokenEvent(rid, ids, text, recv_ns, True, finish, wire=resp.wire)
                         elif ids or text:
-                            yield TokenEvent(rid, ids, text, recv_ns)
+                            yield TokenEvent(rid, ids, text, recv_ns, wire=resp.wire)
                 except RequestError:
                     raise
                 except sse.StreamClosed:  # abort() closed it

@@ -203,10 +203,10 @@ class SGLangServer(LaunchedServer, Engine):
                     reason = finish_type(meta)
                     if reason is not None:
                         yield TokenEvent(rid, ids, text, recv_ns, True, reason, meta.get("prompt_tokens"),
-                                         meta.get("completion_tokens"))
+                                         meta.get("completion_tokens"), resp.wire)
                         return
                     if ids:
-                        yield TokenEvent(rid, ids, text, recv_ns)
+                        yield TokenEvent(rid, ids, text, recv_ns, wire=resp.wire)
             except NotCumulative as e:
                 raise RequestError(f"request {rid}: {e}") from e
             except sse.StreamClosed:  # abort() closed it

@@ -16,6 +16,12 @@ Invariants:
   soon as aiohttp hands over the line, before anything parses it; lines lose their "\\r\\n".
 - `Stream.close()` (from `abort()`) ends the iteration: a read on a closed stream raises
   `StreamClosed`, which callers treat like the end of an aborted stream.
+- `Stream.wire` is `(sent_ns, headers_ns)`: when the request's last byte was handed to the
+  socket and when the response's headers had arrived (aiohttp's request trace hooks, three
+  calls per request, none per chunk). Both servers we measure against start their latency
+  clock between the two (vLLM stamps `arrival_time` when it renders the prompt, ours when the
+  route has parsed the request, each before the response starts), so `sent - send` is the
+  client's own queue and `headers - sent` bounds the wait in the server's front end.
 """
 from __future__ import annotations
 
@@ -39,11 +45,12 @@ class StreamClosed(Exception):
 
 
 class Stream:
-    """One streaming response: status, the body as lines, close."""
+    """One streaming response: status, the body as lines, close, and its `wire` times."""
 
-    def __init__(self, resp: aiohttp.ClientResponse):
+    def __init__(self, resp: aiohttp.ClientResponse, trace: dict[str, int]):
         self._resp, self.closed = resp, False
         self.status_code = resp.status
+        self.wire = (trace.get("sent_ns"), trace.get("headers_ns"))
 
     async def text(self) -> str:
         return (await self._resp.read()).decode("utf-8", "replace")
@@ -70,6 +77,22 @@ class Stream:
         self._resp.close()
 
 
+def _wire_trace() -> aiohttp.TraceConfig:
+    """Stamps `sent_ns` (after the headers, then after each body chunk: the last one wins) and
+    `headers_ns` (the response's headers parsed) into the request's trace dict."""
+    async def sent(_session, ctx, _params) -> None:
+        ctx.trace_request_ctx["sent_ns"] = time.perf_counter_ns()
+
+    async def answered(_session, ctx, _params) -> None:
+        ctx.trace_request_ctx["headers_ns"] = time.perf_counter_ns()
+
+    tc = aiohttp.TraceConfig()
+    tc.on_request_headers_sent.append(sent)
+    tc.on_request_chunk_sent.append(sent)
+    tc.on_request_end.append(answered)
+    return tc
+
+
 class Streamer:
     """An aiohttp session bound to one server; open it inside the running event loop."""
 
@@ -87,15 +110,16 @@ class Streamer:
             self._session = aiohttp.ClientSession(
                 headers=self.headers, read_bufsize=READ_BUFSIZE, trust_env=False,
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0))
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0), trace_configs=[_wire_trace()])
         return self
 
     @asynccontextmanager
     async def post(self, path: str, body: dict[str, Any]) -> AsyncIterator[Stream]:
         if self._session is None:
             raise RuntimeError("Streamer.open() first")
-        async with self._session.post(self.base_url + path, json=body) as resp:
-            yield Stream(resp)
+        trace: dict[str, int] = {}
+        async with self._session.post(self.base_url + path, json=body, trace_request_ctx=trace) as resp:
+            yield Stream(resp, trace)
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

@@ -36,6 +36,7 @@ class Outcome:
     prompt_tokens: int | None = None  # as the engine reported them
     completion_tokens: int | None = None
     error: str | None = None
+    wire: tuple[int | None, int | None] | None = None  # (sent_ns, headers_ns): TokenEvent.wire
 
     @property
     def ok(self) -> bool:
@@ -74,6 +75,8 @@ def finalize(o: Outcome, evs: list[TokenEvent]) -> Outcome:
             o.events.append((ev.recv_ns, len(ev.token_ids)))
             o.token_ids.extend(ev.token_ids)
         o.text += ev.text or ""
+        if o.wire is None and ev.wire:
+            o.wire = (ev.wire[0], ev.wire[1])
         if ev.finished:
             o.finish_reason = ev.finish_reason
             o.prompt_tokens, o.completion_tokens = ev.prompt_tokens, ev.completion_tokens

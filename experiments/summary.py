@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from adapters.base import UNKNOWN_TOKEN_ID
-from experiments import bandwidth, ceilings, intervals, metrics, observer
+from experiments import bandwidth, ceilings, intervals, metrics, observer, wire
 from experiments.results import EngineDir
 
 CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
@@ -195,6 +195,7 @@ def _observed(s: dict[str, Any], lv: dict[str, Any], recs: list[dict[str, Any]])
     s["server_view"] = view
     s["client_vs_server"] = cmp
     s["bunched"] = bunch
+    s["wire"] = wire.split(recs)
     s["implausible"] = observer.implausible(s, cmp, bunch)
     s["observer"] = lv.get("observer") or {}
     s["mean_in_flight"] = metrics.mean_decoding(recs)

@@ -3,13 +3,15 @@
 Per engine and level: the client's TTFT / ITL / TPOT / E2EL means beside the same
 requests' means from the engine's own histograms (scraped just before and just after the
 level), the difference, and a flag where they disagree beyond the limits in
-experiments/observer.py. Also the cost of every scrape, and whether a timeline ran.
+experiments/observer.py, named on the client's or the server's side where the adapter stamped
+the request's wire times (experiments/wire.py, also tabled). Also the cost of every scrape, and
+whether a timeline ran.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from experiments import observer
+from experiments import observer, wire
 from experiments.report.md import fmt, table
 from experiments.summary import Runs
 
@@ -48,7 +50,27 @@ def section(runs: Runs) -> list[str]:
              f"more than {observer.ITL_REL:.0%}. The client's TTFT includes the HTTP round trip and the server's "
              "request parsing, so a few milliseconds above the server's is expected.")
     return [intro, ""] + table(["engine", "level", "metric", "client mean (ms)", "server mean (ms)",
-                                "client − server (ms)", "server saw"], rows) + [""] + _scrapes(runs)
+                                "client − server (ms)", "server saw"], rows) + [""] + _wire(runs) + _scrapes(runs)
+
+
+def _wire(runs: Runs) -> list[str]:
+    """Where the time before the first token went (experiments/wire.py), for HTTP adapters."""
+    rows = []
+    for e, level, s in _each(runs):
+        w = s.get("wire")
+        if not w:
+            continue
+        gap = (((s.get("client_vs_server") or {}).get("rows") or {}).get("ttft") or {}).get("diff_ms")
+        front = w.get("front_ms") or {}
+        rows.append([e.label, level, fmt(w["write_ms"]["mean"]), fmt(w["write_ms"]["p99"]), fmt(front.get("mean")),
+                     fmt(front.get("p99")), fmt(gap)])
+    if not rows:
+        return []
+    return ["Before the first token, per request (ms): from the send to the request's last byte leaving the client "
+            "(the client's own queue), and from there to the response's headers coming back (the server's front "
+            "end: its latency clock starts inside this span, so the span bounds the wait its histograms leave out).",
+            ""] + table(["engine", "level", "client write mean", "client write p99", "out → headers mean",
+                         "out → headers p99", "client − server TTFT"], rows) + [""]
 
 
 def _why_none(e, s: dict[str, Any]) -> str:
@@ -80,7 +102,7 @@ def flags(e, level: str, s: dict[str, Any]) -> list[str]:
     out = []
     cmp = s.get("client_vs_server")
     if cmp and cmp["flags"]:
-        out.append(f"- **{e.label}** {level}: " + "; ".join(cmp["flags"]) + f" — {observer.CAUSES}.")
+        out.append(f"- **{e.label}** {level}: " + "; ".join(cmp["flags"]) + f" — {wire.cause(cmp, s.get('wire'))}.")
     for line in s.get("implausible") or []:
         out.append(f"- **{e.label}** {level}: {line}.")
     note = observer.handed_late(s.get("bunched") or {})

@@ -62,6 +62,8 @@ async def test_streams_the_engines_greedy_tokens(server, tiny_llama, llm):
     assert [tokens(evs) for evs in got] == want
     for evs, p, n in zip(got, prompts, lens):
         assert all(e.token_ids for e in evs[:-1])  # no empty events before the last
+        sent, headers = evs[0].wire  # the request left, then its headers came back, then its tokens
+        assert 0 < sent <= headers <= evs[0].recv_ns and all(e.wire == (sent, headers) for e in evs)
         assert (evs[-1].finish_reason, evs[-1].prompt_tokens, evs[-1].completion_tokens) == ("length", len(p), n)
 
 
