@@ -36,22 +36,29 @@ GENERIC = ("likely causes: something delayed the client's reading of the streams
 
 
 def cause(cmp: dict[str, Any] | None, wire: dict[str, Any] | None) -> str:
-    """Why the client's TTFT mean exceeds the server's, in words: from the level's split where
-    the adapter stamped one (a third or more of the gap on one side names that side), else the
-    generic list of suspects."""
+    """Why the client's TTFT mean exceeds the server's, in words, from the level's split where
+    the adapter stamped one: a side is named when it holds a third or more of the gap (the
+    client's write of it; the server's front end of the rest, its clock starting inside that
+    span), both when both do; else the generic list of suspects."""
     ttft = ((cmp or {}).get("rows") or {}).get("ttft") or {}
     gap = ttft.get("diff_ms")
     if not wire or gap is None or gap <= 0:
         return GENERIC
     w = wire["write_ms"]["mean"]
     f = (wire.get("front_ms") or {}).get("mean")
+    client = w >= gap / 3
+    server = f is not None and f >= (gap - w) / 3
     said = f"of the {gap:.1f} ms, {w:.1f} ms passed before the request's last byte left the client"
-    if w >= gap / 3:
-        return (f"{said}: the harness's own send queue, not the engine (see the harness CPU share)"
-                + (f"; the server's response headers came {f:.1f} ms after that" if f is not None else ""))
-    if f is not None and f >= (gap - w) / 3:
-        return (f"{said}, and its response headers came back {f:.1f} ms after that: the requests waited in the "
-                "server's front end (accept, parse, validate) before its clock started, a wait its users see "
-                "and its own histograms leave out")
+    harness = ("the harness's own send queue, not the engine's (a burst is written request by request; "
+               "`vllm bench serve` counts its TTFT from before the write too)")
+    front = (f"its response headers came back {f:.1f} ms after that: the requests waited in the server's "
+             "front end (accept, parse, validate), where its clock starts, a wait its users see and its own "
+             "histograms leave out")
+    if client and server:
+        return f"both sides: {said}, {harness}; and {front}"
+    if client:
+        return f"{said}: {harness}" + (f"; the response headers came {f:.1f} ms after that" if f is not None else "")
+    if server:
+        return f"{said}, and {front}"
     return (f"{said}" + (f" and its headers came back {f:.1f} ms later" if f is not None else "")
             + "; the rest passed after the server's clock started, " + GENERIC)

@@ -31,10 +31,13 @@ def test_split_means_over_the_stamped_requests():
 def test_cause_names_the_side_the_time_went():
     client_side = wire.cause(_gap(90), wire.split([_rec(60, 5)] * 4))
     assert client_side.startswith("of the 90.0 ms, 60.0 ms passed before the request's last byte left")
-    assert "the harness's own send queue" in client_side
+    assert "the harness's own send queue" in client_side and not client_side.startswith("both")
     front_end = wire.cause(_gap(90), wire.split([_rec(5, 70)] * 4))
     assert "70.0 ms after that: the requests waited in the server's front end" in front_end
-    assert "send queue" not in front_end
+    assert "send queue" not in front_end and not front_end.startswith("both")
+    both = wire.cause(_gap(90), wire.split([_rec(40, 120)] * 4))
+    assert both.startswith("both sides: of the 90.0 ms, 40.0 ms passed") and "send queue" in both
+    assert "headers came back 120.0 ms after that" in both
     neither = wire.cause(_gap(90), wire.split([_rec(5, 2)] * 4))
     assert "the rest passed after the server's clock started" in neither and wire.GENERIC in neither
     assert wire.cause(_gap(90), None) == wire.GENERIC  # no stamps: the suspects, no verdict
