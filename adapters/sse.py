@@ -18,10 +18,11 @@ Invariants:
   `StreamClosed`, which callers treat like the end of an aborted stream.
 - `Stream.wire` is `(sent_ns, headers_ns)`: when the request's last byte was handed to the
   socket and when the response's headers had arrived (aiohttp's request trace hooks, three
-  calls per request, none per chunk). Both servers we measure against start their latency
+  calls per request, none per chunk). vLLM 0.32 and `inferlab serve` start their latency
   clock between the two (vLLM stamps `arrival_time` when it renders the prompt, ours when the
   route has parsed the request, each before the response starts), so `sent - send` is the
-  client's own queue and `headers - sent` bounds the wait in the server's front end.
+  client's own queue and `headers - sent` bounds the wait in their front ends. For SGLang and
+  TensorRT-LLM, where their clock starts was not checked: the stamps hold, that bound may not.
 """
 from __future__ import annotations
 
