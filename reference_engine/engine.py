@@ -111,6 +111,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = Request(request_id, prompt_token_ids, params, arrival_time=arrival_time or time.monotonic(),
                       cache_salt=cache_salt)
+        if params.min_tokens:  # vLLM bans EOS (even with ignore_eos) and the stop ids until then
+            req.stop_ids = sorted(self.outputs.eos_ids | set(params.stop_token_ids))
         if params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         self.requests[request_id] = req

@@ -243,7 +243,7 @@ class ModelRunner:
             else:
                 sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers],
                                     [r.output_token_ids for r in samplers], [r.generator for r in samplers],
-                                    self.device)
+                                    self.device, [r.stop_ids for r in samplers])
                 ids = sample(raw, sb, self.default_gen)
             out.token_ids = [[t] for t in ids.tolist()]
             nums = [p.logprobs for p in ps]
@@ -275,8 +275,8 @@ class ModelRunner:
 
 def all_greedy(params: list) -> bool:
     """`sampler.make_batch(...).all_greedy`, decided on the host before building any tensor: every row
-    greedy and unpenalised, so the step's tokens are the logits' argmax."""
-    return all(p.greedy and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+    greedy, unpenalised and without min_tokens, so the step's tokens are the logits' argmax."""
+    return all(p.greedy and p.min_tokens == 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
                and p.frequency_penalty == 0.0 for p in params)
 
 

@@ -4,14 +4,17 @@ A step may bring several tokens for a request (accepted draft tokens + one from 
 They are appended one at a time, and every stop rule is checked after each, exactly as if
 they had come one per step: a stop inside the run keeps the tokens up to it and drops the rest.
 
-Stop rules, checked after every new token (vLLM's meanings):
+Stop rules, checked after every new token (vLLM v1's meanings, `v1/engine/detokenizer.py`):
 - an EOS id (unless `ignore_eos`)          -> finish_reason "stop", stop_reason None
 - a token in `stop_token_ids`             -> "stop", stop_reason = that id
-- a stop string appears in the text       -> "stop", stop_reason = the string, text cut before it
 - `max_tokens` reached or context full    -> "length"
-When stop strings are set, the last (longest stop - 1) characters are held back from
-the stream until we know they do not start a stop string, so streamed text never
-contains one.
+- a stop string ends in the new text      -> "stop", stop_reason = the string (even after "length"),
+                                             text cut before it (after it with include_stop_str_in_output)
+A token that stops the request (EOS or a stop id) is not detokenized: its text is not in the
+output, unless include_stop_str_in_output. min_tokens: the sampler bans EOS and the stop ids
+until then, and a stop string counts only if it ends after the min_tokens-th token's text.
+When stop strings are excluded, the last (longest stop - 1) characters are held back from
+the stream until we know they do not start a stop string, so streamed text never contains one.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ class OutputProcessor:
         self.states[req.request_id] = _State(
             IncrementalDetokenizer(self.tok, req.prompt_token_ids, p.skip_special_tokens),
             logprobs=[] if p.logprobs is not None else None,
-            hold=max((len(s) for s in p.stop), default=1) - 1,
+            hold=0 if p.include_stop_str_in_output else max((len(s) for s in p.stop), default=1) - 1,
         )
 
     def process(self, req: Request, tokens: list[int] | None, lps: list[TokenLogprob] | None) -> TokenDelta:
@@ -58,8 +61,10 @@ class OutputProcessor:
             if st.logprobs is not None and lps is not None:
                 st.logprobs.append(lps[i])
             self._check_token_stops(req, token)
-            st.detok.add([token])
-            self._check_stop_strings(req, st)
+            before = len(st.detok.text)
+            if req.finish_reason != "stop" or req.params.include_stop_str_in_output:
+                st.detok.add([token])  # a stopping token's text is not output (vLLM)
+            self._check_stop_strings(req, st, before)
             if req.is_finished:
                 break  # a stop inside an accepted run: the rest is dropped
         if new and req.is_finished and st.text is None:
@@ -90,16 +95,17 @@ class OutputProcessor:
         elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
             req.finish("length")
 
-    def _check_stop_strings(self, req: Request, st: _State) -> None:
-        stops = req.params.stop
-        if not stops:
+    def _check_stop_strings(self, req: Request, st: _State, before: int) -> None:
+        """`before`: the text's length before this token. A match must end in the new text."""
+        p = req.params
+        if not p.stop or len(req.output_token_ids) <= p.min_tokens:
             return
         text = st.detok.text
-        # only the tail can hold a new match: what was just added plus a stop's length
-        start = max(0, st.emitted - st.hold - 1)
-        hits = [(text.find(s, start), s) for s in stops]
-        hits = [(i, s) for i, s in hits if i >= 0]
+        if len(text) == before:
+            return
+        hits = [(i + len(s), k, i, s) for k, s in enumerate(p.stop)
+                if (i := text.find(s, max(0, before + 1 - len(s)))) >= 0]
         if hits:
-            i, s = min(hits)
-            st.text = text[:i]
+            end, _, i, s = min(hits)  # the one that completes first (ties: list order, as vLLM)
+            st.text = text[:end] if p.include_stop_str_in_output else text[:i]
             req.finish("stop", s)

@@ -42,6 +42,7 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     generator: torch.Generator | None = None  # per-request RNG when params.seed is set
+    stop_ids: list[int] = field(default_factory=list)  # EOS + stop_token_ids: banned until min_tokens
     cache_salt: str | None = None  # prefix-cache extra key: only requests with the same salt share blocks
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks, grown lazily
     num_cached_tokens: int = 0  # tokens found in the prefix cache at the latest admission

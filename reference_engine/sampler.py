@@ -1,9 +1,11 @@
 """Sampling: pure functions from a batch of logits `(S, V)` to one token per row.
 
-Order (as in vLLM): penalties -> temperature -> top-k -> top-p -> min-p -> draw.
-Each stage is skipped when no row in the batch uses it, so an all-greedy batch is one
-argmax. Seeded rows draw their noise from their own `torch.Generator`, so a request's
-tokens do not depend on which other requests share its batch.
+Order (vLLM v1's `Sampler`): min-tokens ban -> penalties -> [greedy argmax] -> temperature
+-> min-p -> top-k/top-p -> draw. A row with temperature < 1e-5 is greedy (vLLM's
+`_SAMPLING_EPS`). Each stage is skipped when no row in the batch uses it, and every stage
+leaves a row that does not use it bit-for-bit unchanged, so a request's distribution does
+not depend on its batch; seeded rows draw their noise from their own `torch.Generator`.
+tests/reference_engine/test_sampler_vs_vllm.py runs vLLM's own functions on the same inputs.
 
 The draw uses the exponential-race trick (argmax of p / q, q ~ Exp(1)), which equals
 sampling from p and lets every row use its own generator without a Python loop over V.
@@ -15,13 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.outputs import TokenLogprob
+from reference_engine.sampling_params import SAMPLING_EPS
 
 
 @dataclass
 class SamplingBatch:
     """Per-row settings as tensors, built by the runner once per step."""
 
-    temperature: torch.Tensor  # (S,) float; 0 => greedy
+    temperature: torch.Tensor  # (S,) float; < SAMPLING_EPS => greedy
     top_k: torch.Tensor  # (S,) int64; <= 0 => off
     top_p: torch.Tensor  # (S,) float
     min_p: torch.Tensor  # (S,) float
@@ -33,9 +36,15 @@ class SamplingBatch:
     generators: list[torch.Generator | None]
     num_logprobs: list[int | None]
     all_greedy: bool
+    banned: list[list[int]] | None = None  # per row: stop ids masked until min_tokens
 
     def any(self, name: str, off: float) -> bool:
         return bool((getattr(self, name) != off).any())
+
+    @property
+    def random(self) -> torch.Tensor:
+        """(S,) bool: rows that sample (the rest take the argmax)."""
+        return self.temperature >= SAMPLING_EPS
 
 
 def token_mask(ids: list[list[int]], vocab: int, device) -> torch.Tensor:
@@ -56,12 +65,22 @@ def token_counts(ids: list[list[int]], vocab: int, device) -> torch.Tensor:
     return counts
 
 
+def apply_banned(logits: torch.Tensor, banned: list[list[int]] | None) -> torch.Tensor:
+    """min_tokens: a row's stop ids (EOS + stop_token_ids) cannot be drawn yet (vLLM's
+    MinTokensLogitsProcessor, applied before penalties because it can change the argmax)."""
+    if not banned or not any(banned):
+        return logits
+    return logits.masked_fill(token_mask(banned, logits.shape[-1], logits.device), float("-inf"))
+
+
 def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Repetition (prompt + output), then frequency, then presence (output only), as vLLM."""
     v = logits.shape[-1]
     if b.any("repetition_penalty", 1.0):
         seen = token_mask([p + o for p, o in zip(b.prompt_ids, b.output_ids)], v, logits.device)
         pen = b.repetition_penalty[:, None]
-        penalised = torch.where(logits > 0, logits / pen, logits * pen)
+        # multiply by 1/pen, not divide by pen: vLLM's rounding
+        penalised = torch.where(logits > 0, logits * (1.0 / pen), logits * pen)
         logits = torch.where(seen, penalised, logits)
     if b.any("presence_penalty", 0.0) or b.any("frequency_penalty", 0.0):
         counts = token_counts(b.output_ids, v, logits.device)
@@ -70,31 +89,38 @@ def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask to -inf everything outside each row's top-k and top-p nucleus (keeps >= 1 token)."""
-    use_k, use_p = bool((top_k > 0).any()), bool((top_p < 1.0).any())
-    if not (use_k or use_p):
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (S, V)
-    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    if use_k:
-        k = torch.where(top_k > 0, top_k, logits.shape[-1]).clamp(max=logits.shape[-1])
-        rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-        remove |= rank >= k[:, None]
-    if use_p:
-        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(-1)
-        before = probs.cumsum(-1) - probs  # mass strictly before each token
-        remove |= before >= top_p[:, None]
-    remove[:, 0] = False
-    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
-
-
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p x the row's best (after temperature)."""
     if not bool((min_p > 0).any()):
         return logits
-    probs = logits.softmax(-1)
-    keep = probs >= min_p[:, None] * probs.max(-1, keepdim=True).values
-    return logits.masked_fill(~keep, float("-inf"))
+    probs = logits.softmax(-1)  # (S, V)
+    threshold = probs.amax(-1, keepdim=True) * min_p[:, None]  # (S, 1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask to -inf what lies outside each row's top-k and then its top-p nucleus (vLLM's rules).
+
+    top-k keeps every token tied with the k-th largest logit. top-p sorts ascending and drops
+    a token when the mass up to and including it is <= 1 - p: at p = 1 that is nothing (a
+    descending 'mass before >= p' test fires on float32 round-off at p = 1). The best token
+    always stays.
+    """
+    v = logits.shape[-1]
+    k_on, p_on = (top_k > 0) & (top_k < v), top_p < 1.0  # (S,)
+    if not bool(k_on.any() or p_on.any()):
+        return logits
+    ascending, order = logits.sort(dim=-1)  # (S, V)
+    if bool(k_on.any()):
+        k = torch.where(k_on, top_k, v)  # (S,) off => the whole vocabulary
+        kth = ascending.gather(-1, (v - k)[:, None])  # (S, 1) the k-th largest logit
+        ascending = ascending.masked_fill(ascending < kth, float("-inf"))
+    if bool(p_on.any()):
+        mass = ascending.softmax(-1).cumsum(-1)  # (S, V) mass up to and including each token
+        drop = mass <= 1 - top_p[:, None]
+        drop[:, -1] = False
+        ascending = ascending.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, ascending)
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None], default: torch.Generator) -> torch.Tensor:
@@ -108,41 +134,46 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None], default:
 
 
 def process(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (S, V) -> (the logits each sampling row draws from: penalised, tempered, masked;
-    the greedy rows' tokens (S,)). Speculative verification needs the distributions, not a draw."""
+    """logits (S, V) -> (the logits each sampling row draws from: banned, penalised, tempered,
+    masked; the greedy rows' tokens (S,)). Speculative verification needs the distributions."""
+    logits = logits.float()  # (S, V) vLLM samples in float32 whatever the model's dtype
     if b.all_greedy:
         return logits, logits.argmax(-1)
-    logits = apply_penalties(logits, b)
-    greedy_ids = logits.argmax(-1)  # penalties apply to greedy rows too
-    temp = torch.where(b.temperature > 0, b.temperature, 1.0)
+    logits = apply_penalties(apply_banned(logits, b.banned), b)
+    greedy_ids = logits.argmax(-1)  # penalties and bans apply to greedy rows too
+    temp = torch.where(b.random, b.temperature, 1.0)  # (S,) greedy rows: no division by ~0
     x = logits / temp[:, None]
-    x = apply_top_k_top_p(x, b.top_k, b.top_p)
-    return apply_min_p(x, b.min_p), greedy_ids
+    x = apply_min_p(x, b.min_p)
+    return apply_top_k_top_p(x, b.top_k, b.top_p), greedy_ids
 
 
 def sample(logits: torch.Tensor, b: SamplingBatch, default_gen: torch.Generator) -> torch.Tensor:
-    """logits: (S, V) float32 -> token ids (S,)."""
+    """logits: (S, V) -> token ids (S,)."""
     if b.all_greedy:
         return logits.argmax(-1)
     x, greedy_ids = process(logits, b)
     sampled = draw(x.softmax(-1), b.generators, default_gen)
-    return torch.where(b.temperature > 0, sampled, greedy_ids)
+    return torch.where(b.random, sampled, greedy_ids)
 
 
 def make_batch(params: list, prompt_ids: list[list[int]], output_ids: list[list[int]],
-               generators: list[torch.Generator | None], device) -> SamplingBatch:
-    """One row per entry; `params` are SamplingParams."""
+               generators: list[torch.Generator | None], device,
+               stop_ids: list[list[int]] | None = None) -> SamplingBatch:
+    """One row per entry; `params` are SamplingParams; `stop_ids`: each row's EOS + stop ids,
+    banned while the row has fewer than `min_tokens` outputs."""
     def col(name, dtype=torch.float32):
         return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
 
-    needs_more = any(not p.greedy or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                     or p.frequency_penalty != 0.0 for p in params)
+    banned = [ids if len(out) < p.min_tokens else [] for p, out, ids in
+              zip(params, output_ids, stop_ids or [[]] * len(params))]
+    needs_more = any(banned) or any(not p.greedy or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                                    or p.frequency_penalty != 0.0 for p in params)
     return SamplingBatch(
         temperature=col("temperature"), top_k=col("top_k", torch.int64), top_p=col("top_p"),
         min_p=col("min_p"), repetition_penalty=col("repetition_penalty"),
         presence_penalty=col("presence_penalty"), frequency_penalty=col("frequency_penalty"),
         prompt_ids=prompt_ids, output_ids=output_ids, generators=generators,
-        num_logprobs=[p.logprobs for p in params], all_greedy=not needs_more,
+        num_logprobs=[p.logprobs for p in params], all_greedy=not needs_more, banned=banned,
     )
 
 
@@ -150,7 +181,7 @@ def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, num: list[int | N
     """Raw-model logprobs (before sampling transforms, as vLLM reports by default)."""
     if all(n is None for n in num):
         return [None] * len(num)
-    lp = logits.log_softmax(-1)
+    lp = logits.log_softmax(-1, dtype=torch.float32)  # (S, V)
     chosen = lp.gather(-1, token_ids[:, None]).squeeze(-1).tolist()
     k = max(n or 0 for n in num)
     top_v, top_i = lp.topk(k, dim=-1) if k else (None, None)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it means greedy
+
 
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 => greedy
+    temperature: float = 1.0  # < SAMPLING_EPS (e.g. 0) => greedy
     top_p: float = 1.0  # in (0, 1]
     top_k: int = -1  # -1 or 0 => off
     min_p: float = 0.0  # in [0, 1]
@@ -24,6 +26,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token (0 => only the chosen one)
     skip_special_tokens: bool = True
+    min_tokens: int = 0  # no EOS, stop id or stop string ends the request before this many tokens
+    include_stop_str_in_output: bool = False  # keep the stop string (and a stop id's text) in the text
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -34,7 +38,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field; the request is then rejected alone."""
@@ -61,6 +65,10 @@ class SamplingParams:
             bad(f"seed must be an integer, got {self.seed!r}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            bad(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             bad("stop must be a list of non-empty strings")
         if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):

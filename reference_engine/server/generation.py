@@ -14,7 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reference_engine.outputs import TokenDelta, TokenLogprob
@@ -23,7 +23,8 @@ from .errors import APIError, from_value_error
 
 RETRY_AFTER_S = 1
 SAMPLING_FIELDS = ("prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                    "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids", "logprobs")
+                    "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids", "logprobs",
+                    "min_tokens")
 
 
 def new_id(prefix: str) -> str:
@@ -72,6 +73,12 @@ class Choice:
         return self.finish_reason is not None
 
 
+def child_params(params, j: int):
+    """Choice j of n: a seeded request's child j gets seed + j (vLLM's parallel_sampling.py),
+    so the n choices differ and each is reproducible alone."""
+    return params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
+
+
 class Batch:
     """`len(prompts) * n` engine requests; choice index = prompt_index * n + j (vLLM's order).
 
@@ -90,7 +97,7 @@ class Batch:
             for p, ids in enumerate(prompts):
                 for j in range(n):
                     c = Choice(p * n + j, f"{self.id}-{p * n + j}", ids, t_last=self.t0)
-                    c.stream = state.engine.add_request(ids, params, request_id=c.request_id,
+                    c.stream = state.engine.add_request(ids, child_params(params, j), request_id=c.request_id,
                                                         cache_salt=cache_salt)
                     self.choices.append(c)
         except BaseException as err:

@@ -47,13 +47,16 @@ class SamplingFields(_Body):
     ignore_eos: bool | None = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = True
+    min_tokens: int | None = None
+    include_stop_str_in_output: bool | None = None
     return_token_ids: bool | None = False
     cache_salt: str | None = None  # prefix-cache isolation: only requests with the same salt share blocks
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """SamplingParams keyword arguments for the fields the client set (None = engine default)."""
         names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens")
+                 "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+                 "min_tokens", "include_stop_str_in_output")
         return {k: getattr(self, k) for k in names if getattr(self, k) is not None}
 
     def unsupported(self) -> str | None:

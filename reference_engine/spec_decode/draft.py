@@ -64,13 +64,14 @@ class DraftModelProposer(Proposer):
             logits = self.model.logits(self.model(b.input_ids, b.positions, self.backend, b.meta))  # (R, V)
             sb = sampling_batch([reqs[i].params for i in rows], [reqs[i].prompt_token_ids for i in rows],
                                 [reqs[i].output_token_ids + new_tokens[i] + drafts[i].token_ids for i in rows],
-                                [reqs[i].generator for i in rows], self.device)
+                                [reqs[i].generator for i in rows], self.device,
+                                [reqs[i].stop_ids for i in rows])
             x, greedy = process(logits, sb)
             if sb.all_greedy:
                 toks = greedy.tolist()
             else:
                 p = x.softmax(-1)
-                toks = torch.where(sb.temperature > 0, draw(p, sb.generators, default_gen), greedy).tolist()
+                toks = torch.where(sb.random, draw(p, sb.generators, default_gen), greedy).tolist()
             for r, i in enumerate(rows):
                 drafts[i].token_ids.append(toks[r])
                 last[i] = toks[r]

@@ -15,16 +15,19 @@ from reference_engine.spec_decode.rejection_sampler import greedy_verify, reject
 
 def verify(raw: torch.Tensor, reqs: list, drafts: list[list[int]], default_gen: torch.Generator) -> list[list[int]]:
     """raw (R, V): rows laid out request by request, 1 + len(drafts[i]) each."""
-    params, prompts, outs, gens = [], [], [], []
+    params, prompts, outs, gens, stops = [], [], [], [], []
     for r, d in zip(reqs, drafts):
         p = r.params
-        penalised = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        # drafts count as output for penalties and for min_tokens
+        counted = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 \
+            or p.min_tokens > len(r.output_token_ids)
         for j in range(len(d) + 1):
             params.append(p)
             prompts.append(r.prompt_token_ids)
-            outs.append(r.output_token_ids + d[:j] if penalised and j else r.output_token_ids)
+            outs.append(r.output_token_ids + d[:j] if counted and j else r.output_token_ids)
             gens.append(r.generator)
-    sb = make_batch(params, prompts, outs, gens, raw.device)
+            stops.append(r.stop_ids)
+    sb = make_batch(params, prompts, outs, gens, raw.device, stops)
     x, greedy_ids = process(raw, sb)
     probs = None if sb.all_greedy else x.softmax(-1)
     greedy = greedy_ids.tolist()

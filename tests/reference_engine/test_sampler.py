@@ -17,8 +17,9 @@ def test_top_k_keeps_k_best():
 
 def test_top_p_keeps_smallest_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    out = apply_top_k_top_p(probs.log(), torch.tensor([-1]), torch.tensor([0.8]))
-    assert torch.isfinite(out).nonzero()[:, 1].tolist() == [0, 1]  # 0.5 + 0.3 reaches 0.8
+    # vLLM's rule: drop a token when the mass up to it, counted from the least likely, is <= 1 - p
+    out = apply_top_k_top_p(probs.log(), torch.tensor([-1]), torch.tensor([0.75]))
+    assert torch.isfinite(out).nonzero()[:, 1].tolist() == [0, 1]  # 0.05 + 0.15 <= 0.25
     out = apply_top_k_top_p(probs.log(), torch.tensor([-1]), torch.tensor([0.01]))
     assert torch.isfinite(out).nonzero()[:, 1].tolist() == [0]  # always keeps the best token
 
@@ -76,3 +77,51 @@ def test_unseeded_sampling_varies_and_respects_top_k_1(tiny_llama):
     runs = {tuple(llm.generate(prompt, SamplingParams(max_tokens=12, temperature=2.0, ignore_eos=True))[0].token_ids)
             for _ in range(4)}
     assert len(runs) > 1
+
+
+# --- issue 21: the five departures from vLLM v1, each pinned to vLLM's numbers -------------
+
+def _probs(logits: torch.Tensor, **kw) -> torch.Tensor:
+    """The distribution a sampling row draws from, through the whole pipeline (`process`)."""
+    from reference_engine.sampler import make_batch, process
+
+    params = [SamplingParams(**kw)] * len(logits)
+    b = make_batch(params, [[]] * len(logits), [[]] * len(logits), [None] * len(logits), "cpu")
+    x, _ = process(logits, b)
+    return x.softmax(-1)
+
+
+def test_min_p_runs_before_top_p():
+    # vLLM v1: temperature -> min-p -> top-k/top-p. min-p 0.4 of 0.4 drops 0.1 first, then top-p 0.75
+    # of the renormalised [0.444, 0.333, 0.222] keeps two tokens.
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    got = _probs(logits, temperature=1.0, top_p=0.75, min_p=0.4)
+    assert torch.allclose(got, torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]]), atol=1e-6)
+
+
+def test_top_p_one_row_loses_nothing_when_batched_with_a_top_p_row():
+    from reference_engine.sampler import apply_top_k_top_p
+
+    logits = torch.randn(2, 32000, generator=torch.Generator().manual_seed(0)) * 3
+    out = apply_top_k_top_p(logits.clone(), torch.tensor([-1, -1]), torch.tensor([1.0, 0.5]))
+    assert torch.isfinite(out[0]).all()  # vLLM masks cumsum <= 1 - p: nothing at p = 1
+    assert torch.equal(out[0], logits[0])
+    assert (~torch.isfinite(out[1])).sum() > 0
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    got = _probs(torch.tensor([[3.0, 2.0, 2.0, 1.0]]), temperature=1.0, top_k=2)
+    want = torch.tensor([[3.0, 2.0, 2.0]]).softmax(-1)
+    assert torch.allclose(got, torch.cat([want, torch.zeros(1, 1)], -1), atol=1e-6)
+
+
+def test_temperature_below_1e_5_is_greedy():
+    from reference_engine.sampler import make_batch, sample
+
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-5).greedy
+    logits = torch.tensor([[0.0, 0.1, 0.0]]).repeat(64, 1)
+    params = [SamplingParams(temperature=1e-6, top_p=0.9)] * 64
+    b = make_batch(params, [[]] * 64, [[]] * 64, [None] * 64, "cpu")
+    # a tiny temperature still divides: without the greedy rule the draw would be some other row's argmax
+    ids = sample(logits, b, torch.Generator().manual_seed(0))
+    assert ids.tolist() == [1] * 64
