@@ -19,6 +19,28 @@ def _token_str(value: Any) -> str | None:
     return value
 
 
+def resolve_chat_template(model_dir: Path, config: dict[str, Any], override: str | None = None) -> str | None:
+    """The chat template as transformers 5 and vLLM pick it: an explicit override (vLLM's `--chat-template`:
+    a file path, or the template itself), else `chat_template.jinja` (where transformers 5 saves it), else
+    `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates: 'default')."""
+    if override is not None:
+        path = Path(override)
+        looks_like_path = "{" not in override and ("/" in override or override.endswith((".jinja", ".j2")))
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        if looks_like_path:
+            raise ValueError(f"chat template file {override!r} does not exist")
+        return override
+    jinja = Path(model_dir) / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    tpl = config.get("chat_template")
+    if isinstance(tpl, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        return named.get("default")
+    return tpl
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path):
         model_dir = Path(model_dir)
@@ -31,7 +53,7 @@ class Tokenizer:
             raise ValueError(f"malformed tokenizer.json in {model_dir}: {e}") from e
         cfg_path = model_dir / "tokenizer_config.json"
         self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.chat_template: str | None = self.config.get("chat_template")
+        self.chat_template: str | None = resolve_chat_template(model_dir, self.config)
         self.bos_token = _token_str(self.config.get("bos_token"))
         self.eos_token = _token_str(self.config.get("eos_token"))
         self.pad_token = _token_str(self.config.get("pad_token"))
@@ -61,10 +83,16 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kw: Any) -> str:
         if not self.chat_template:
-            raise ValueError("this model's tokenizer_config.json has no chat_template")
+            raise ValueError("this model has no chat template (no chat_template.jinja, no chat_template in "
+                             "tokenizer_config.json); give one with --chat-template")
+        import jinja2.ext
         import jinja2.sandbox  # lazy: only chat needs it
 
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # the environment transformers renders templates in (loop controls, tojson without ASCII escapes)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+            x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
 
         def raise_exception(msg: str) -> None:
             raise ValueError(f"chat template error: {msg}")

@@ -41,12 +41,19 @@ class APIKeyMiddleware:
 
 
 def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX_WAITING,
-              served_model_name: str | None = None) -> FastAPI:
+              served_model_name: str | None = None, chat_template: str | None = None) -> FastAPI:
+    """`chat_template`: vLLM's `--chat-template` (a file or the template itself), over the model's own."""
     gate = Gate(max_waiting)  # validates max_waiting now, before anything starts
+    if chat_template is not None:  # a missing file is a start-up error, not a 400 on every chat request
+        from reference_engine.tokenizer import resolve_chat_template
+
+        chat_template = resolve_chat_template(engine.config.model, {}, override=chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await engine.start()
+        if chat_template is not None:
+            engine.tokenizer.chat_template = chat_template
         name = served_model_name or str(engine.config.model)  # the model argument as given, as in vLLM
         app.state.server = ServerState(engine=engine, gate=gate, served_name=name,
                                        metrics=ServerMetrics(engine, name),

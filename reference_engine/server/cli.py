@@ -72,6 +72,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="sequences allowed to wait for their first token; beyond it requests get 503")
     p.add_argument("--served-model-name", default=None,
                    help="the name clients use (default: the model argument as given, as vLLM's)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, used instead of the model's own "
+                        "(chat_template.jinja, else tokenizer_config.json's chat_template), as vLLM's flag")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         app = build_app(AsyncEngine(engine_config(args)), api_key=args.api_key, max_waiting=args.max_waiting,
-                        served_model_name=args.served_model_name)
+                        served_model_name=args.served_model_name, chat_template=args.chat_template)
     except ValueError as err:
         print(f"inferlab serve: {err}", file=sys.stderr)
         return 2
