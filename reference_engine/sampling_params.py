@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it means greedy
+MIN_TEMPERATURE = 1e-2  # vLLM's _MAX_TEMP: a positive temperature below it is raised to it (no inf/nan)
 
 
 @dataclass
@@ -34,6 +35,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.temperature, (int, float)) and 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE  # as vLLM: 1e-6 samples at 0.01, it is not greedy
         self.validate()
 
     @property
@@ -47,8 +50,8 @@ class SamplingParams:
 
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not (self.temperature >= 0.0):
-            bad(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (0.0 <= self.temperature <= 2.0):
+            bad(f"temperature must be in [0, 2], got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             bad(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or (self.top_k < -1):

@@ -118,10 +118,15 @@ def test_top_k_keeps_every_token_tied_with_the_kth():
 def test_temperature_below_1e_5_is_greedy():
     from reference_engine.sampler import make_batch, sample
 
-    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-5).greedy
-    logits = torch.tensor([[0.0, 0.1, 0.0]]).repeat(64, 1)
-    params = [SamplingParams(temperature=1e-6, top_p=0.9)] * 64
+    # vLLM raises a request's positive temperature below 0.01 to 0.01 and rejects one above 2 ...
+    assert SamplingParams(temperature=1e-6).temperature == 0.01 and SamplingParams(temperature=0).greedy
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=2.5)
+    # ... and its sampler takes the argmax for any row whose temperature is below 1e-5
+    params = [SamplingParams(temperature=1.0, top_p=0.9) for _ in range(64)]
+    for p in params:
+        p.temperature = 1e-6  # what reaches the sampler unclamped (e.g. SamplingBatch built directly)
+    assert all(p.greedy for p in params)
+    logits = torch.tensor([[0.0, 1e-6, 0.0]]).repeat(64, 1)
     b = make_batch(params, [[]] * 64, [[]] * 64, [None] * 64, "cpu")
-    # a tiny temperature still divides: without the greedy rule the draw would be some other row's argmax
-    ids = sample(logits, b, torch.Generator().manual_seed(0))
-    assert ids.tolist() == [1] * 64
+    assert sample(logits, b, torch.Generator().manual_seed(0)).tolist() == [1] * 64
