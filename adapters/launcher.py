@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -42,7 +43,27 @@ def free_port() -> int:
 
 
 class ServerStartError(RuntimeError):
-    """The server exited or never became healthy; the message ends with its log tail."""
+    """The server exited or never became healthy; the message ends with its log tail.
+    `headline`: the engine's own one-line error from its log (e.g. vLLM's ValueError), if any."""
+
+    def __init__(self, message: str, headline: str | None = None):
+        super().__init__(message)
+        self.headline = headline
+
+
+# `ValueError: ...`, `torch.OutOfMemoryError: ...`, after an optional `(EngineCore_DP0 pid=1)` prefix
+_ERROR_LINE = re.compile(r"^(?:\([^)]*\)\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception)): (\S.*)$")
+
+
+def engine_error(log: str) -> str | None:
+    """The first `SomeError: message` line of a server log: the root cause. A server that dies at start
+    prints its engine's exception first and its own wrappers after (vLLM: "RuntimeError: Engine core
+    initialization failed. See root cause above")."""
+    for line in log.splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m:
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
 
 
 class ServerProcess:
@@ -107,7 +128,8 @@ class ServerProcess:
                 code = self.proc.poll()
                 if code is not None:
                     raise ServerStartError(f"server exited with code {code} before becoming healthy "
-                                           f"({self.health_url}); log {self.log_path}:\n{self.log_tail()}")
+                                           f"({self.health_url}); log {self.log_path}:\n{self.log_tail()}",
+                                           engine_error(self.log_text()))
                 try:
                     if (await client.get(self.health_url)).status_code == 200:
                         self.start_s = time.monotonic() - t0
@@ -118,7 +140,7 @@ class ServerProcess:
                     tail = self.log_tail()
                     await self.stop()
                     raise ServerStartError(f"server not healthy at {self.health_url} after {timeout_s:.0f} s; "
-                                           f"log {self.log_path}:\n{tail}")
+                                           f"log {self.log_path}:\n{tail}", engine_error(self.log_text()))
                 await asyncio.sleep(0.25)
 
     def _tree(self) -> list[psutil.Process]:

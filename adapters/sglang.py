@@ -58,7 +58,8 @@ KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests
          "chunked_prefill_size": ["--chunked-prefill-size"], "page_size": ["--page-size"],
          "disable_radix_cache": ["--disable-radix-cache"],
          "disable_cuda_graph": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
-         "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"]}
+         "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"],
+         "max_model_len": ["--context-length"]}  # the harness's one length for every engine (experiments/context.py)
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
     s = request.sampling
     p: dict[str, Any] = {"max_new_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
@@ -280,6 +281,8 @@ class SGLangInProcess(HeldEngine):
     async def start(self) -> EngineInfo:
         sgl = need("sglang", INSTALL)
         kw = {k: v for k, v in self.options.items() if k in KNOBS and k != "disable_cuda_graph"}
+        if "max_model_len" in kw:  # ServerArgs' name for --context-length
+            kw["context_length"] = kw.pop("max_model_len")
         if self.options.get("disable_cuda_graph"):
             kw.update(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
         if self.options.get("kv_cache_tokens") is not None:

@@ -140,11 +140,15 @@ class TGIEngine(ModalEngine):
 
 class TGIServer(LaunchedServer, Engine):
     name = "tgi"
-    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", *KNOBS, *features.OPTIONS}
+    OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", "max_model_len", *KNOBS, *features.OPTIONS}
     INSTALL = INSTALL
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        if self.options.get("max_model_len") is not None and \
+                {"max_total_tokens", "max_input_tokens"} & {k for k, v in self.options.items() if v is not None}:
+            raise ValueError("engine 'tgi': max_model_len sets --max-total-tokens and --max-input-tokens; "
+                             "set either it or them")
         features.prefix_caching(self.name, self.options)
         self.spec = features.speculative(self.name, self.options.get("speculative_config"))
         self.client: Any = None
@@ -159,6 +163,9 @@ class TGIServer(LaunchedServer, Engine):
                            "--dtype", launch_dtype(self.dtype)]
         if self.options.get("kv_cache_tokens") is not None:
             args += ["--max-batch-total-tokens", str(int(self.options["kv_cache_tokens"]))]
+        n = self.options.get("max_model_len")
+        if n is not None:  # the harness's one length (experiments/context.py); TGI wants input < total
+            args += ["--max-total-tokens", str(int(n)), "--max-input-tokens", str(int(n) - 1)]
         for k in KNOBS:
             if self.options.get(k) is not None:
                 args += ["--" + k.replace("_", "-"), str(self.options[k])]

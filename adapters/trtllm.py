@@ -77,6 +77,16 @@ def speculative_config(spec: dict[str, Any]) -> dict[str, Any]:
     return {"decoding_type": "Draft_Target", "max_draft_len": k, "speculative_model": spec["model"]}
 
 
+def seq_len_option(options: dict[str, Any]) -> dict[str, Any]:
+    """The harness's uniform `max_model_len` (experiments/context.py) is trtllm-serve's --max_seq_len."""
+    n = options.get("max_model_len")
+    if n is None:
+        return options
+    if options.get("max_seq_len") not in (None, n):
+        raise ValueError("engine 'trtllm': max_model_len and max_seq_len contradict each other; set one")
+    return {**{k: v for k, v in options.items() if k != "max_model_len"}, "max_seq_len": int(n)}
+
+
 def llm_api_options(options: dict[str, Any], dtype: str) -> dict[str, Any]:
     """The LLM-API options file trtllm-serve gets (`--extra_llm_api_options`)."""
     kv: dict[str, Any] = {}
@@ -144,10 +154,11 @@ class TRTLLMEngine(ModalEngine):
 class TRTLLMServer(LaunchedServer, OpenAIEngine):
     name = "trtllm"
     OPTIONS = (OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(FLAGS)
-               | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse"})
+               | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse", "max_model_len"})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        self.options = seq_len_option(self.options)
         llm_api_options(self.options, dtype)  # checked at construction
         self._model_dtype: str | None = None  # trtllm_model_config_info's dtype label, read at start
     INSTALL = INSTALL
@@ -213,11 +224,12 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 class TRTLLMInProcess(HeldEngine):
     name = "trtllm"
     OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", "kv_cache_free_gpu_memory_fraction", *FLAGS,
-                         *features.OPTIONS})
+                         "max_model_len", *features.OPTIONS})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
+        self.options = seq_len_option(self.options)
         self.info: EngineInfo | None = None
         self._streams: dict[str, Any] = {}
 

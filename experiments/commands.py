@@ -87,7 +87,7 @@ def run_main(argv: list[str]) -> int:
 
 def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     """Run one config (a plain one, or one cell of a matrix) into out/<cfg.name>/."""
-    from experiments import bandwidth, ceilings, workloads
+    from experiments import bandwidth, ceilings, context, workloads
     from experiments.progress import Progress
     from experiments.report import build
     from experiments.runner import Plan, build_engine, run_engine
@@ -95,6 +95,8 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     try:
         _ensure_model(cfg)
         items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+        max_model_len = context.choose(cfg, items + warm, workloads.context_len(cfg.model))
+        context.check_kv(cfg, max_model_len)  # before any engine spends minutes starting
     except (ValueError, OSError) as e:
         return _fail(f"{a.config}: {e}")
     run_dir = out / cfg.name
@@ -102,7 +104,7 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     engines = {}
     for name in cfg.all_engines():  # every adapter validates its options before anything runs
         try:
-            engines[name] = build_engine(cfg, name, run_dir / name)
+            engines[name] = build_engine(cfg, name, run_dir / name, max_model_len)
         except (ValueError, TypeError) as e:
             return _fail(f"{a.config}: engine_options.{name}: {e}")
     (run_dir / "config.toml").write_text(toml)
@@ -121,7 +123,7 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
                 if statuses.get(name) == "unavailable":
                     continue  # not installed: no point asking again next repeat
                 if repeat > 1:  # a fresh adapter per repeat: each start is a cold start
-                    engines[name] = build_engine(cfg, name, run_dir / name)
+                    engines[name] = build_engine(cfg, name, run_dir / name, max_model_len)
                 status = run_engine(plan, name, *engines[name], repeat=repeat)
                 if statuses.get(name) in (None, "ok", "skipped"):
                     statuses[name] = status

@@ -195,6 +195,9 @@ class Config(_Strict):
     sampling: Sampling = Sampling()
     slo: SLO = SLO()
     kv: KV = KV()
+    # one longest sequence for every engine (experiments/context.py); default: the workload's longest
+    # request rounded up to the engines' largest block size, capped by the model's context
+    max_model_len: int | None = Field(None, ge=1)
     observer: Observer = Observer()
     # Each engine runs `repeats` times, interleaved (A B A B ...) so drift hits every engine
     # alike; tables show the median over repeats with a 95 % interval.

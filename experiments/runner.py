@@ -45,9 +45,11 @@ class Plan:
     progress: Progress = field(default_factory=lambda: Progress(False))
 
 
-def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict[str, Any], bool]:
-    """The adapter with the config's options; the KV budget and a server log path are
-    offered too and dropped if this adapter rejects them. Returns (engine, options, kv_pinned).
+def build_engine(cfg: Config, name: str, engine_dir: Path,
+                 max_model_len: int | None = None) -> tuple[Engine, dict[str, Any], bool]:
+    """The adapter with the config's options; the KV budget, the run's max_model_len
+    (experiments/context.py) and a server log path are offered too and dropped if this
+    adapter rejects them. Returns (engine, options, kv_pinned).
     A ValueError about the user's own options propagates (a config error)."""
     adapter = cfg.adapter(name)  # a variant ("vllm-nocache") runs its adapter with its own options
     cls = registry.get(adapter)
@@ -59,6 +61,8 @@ def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict
     offered: dict[str, Any] = {}
     if cfg.kv.tokens is not None and "kv_cache_tokens" not in opts:
         offered["kv_cache_tokens"] = cfg.kv.tokens
+    if max_model_len is not None and not {"max_model_len", "max_seq_len", "max_total_tokens"} & set(opts):
+        offered["max_model_len"] = max_model_len  # an engine's own length option wins
     if opts.get("mode", "server") != "in_process" and "log_path" not in opts:
         offered["log_path"] = str((engine_dir / "server.log").resolve())
     model = str(Path(cfg.model).resolve())  # absolute: a server may run from another working directory
@@ -70,7 +74,8 @@ def build_engine(cfg: Config, name: str, engine_dir: Path) -> tuple[Engine, dict
             return engine, {**opts, **offered}, \
                 cfg.kv.tokens is not None and ("kv_cache_tokens" in offered or "kv_cache_tokens" in opts)
         except ValueError as e:
-            rejected = [k for k in offered if k in str(e)]
+            said = str(e).split("; known:")[0]  # check_options lists every known option after this
+            rejected = [k for k in offered if k in said]
             if not rejected:
                 raise
             for k in rejected:
@@ -124,7 +129,9 @@ class EngineRun:
             return self._end("unavailable", str(e))
         except Exception as e:  # the engine could not start: a failed run, with why
             await _quiet_stop(engine)
-            return self._end("failed", f"start failed: {type(e).__name__}: {e}")
+            # the engine's own one-line error (vLLM's ValueError) where its log has one, not a traceback's tail
+            why = getattr(e, "headline", None) or f"{type(e).__name__}: {e}"
+            return self._end("failed", f"start failed: {why}")
         m["info"] = self.rep["info"] = info.to_dict()
         # An attached server's process is unknown (pid None) but it is not ours.
         m["same_process"] = info.pid == os.getpid() or (info.pid is None and info.mode == "in_process")

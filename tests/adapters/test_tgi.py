@@ -239,3 +239,16 @@ def test_no_adapter_test_speaks_to_our_tgi_imitation():
             checked.append(f.name)
             assert not {m for m in imported if m.startswith(ours)}, (f.name, imported)
     assert checked == ["test_tgi.py"]
+
+
+def test_max_model_len_gets_total_and_input_tokens_and_reads_them_back(tmp_path):
+    """Issue 27: the harness's one length is TGI's --max-total-tokens (input one less), read back from /info."""
+    e = TGIEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384})
+    e._impl.server.launcher, e._impl.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
+    argv = e._impl.server_argv()
+    i, j = argv.index("--max-total-tokens"), argv.index("--max-input-tokens")
+    assert (argv[i + 1], argv[j + 1]) == ("384", "383")
+    assert {a for a in argv if a.startswith("--")} <= set(FACTS["launcher"]["flags"])
+    assert e._impl.read_back({"max_total_tokens": 384}, None)[0]["max_model_len"] == 384  # /info
+    with pytest.raises(ValueError, match="either it or them"):
+        TGIEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384, "max_total_tokens": 9})
