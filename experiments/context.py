@@ -72,11 +72,12 @@ def check_kv(cfg, max_model_len: int) -> None:
         tokens, block = opts.get("kv_cache_tokens", cfg.kv.tokens), block_size(adapter, opts)
         if tokens is None or block is None:
             continue
-        need = kv_needed(adapter, block, max_model_len)
+        length = int(opts.get("max_model_len") or max_model_len)  # an engine's own option wins (runner)
+        need = kv_needed(adapter, block, length)
         if tokens < need:
             reserved = RESERVED_BLOCKS.get(adapter, 0)
             extra = f" + {reserved} reserved block" if reserved else ""
             raise ValueError(f"the KV budget of {tokens} tokens cannot hold one sequence of max_model_len "
-                             f"{max_model_len} in engine {name!r} ({block}-token blocks{extra}: {need} tokens); "
+                             f"{length} in engine {name!r} ({block}-token blocks{extra}: {need} tokens); "
                              f"set [kv] tokens >= {need}, or max_model_len <= "
                              f"{(tokens // block - reserved) * block}")
