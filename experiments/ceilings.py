@@ -15,6 +15,7 @@ engine starts, so neither its threads nor its import touch a measured level.
 """
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -70,7 +71,14 @@ def measure(model_dir: str, dtype: str, repeats: int = 3) -> dict[str, Any]:
 
 
 def compute_peak(model_dir: str, dtype: str, timeout_s: float = 120) -> dict[str, Any]:
-    """The ceiling, measured in a child process; {} (with the reason) when it cannot be."""
+    """The ceiling, measured in a child process; {} (with the reason) when it cannot be.
+    Once per (model, dtype) and process: `inferlab run` measures it once per run, and a
+    process that runs several configs (the test suite) does not pay ~3 s for each."""
+    return dict(_measured(model_dir, dtype, timeout_s))
+
+
+@functools.lru_cache(maxsize=8)
+def _measured(model_dir: str, dtype: str, timeout_s: float) -> dict[str, Any]:
     try:
         p = subprocess.run([sys.executable, "-m", "experiments.ceilings", model_dir, dtype], capture_output=True,
                            text=True, timeout=timeout_s)

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 
 from adapters.base import Engine, EngineInfo
-from experiments import server_view
+from experiments import clock, server_view
 
 # A level is flagged when the client's TTFT mean exceeds the server's by more than
 # TTFT_ABS_MS + TTFT_REL x server, or the ITL (or E2EL) means differ by more than ITL_REL.
@@ -109,9 +109,9 @@ class LoopWatch:
     async def _run(self) -> None:
         step = int(self.every * 1e9)
         while True:
-            due = time.perf_counter_ns() + step
+            due = clock.now_ns() + step
             await asyncio.sleep(self.every)
-            now = time.perf_counter_ns()
+            now = clock.now_ns()
             self.wakeups += 1
             late = (now - due) / 1e6
             if late > self.late_ms and len(self.late) < self.LIMIT:
@@ -159,9 +159,9 @@ class Bracket:
         """Scrape after the level (waiting up to SETTLE_S for the server to count every request)."""
         out: dict[str, Any] = {"snapshot_before": self.snap_before}
         after = await self._scrape()
-        deadline = time.perf_counter() + SETTLE_S
+        deadline = clock.now_s() + SETTLE_S
         while (after is not None and self.before is not None and after.ok
-               and not server_view.settled(self.before, after, sent) and time.perf_counter() < deadline):
+               and not server_view.settled(self.before, after, sent) and clock.now_s() < deadline):
             await asyncio.sleep(0.1)
             after = await self._scrape()
         out["snapshot_after"] = await self._snap()

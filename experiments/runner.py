@@ -26,7 +26,7 @@ from experiments.config import Config
 from experiments.isolate import Isolated
 from experiments.load import LoadGenerator, Outcome, arrivals, chains
 from experiments.memory import MemorySampler
-from experiments import sched, search
+from experiments import clock, sched, search
 from experiments.observer import Bracket, LoopWatch, Timeline
 from experiments.progress import Progress
 from experiments.results import EngineDir, git_commit, hardware, record, versions
@@ -202,7 +202,7 @@ class EngineRun:
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
         sent = sum(len(c) for c in todo)
         watch = LoopWatch().start()  # whose stall a burst was (observer.bunched)
-        cpu0, loop0, t0 = _cpu_s(), time.thread_time(), time.perf_counter()
+        cpu0, loop0, t0 = _cpu_s(), time.thread_time(), clock.now_s()
         try:
             if kind == "concurrency":
                 await gen.closed(todo, int(value))
@@ -214,7 +214,7 @@ class EngineRun:
             if timeline is not None:
                 timeline.close()
             loop = await watch.stop()
-        wall, cpu, loop_cpu = time.perf_counter() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
+        wall, cpu, loop_cpu = clock.now_s() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
         sampler.now()
         memory = sampler.summary(start_idx)
         observed = await bracket.close(sent)
@@ -282,4 +282,4 @@ def run_engine(plan: Plan, name: str, engine: Engine, options: dict[str, Any], k
     if plan.resume and prev and (prev.get("repeats") or {}).get(str(repeat), {}).get("status") == "ok":
         return "skipped"
     er = EngineRun(plan, name, repeat, prev)
-    return asyncio.run(er.run(engine, options, kv_pinned))
+    return clock.run(er.run(engine, options, kv_pinned))

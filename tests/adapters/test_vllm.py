@@ -22,8 +22,7 @@ from tests.adapters.adapter_util import (
 )
 from tests.adapters.replay import Replay, fixture
 
-REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv-vllm"
+from tests.shared_vllm import REPO, VENV, need_vllm_venv  # noqa: F401 (re-exported to the feature tests)
 
 
 def fake_package(tmp_path: Path, monkeypatch, name: str) -> None:
@@ -121,46 +120,46 @@ async def test_recorded_vllm_stream_metrics_and_kv():
     assert (snap.kv_usage, snap.kv_capacity_tokens, snap.num_running, snap.num_waiting) == (0.0, 65536, 0, 0)
 
 
-def need_vllm_venv() -> None:
-    if not (VENV / "bin" / "python").exists():
-        if os.environ.get("CI"):  # .ci/run installs it: its absence there is a failure, not a skip
-            pytest.fail(".venv-vllm is absent although .ci/run makes it (make vllm)")
-        pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_real_vllm_server_was_launched_as_asked(vllm_server):
+    """The session's vLLM server (tests/shared_vllm.py), launched by the adapter: what it read
+    back from the server itself (what it resolved, not what we passed), its process tree and
+    where its caches went."""
+    info = vllm_server.info
+    assert info.mode == "server" and info.pid is not None and info.version == "0.32.0"
+    assert (info.kv_capacity_tokens, info.block_size) == (4096, 128)  # 32 blocks of 128, pinned in bytes
+    eff = info.effective
+    assert {k: eff[k] for k in ("dtype", "kv_capacity_tokens", "kv_blocks", "block_size", "max_num_seqs",
+                                "prefix_caching", "cuda_graphs", "compile", "speculative",
+                                "tensor_parallel_size", "max_model_len")} == {
+        "dtype": "float32", "kv_capacity_tokens": 4096, "kv_blocks": 32, "block_size": 128, "max_num_seqs": 8,
+        "prefix_caching": False, "cuda_graphs": False, "compile": False, "speculative": False,
+        "tensor_parallel_size": 1, "max_model_len": 2048}
+    assert eff["sources"]["max_num_seqs"].startswith("/server_info")
+    assert "--no-enable-prefix-caching" in eff["launch_command"] and "--max-num-seqs 8" in eff["launch_command"]
+    # tiny preset: 2 KV heads x head_dim 32 x 4 layers x K,V x 4 bytes = 2048 bytes per token
+    assert info.memory == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048}
+    assert info.unhonoured == {}
+    tree = [info.pid] + [c.pid for c in psutil.Process(info.pid).children(recursive=True)]
+    assert len(tree) >= 2  # API server + engine core (+ worker)
+    assert (vllm_server.log.parent / "vllm-work" / "tmp").is_dir()  # caches live in the run folder
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
-async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
-    need_vllm_venv()
+async def test_real_vllm_server_matches_reference(vllm_server):
+    """Greedy tokens, counts, abort and prefix-cache reset on the real server, through the
+    adapter attached to it in this test's loop, and the launching engine's own snapshot."""
     from reference_engine import LLM
 
-    prompts = random_prompts(tiny_llama, 4, seed=0)
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096,
-                                                "enable_prefix_caching": False, "max_num_seqs": 8,
-                                                "log_path": str(tmp_path / "vllm" / "server.log")})
-    info = await e.start()
+    model = vllm_server.model
+    prompts = random_prompts(model, 4, seed=0)
+    e = vllm_server.attach()
+    await e.start()
     try:
-        assert info.mode == "server" and info.pid is not None and info.version == "0.32.0"
-        assert (info.kv_capacity_tokens, info.block_size) == (4096, 128)  # 32 blocks of 128, pinned in bytes
-        # read back from the server itself: what it resolved, not what we passed
-        eff = info.effective
-        assert {k: eff[k] for k in ("dtype", "kv_capacity_tokens", "kv_blocks", "block_size", "max_num_seqs",
-                                    "prefix_caching", "cuda_graphs", "compile", "speculative",
-                                    "tensor_parallel_size", "max_model_len")} == {
-            "dtype": "float32", "kv_capacity_tokens": 4096, "kv_blocks": 32, "block_size": 128, "max_num_seqs": 8,
-            "prefix_caching": False, "cuda_graphs": False, "compile": False, "speculative": False,
-            "tensor_parallel_size": 1, "max_model_len": 2048}
-        assert eff["sources"]["max_num_seqs"].startswith("/server_info")
-        assert "--no-enable-prefix-caching" in eff["launch_command"] and "--max-num-seqs 8" in eff["launch_command"]
-        # tiny preset: 2 KV heads x head_dim 32 x 4 layers x K,V x 4 bytes = 2048 bytes per token
-        assert info.memory == {"kv_allocated": 4096 * 2048, "kv_bytes_per_token": 2048}
-        assert info.unhonoured == {}
-        tree = [info.pid] + [c.pid for c in psutil.Process(info.pid).children(recursive=True)]
-        assert len(tree) >= 2  # API server + engine core (+ worker)
-        assert (tmp_path / "vllm" / "vllm-work" / "tmp").is_dir()  # caches live in the run folder
         runs = await run_all(e, prompts, 32, ignore_eos=True)
-        snap = await e.snapshot()
-        async with httpx.AsyncClient(base_url=e._impl.base_url) as c:
+        async with httpx.AsyncClient(base_url=vllm_server.url) as c:
             metrics = (await c.get("/metrics")).text
         # abort: a long request is cut after its first token
         long_req = GenerationRequest("long", prompts[0], SamplingConfig(max_tokens=400, ignore_eos=True))
@@ -172,12 +171,11 @@ async def test_real_vllm_server_matches_reference(tiny_llama, tmp_path):
         assert await e.reset_prefix_cache() is True
     finally:
         await e.stop()
-    assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    snap = vllm_server.run(vllm_server.engine.snapshot())
     check_stream(got, "long")
     assert got[-1].finish_reason == "abort" and len(tokens(got)) < 400
 
-
-    ref = reference_greedy(LLM(str(tiny_llama), dtype="float32"), prompts, 32)
+    ref = reference_greedy(LLM(str(model), dtype="float32"), prompts, 32)
     for events, out, ids in zip(runs, ref, prompts):
         assert tokens(events) == list(out.token_ids)
         assert (events[-1].prompt_tokens, events[-1].completion_tokens) == (len(ids), 32)

@@ -25,3 +25,15 @@ def paced(monkeypatch) -> list[str]:
         monkeypatch.setitem(registry.ADAPTERS, name, "tests.experiments.paced_engine:PacedEngine")
     return ["paced", "paced2"]
 
+
+
+@pytest.fixture
+def simulated(monkeypatch) -> list[str]:
+    """The same names ('paced', 'paced2', and 'sim') on the simulated engine, run on simulated
+    time (experiments.clock.simulated): the planted delays come out exactly, on any machine."""
+    from experiments import clock
+
+    for name in ("paced", "paced2", "sim"):
+        monkeypatch.setitem(registry.ADAPTERS, name, "tests.experiments.sim_engine:SimEngine")
+    with clock.simulated():
+        yield ["paced", "paced2"]

@@ -71,7 +71,7 @@ def test_speed_ratio_reads_the_same_way_for_every_metric():
     assert speed_ratio(None, 20.0, higher_better=False) is None
 
 
-def test_matrix_runs_every_cell_and_compares_across_them(tmp_path, exp_model, paced):
+def test_matrix_runs_every_cell_and_compares_across_them(tmp_path, exp_model, simulated):
     path = write_config(tmp_path / "m.toml", exp_model, MATRIX, name="m")
     assert run_main([str(path), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     root = tmp_path / "res/m"
@@ -87,13 +87,13 @@ def test_matrix_runs_every_cell_and_compares_across_them(tmp_path, exp_model, pa
         row = next(r for r in page.splitlines() if r.startswith(f"| {cell} |") and f"| {level} | {metric} |" in r)
         return float(re.search(r"\*\*([\d.]+)\*\*", row).group(1))
 
-    assert 2.0 < ratio("a", "concurrency=2", "TPOT p50 (ms)") < 4.5  # planted 6 ms vs 2 ms
-    assert 0.3 < ratio("b", "concurrency=2", "TPOT p50 (ms)") < 0.8  # planted 1 ms vs 2 ms
-    assert ratio("b", "concurrency=1", "TPOT p50 (ms)") < 0.8  # the cell's own extra level ran too
+    assert ratio("a", "concurrency=2", "TPOT p50 (ms)") == 3.0  # planted 6 ms vs 2 ms (simulated time)
+    assert ratio("b", "concurrency=2", "TPOT p50 (ms)") == 0.5  # planted 1 ms vs 2 ms
+    assert ratio("b", "concurrency=1", "TPOT p50 (ms)") == 0.5  # the cell's own extra level ran too
     assert not any(r.startswith("| a |") and "concurrency=1" in r for r in page.splitlines())
 
 
-def test_one_cell_reruns_alone_and_unknown_cells_are_config_errors(tmp_path, exp_model, paced):
+def test_one_cell_reruns_alone_and_unknown_cells_are_config_errors(tmp_path, exp_model, simulated):
     path = write_config(tmp_path / "m.toml", exp_model, MATRIX, name="m")
     out = ["--out", str(tmp_path / "res"), "--no-progress"]
     assert run_main([str(path), "--cell", "b", *out]) == 0
