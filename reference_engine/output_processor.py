@@ -67,8 +67,8 @@ class OutputProcessor:
             self._check_stop_strings(req, st, before)
             if req.is_finished:
                 break  # a stop inside an accepted run: the rest is dropped
-        if new and req.is_finished and st.text is None:
-            st.detok.flush()
+        # No flush at the end: an incomplete UTF-8 character still held back is dropped, as vLLM's
+        # DecodeStream drops it (flushing would end the text with U+FFFD).
         full = st.text if st.text is not None else st.detok.text
         end = len(full) if req.is_finished else max(st.emitted, len(full) - st.hold)
         delta_text, st.emitted = full[st.emitted:end], end

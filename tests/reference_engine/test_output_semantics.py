@@ -80,3 +80,10 @@ def test_n_choices_with_a_seed_get_seed_plus_index():
     seen.clear()
     Batch(state, [[1]], SamplingParams(temperature=1.0), n=2)
     assert seen == [None, None]
+
+
+def test_an_incomplete_character_at_the_end_is_dropped(tok):
+    # token ids whose text is half a UTF-8 character: vLLM's DecodeStream never emits it
+    half = next(i for i in range(3, tok.vocab_size) if tok.decode([300, i]).endswith("\ufffd"))
+    text, reason, _, _ = run(tok, [300, half, tok.eos_token_id], skip_special_tokens=False)
+    assert (text, reason) == (run(tok, [300], max_tokens=1)[0], "stop")
