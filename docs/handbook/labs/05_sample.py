@@ -1,6 +1,6 @@
 """Lab 05 — sampling: from logits to one token, stage by stage.
 
-Smallest working piece: one row of logits -> temperature -> top-k -> top-p -> draw. We use the
+Smallest working piece: one row of logits -> temperature -> min-p -> top-k -> top-p -> draw. We use the
 engine's own functions (`reference_engine/sampler.py`) on a small made-up vocabulary so every
 probability fits on a line, then check the draw's frequencies and seeded reproducibility.
 
@@ -8,7 +8,7 @@ probability fits on a line, then check the draw's frequencies and seeded reprodu
 """
 import torch
 
-from reference_engine.sampler import apply_top_k_top_p, draw, make_batch, sample
+from reference_engine.sampler import apply_top_k_top_p, draw, make_batch, process, sample
 from reference_engine.sampling_params import SamplingParams
 
 words = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "hat", "."]
@@ -25,6 +25,14 @@ show("temperature 0.5 (sharper)", logits / 0.5)
 show("temperature 2.0 (flatter)", logits / 2.0)
 show("top-k 3", apply_top_k_top_p(logits, torch.tensor([3]), torch.tensor([1.0])))
 show("top-p 0.8", apply_top_k_top_p(logits, torch.tensor([-1]), torch.tensor([0.8])))
+show("top-k 2, ties kept", apply_top_k_top_p(torch.tensor([[3.0, 2.0, 2.0, 1.0]]), torch.tensor([2]),
+                                             torch.tensor([1.0])))
+
+# Order matters: vLLM applies min-p before top-p. p = [.4, .3, .2, .1], min_p .4, top_p .75 -> [.57, .43, 0, 0].
+row = make_batch([SamplingParams(min_p=0.4, top_p=0.75)], [[]], [[]], [None], "cpu")
+both = process(torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log(), row)[0].softmax(-1)[0]
+print("min-p 0.4 then top-p 0.75  ", " ".join(f"{v:.2f}" for v in both.tolist()))
+assert torch.allclose(both, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
 
 # Greedy is an argmax: no randomness at all.
 greedy = make_batch([SamplingParams(temperature=0.0)], [[]], [[]], [None], "cpu")
