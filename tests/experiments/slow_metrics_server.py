@@ -2,7 +2,9 @@
 does on a small machine: while it is blocked, no request is accepted and no token leaves.
 
 Not an imitation of any engine: it exists to prove that the harness sends nothing to the
-engine during a measured level by default, and that an opt-in timeline is flagged. It
+engine during a measured level by default, and that an opt-in timeline is flagged. `GET /log`
+returns what reached it: the perf_counter_ns (CLOCK_MONOTONIC, the client's clock too) at
+which each /metrics scrape and each completion request arrived. It
 streams OpenAI completions (`token_ids` per chunk, usage, [DONE]) paced at a known TTFT
 and inter-token gap, and records its own TTFT / ITL / E2E histograms under vLLM's names,
 from the moment the request is accepted, as vLLM does.
@@ -31,6 +33,7 @@ itl = Histogram("vllm:inter_token_latency_seconds", "itl", registry=registry,
                 buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5))
 e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", registry=registry, buckets=(0.1, 0.5, 1.0, 5.0))
 app = FastAPI()
+LOG: dict[str, list[int]] = {"scrapes": [], "completions": []}
 
 
 @app.get("/health")
@@ -48,8 +51,14 @@ async def models():
     return {"data": [{"id": "fake"}]}
 
 
+@app.get("/log")
+async def log():
+    return LOG
+
+
 @app.get("/metrics")
 async def metrics():
+    LOG["scrapes"].append(time.perf_counter_ns())
     time.sleep(BLOCK_MS / 1e3)  # blocks the loop on purpose: nothing else is served meanwhile
     return PlainTextResponse(generate_latest(registry).decode())
 
@@ -57,6 +66,7 @@ async def metrics():
 @app.post("/v1/completions")
 async def completions(req: Request):
     arrival = time.perf_counter()
+    LOG["completions"].append(time.perf_counter_ns())
     body = await req.json()
     n = int(body.get("max_tokens", 16))
     prompt = body.get("prompt")

@@ -1,12 +1,12 @@
 """`experiments/configs/cpu_vs_vllm.toml` runs, at a reduced size: the config file itself, with
-its workload shrunk, vLLM eager (compiling takes minutes on 2 cores) and only its first cell
+its workload shrunk, vLLM attached by URL to the test session's shared server (eager; the
+config launches its own, compiled, which takes minutes on 2 cores) and only its first cell
 (tiny, fp32; the four cells are checked to be the table's), both load shapes, the reference
 engine's CPU fast path read back, greedy agreement with vLLM in fp32, and the matrix page.
 The full-size numbers are a benchmark: docs/perf/cpu_vs_vllm.md."""
 from __future__ import annotations
 
 import json
-import os
 import tomllib
 from pathlib import Path
 
@@ -40,14 +40,11 @@ def _toml(d: dict, prefix: str = "") -> str:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_cpu_vs_vllm_config_runs_reduced(tmp_path, exp_model):
-    if not (REPO / ".venv-vllm/bin/python").exists():
-        if os.environ.get("CI"):
-            pytest.fail(".venv-vllm is absent although .ci/run makes it (make vllm)")
-        pytest.skip(".venv-vllm is absent: run scripts/setup_vllm_venv.sh")
+def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     cfg = tomllib.loads(CONFIG.read_text())
     assert cfg["engines"] == ["reference", "vllm"] and cfg["load"]["rate"][0] == "inf"
-    cfg["model"] = str(exp_model)
+    assert cfg["engine_options"]["vllm"]["launcher"] == ".venv-vllm"
+    cfg["model"] = str(vllm_server.model)
     cfg.pop("make_model")
     assert [(c["name"], c.get("dtype", "float32")) for c in cfg["cells"][:4]] == [
         ("tiny-fp32", "float32"), ("tiny-bf16", "bfloat16"), ("small-fp32", "float32"), ("small-bf16", "bfloat16")]
@@ -58,7 +55,7 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, exp_model):
     cfg["workload"].update(num_requests=6, input_len=16, output_len=8)
     cfg["load"].update(rate=["inf", 50.0], max_concurrency=2, warmup=1)
     cfg["kv"]["tokens"] = 4096
-    cfg["engine_options"]["vllm"].update(launcher=str(REPO / ".venv-vllm"), enforce_eager=True)
+    cfg["engine_options"]["vllm"] = {"url": vllm_server.url}
     (tmp_path / "c.toml").write_text(_toml(cfg))
     assert run_main([str(tmp_path / "c.toml"), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     page = (tmp_path / "res/cpu_vs_vllm/report.md").read_text()
