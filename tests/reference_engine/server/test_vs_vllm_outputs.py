@@ -78,10 +78,11 @@ def table(clients, tiny_llama):
     inside = next((text[cut[j] + 1:cut[j] + 3] for j in range(3, len(ids)) if cut[j + 1] - cut[j] >= 4), None)
     span, mid, late = text[cut[k] - 2:cut[k] + 2], text[cut[k]:cut[k] + 3], text[cut[k + 4]:cut[k + 4] + 3]
     # a prompt whose greedy output ends at EOS after a few tokens (found by search: random weights)
-    batch = random_prompts(8192, 128, 2, 12, seed=3)
-    found = ours.complete(batch, max_tokens=48)["choices"]
-    pe, ke = next((batch[c["index"]], len(c["token_ids"])) for c in found
-                  if c["finish_reason"] == "stop" and 6 <= len(c["token_ids"]) <= 47)
+    batch = random_prompts(tok.vocab_size, 128, 2, 12, seed=3)
+    found = [(batch[c["index"]], len(c["token_ids"])) for c in ours.complete(batch, max_tokens=48)["choices"]
+             if c["finish_reason"] == "stop" and 6 <= len(c["token_ids"]) <= 47]
+    assert found, "no prompt of the search ends at EOS: widen the search"
+    pe, ke = found[0]
     etext = ours.complete(pe, max_tokens=48, skip_special_tokens=False, include_stop_str_in_output=True)["choices"][0]["text"]
     rows = [
         ("length", PROMPT, {}),
