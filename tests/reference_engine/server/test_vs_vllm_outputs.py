@@ -77,6 +77,9 @@ def table(clients, tiny_llama):
     k = next(k for k in range(4, len(ids)) if 2 <= cut[k] and cut[k] + 2 <= len(text))
     inside = next((text[cut[j] + 1:cut[j] + 3] for j in range(3, len(ids)) if cut[j + 1] - cut[j] >= 4), None)
     span, mid, late = text[cut[k] - 2:cut[k] + 2], text[cut[k]:cut[k] + 3], text[cut[k + 4]:cut[k + 4] + 3]
+    # a string that occurs twice, and min_tokens that covers only its first occurrence
+    twice = next(text[a:a + 4] for a in range(len(text) - 4) if text.find(text[a:a + 4], a + 4) > 0)
+    covers = next(j for j in range(len(ids) + 1) if cut[j] >= text.index(twice) + len(twice))
     # a prompt whose greedy output ends at EOS after a few tokens (found by search: random weights)
     batch = random_prompts(tok.vocab_size, 128, 2, 12, seed=3)
     found = [(batch[c["index"]], len(c["token_ids"])) for c in ours.complete(batch, max_tokens=48)["choices"]
@@ -102,6 +105,7 @@ def table(clients, tiny_llama):
         ("stop id and earlier string", PROMPT, {"stop_token_ids": [ids[k + 5]], "stop": [mid]}),
         ("min_tokens over a stop string", PROMPT, {"stop": [mid], "min_tokens": k + 2}),
         ("min_tokens over a stop id", PROMPT, {"stop_token_ids": [ids[1]], "min_tokens": 4}),
+        ("min_tokens, stop string seen again", PROMPT, {"stop": [twice], "min_tokens": covers}),
         ("EOS", pe, {"max_tokens": 48}),
         ("EOS, skip_special_tokens off", pe, {"max_tokens": 48, "skip_special_tokens": False}),
         ("EOS off + included", pe, {"max_tokens": 48, "skip_special_tokens": False, "include_stop_str_in_output": True}),
