@@ -172,3 +172,19 @@ def test_draft_kv_shares_the_block_budget(tiny_llama):
     with_draft = LLM(str(tiny_llama), kv_cache_bytes=budget, speculative_config=draft(tiny_llama)).engine
     assert with_draft.kv.num_blocks == plain // 2  # the same model twice: half the blocks
     assert len(with_draft.runner.proposer.kv_cache) == with_draft.model_config.num_layers
+
+
+def test_min_tokens_with_speculation_equals_without(tiny_llama):
+    """min_tokens bans the stop ids per position: with drafts, row j counts the j drafts before it."""
+    prompt = random_prompts(8192, 1, 20, 21, seed=3)[0]
+    plain = LLM(str(tiny_llama), kv_cache_tokens=KV)
+    free = plain.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))[0].token_ids
+    # the first position m >= 4 whose token is new: banned until m, it is drawn exactly at m
+    m = next(m for m in range(4, 15) if free[m] not in free[:m])
+    params = SamplingParams(max_tokens=16, temperature=0.0, min_tokens=m, stop_token_ids=[free[m]])
+    [ref] = plain.generate([prompt], params)
+    assert ref.token_ids == free[:m + 1] and ref.stop_reason == free[m]
+    for spec in (draft(tiny_llama), NGRAM):
+        [got] = LLM(str(tiny_llama), kv_cache_tokens=KV, speculative_config=spec).generate([prompt], params)
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == \
+            (ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason)
