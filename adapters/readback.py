@@ -210,3 +210,7 @@ def vllm_shapes(rb: ReadBack, info: dict[str, Any], metrics: Metrics | None, cac
     if isinstance(info.get("vllm_config"), dict):
         vllm_server_info(rb, info["vllm_config"])
     vllm_cache_labels(rb, metrics.labels(*cache_info) if metrics is not None else None)
+
+
+# The source of a setting an engine does not report: the row shows what we asked, labelled so.
+AS_REQUESTED = "as requested — the engine does not report it"

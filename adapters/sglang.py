@@ -49,15 +49,16 @@ from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequ
 from adapters.deltas import Cumulative, Incremental, NotCumulative
 from adapters.metric_names import SGLANG
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
-from adapters.sglang_settings import KV_HOW, NGRAM_WINDOW, feature_args, feature_flags, read_back, reported_dtype
+from adapters.sglang_settings import (GRAPHS_OFF_OLD, KV_HOW, NGRAM_WINDOW, VERSIONS, feature_args, feature_flags, read_back,
+                                      reported_dtype)
+from adapters.versions import Row, launcher_version
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
-# option -> server flags (a boolean option adds its flags when true). `--disable-cuda-graph`
-# is deprecated in favour of the two backend flags (sglang 0.5.23, see fixtures/sglang/SOURCE.md).
+# option -> server flags (a boolean option adds its flags when true); disable_cuda_graph's flags
+# depend on the version (sglang_settings.VERSIONS: the argument-groups refactor renamed them).
 KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests": ["--max-running-requests"],
          "chunked_prefill_size": ["--chunked-prefill-size"], "page_size": ["--page-size"],
-         "disable_radix_cache": ["--disable-radix-cache"],
-         "disable_cuda_graph": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
+         "disable_radix_cache": ["--disable-radix-cache"], "disable_cuda_graph": [],
          "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"],
          "max_model_len": ["--context-length"]}  # the harness's one length for every engine (experiments/context.py)
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
@@ -120,11 +121,22 @@ class SGLangServer(LaunchedServer, Engine):
         self._streamer: sse.Streamer | None = None  # the measured path (adapters/sse.py)
         self._responses: dict[str, sse.Stream] = {}
         self._aborted: set[str] = set()  # ids whose remaining events are dropped
+        self.row: Row | None = None  # VERSIONS row the launch flags came from
+
+    def launch_row(self) -> Row:
+        """The version-table row for the SGLang this launcher runs (its installed package or its
+        image tag); when that cannot be told, the newest row, checked again against /server_info."""
+        if self.row is None:
+            found = launcher_version(self.server.launcher, "sglang") if self.server.launcher else None
+            self.row = VERSIONS.row(found) if found else VERSIONS.newest()
+        return self.row
 
     def flags(self) -> list[str]:
         out: list[str] = []
         for k, flag in KNOBS.items():
             v = self.options.get(k)
+            if k == "disable_cuda_graph":
+                flag = self.launch_row().values["graphs_off"] if v else []
             if k == "disable_radix_cache" and "disable_radix_cache" in feature_args(self.options):
                 continue  # rendered once, by feature_flags
             if v is True:
@@ -152,16 +164,18 @@ class SGLangServer(LaunchedServer, Engine):
                                             limits=httpx.Limits(max_connections=None))
             self._streamer = await sse.Streamer(base).open()
             si = await self._server_info()
+            row = self._check_version(si)
             self.incremental = bool(si.get("incremental_streaming_output") or si.get("stream_output"))
             knobs = {"url": base, "incremental_streaming_output": self.incremental, **self.launch_knobs(), **{
                 k: self.options[k] for k in (*KNOBS, "kv_cache_tokens", *features.OPTIONS) if k in self.options}}
             how = KV_HOW if self.server is not None else "an already running server (its budget was fixed at start)"
-            has_metrics = await prom.scrape(self.client, SGLANG.path, SGLANG.prefixes()) is not None
-            effective, memory = read_back(si, self.launch_argv)
+            names = row.values["metrics"]
+            has_metrics = await prom.scrape(self.client, names.path, names.prefixes()) is not None
+            effective, memory = read_back(si, self.launch_argv, self.dtype)
             self.info = EngineInfo(engine=self.name, version=str(si.get("version", "unknown")), model=self.model,
                                    dtype=reported_dtype(si, self.dtype), kv_capacity_tokens=si.get("max_total_num_tokens"),
                                    block_size=si.get("page_size"), knobs=knobs, mode=self.mode, pid=self.pid,
-                                   metrics_url=base + SGLANG.path if has_metrics else None,
+                                   metrics_url=base + names.path if has_metrics else None,
                                    unhonoured=unhonoured(self.dtype, si, self.options.get("kv_cache_tokens"), how,
                                                          self.options, effective),
                                    effective=effective, memory=memory)
@@ -169,6 +183,18 @@ class SGLangServer(LaunchedServer, Engine):
             await self.stop()
             raise
         return self.info
+
+    def _check_version(self, si: dict[str, Any]) -> Row:
+        """The row for the version the server reports (refused when no row covers it); a launch
+        whose flags came from another row with other flags is refused too."""
+        row = VERSIONS.row(str(si.get("version")) if si.get("version") else None)
+        if self.row is not None and self.options.get("disable_cuda_graph") and \
+                row.values["graphs_off"] != self.row.values["graphs_off"]:
+            raise EngineUnavailable(f"sglang {si.get('version')} was launched with the flags of {self.row.span()} "
+                                    f"({' '.join(self.row.values['graphs_off'])}); set the launcher so its version can "
+                                    f"be found before launch (a venv, or an image tag such as lmsysorg/sglang:v0.5.23)")
+        self.row = row
+        return row
 
     async def _server_info(self) -> dict[str, Any]:
         for path in ("/server_info", "/get_server_info"):
@@ -237,8 +263,9 @@ class SGLangServer(LaunchedServer, Engine):
         return self.client is not None and (await self.client.post("/flush_cache")).status_code == 200
 
     async def snapshot(self) -> MemorySnapshot:
-        m = await prom.scrape(self.client, SGLANG.path, SGLANG.prefixes()) if self.client is not None else None
-        return prom.snapshot(m, SGLANG, self.info.kv_capacity_tokens if self.info else None)
+        names = self.row.values["metrics"] if self.row is not None else SGLANG
+        m = await prom.scrape(self.client, names.path, names.prefixes()) if self.client is not None else None
+        return prom.snapshot(m, names, self.info.kv_capacity_tokens if self.info else None)
 
     async def stop(self) -> None:
         client, self.client = self.client, None
@@ -280,17 +307,21 @@ class SGLangInProcess(HeldEngine):
 
     async def start(self) -> EngineInfo:
         sgl = need("sglang", INSTALL)
+        row = VERSIONS.row(getattr(sgl, "__version__", None))  # refuses a version no row was checked for
         kw = {k: v for k, v in self.options.items() if k in KNOBS and k != "disable_cuda_graph"}
         if "max_model_len" in kw:  # ServerArgs' name for --context-length
             kw["context_length"] = kw.pop("max_model_len")
-        if self.options.get("disable_cuda_graph"):
-            kw.update(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
+        if self.options.get("disable_cuda_graph"):  # ServerArgs fields of the version installed here
+            if row.values["graphs_off"] == GRAPHS_OFF_OLD:
+                kw["disable_cuda_graph"] = True
+            else:
+                kw.update(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
         if self.options.get("kv_cache_tokens") is not None:
             kw["max_total_tokens"] = int(self.options["kv_cache_tokens"])
         kw.update(feature_args(self.options))
         self.engine = sgl.Engine(model_path=self.model, dtype=self.dtype, **kw)
         si = await engine_server_info(self.engine)
-        effective, memory = read_back(si)
+        effective, memory = read_back(si, None, self.dtype)
         self.info = EngineInfo(engine=self.name, version=getattr(sgl, "__version__", "unknown"), model=self.model,
                                dtype=reported_dtype(si, self.dtype), kv_capacity_tokens=si.get("max_total_num_tokens"),
                                block_size=si.get("page_size"), knobs=dict(self.options), mode="in_process",

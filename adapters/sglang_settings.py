@@ -6,14 +6,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from dataclasses import replace
+
 from adapters import features
-from adapters.readback import GIB, ReadBack, as_bool, launch_command
+from adapters.metric_names import SGLANG
+from adapters.readback import AS_REQUESTED, GIB, ReadBack, as_bool, launch_command
+from adapters.versions import Row, VersionTable
+
+# Launch flags and metric names per SGLang release, each row checked against the source of the
+# releases it lists (fixtures/sglang/SOURCE.md). The argument-groups refactor brought
+# --cuda-graph-backend-{decode,prefill} in 0.5.14 (0.5.23 calls --disable-cuda-graph deprecated);
+# the per-request TPOT histogram exists from 0.5.22; spec_verify_calls_total from 0.5.13.
+GRAPHS_OFF_OLD = ["--disable-cuda-graph"]
+GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+_NO_TPOT = replace(SGLANG, tpot=None)
+VERSIONS = VersionTable("sglang", (
+    Row("0.5.9", "0.5.12", ("0.5.9", "0.5.10", "0.5.12"),
+        {"graphs_off": GRAPHS_OFF_OLD, "metrics": replace(_NO_TPOT, spec_drafts=())}),
+    Row("0.5.13", "0.5.13", ("0.5.13",), {"graphs_off": GRAPHS_OFF_OLD, "metrics": _NO_TPOT}),
+    Row("0.5.14", "0.5.21", ("0.5.14", "0.5.15", "0.5.19", "0.5.21"), {"graphs_off": GRAPHS_OFF, "metrics": _NO_TPOT}),
+    Row("0.5.22", "0.5.23", ("0.5.22", "0.5.23"), {"graphs_off": GRAPHS_OFF, "metrics": SGLANG}),
+))
+DTYPE_SOURCE = AS_REQUESTED + " (/server_info `dtype` is the argument SGLang was given, not the dtype it loaded)"
 
 
 def reported_dtype(info: dict[str, Any], asked: str | None) -> str | None:
-    """The dtype in SGLang's server info (its resolved `dtype` argument), else the one asked."""
+    """The dtype argument in SGLang's server info, else the one asked (what a server that was
+    started with another dtype says it was given; SGLang reports no loaded dtype)."""
     d = info.get("dtype")
     return str(d) if d not in (None, "", "auto") else asked
+
+
+def cuda_graphs(si: dict[str, Any]) -> tuple[bool | None, str]:
+    """Whether decode CUDA graphs run, from the *resolved* config (hooks can switch them off
+    whatever was asked): `cuda_graph_config.decode.backend` (0.5.14+), else the pre-refactor
+    `disable_cuda_graph`. The user-input `cuda_graph_backend_decode` is never read."""
+    cfg = si.get("cuda_graph_config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("decode"), dict) and cfg["decode"].get("backend"):
+        return cfg["decode"]["backend"] != "disabled", "/server_info cuda_graph_config.decode.backend"
+    if "disable_cuda_graph" in si and "cuda_graph_backend_decode" not in si:  # before the refactor
+        return not as_bool(si["disable_cuda_graph"]), "/server_info disable_cuda_graph"
+    return None, ""
 
 
 
@@ -78,16 +111,17 @@ def sglang_speculative(si: dict[str, Any]) -> dict[str, Any] | bool | None:
 # tests/adapters/test_sglang_contract.py); max_total_num_tokens, max_req_input_len and
 # internal_states come from the scheduler
 SERVER_INFO_KEYS = ("dtype", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
-                    "context_length", "disable_radix_cache", "cuda_graph_backend_decode", "disable_cuda_graph",
+                    "context_length", "disable_radix_cache", "cuda_graph_config", "disable_cuda_graph",
                     "enable_torch_compile", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
                     "speculative_num_draft_tokens", "speculative_draft_model_path", "tp_size")
 
 
-def read_back(si: dict[str, Any], argv: list[str] | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+def read_back(si: dict[str, Any], argv: list[str] | None = None,
+              asked_dtype: str | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """EngineInfo.effective and .memory from a /server_info answer (see the module docstring)."""
     rb, src = ReadBack(), "/server_info"
     state = (si.get("internal_states") or [{}])[0] or {}
-    rb.put("dtype", reported_dtype(si, None), src + " dtype")
+    rb.put("dtype", reported_dtype(si, asked_dtype), DTYPE_SOURCE)
     rb.put("kv_capacity_tokens", si.get("max_total_num_tokens"), src + " max_total_num_tokens")
     rb.put("block_size", si.get("page_size"), src + " page_size")
     rb.put("max_num_seqs", state.get("effective_max_running_requests_per_dp"),
@@ -98,14 +132,11 @@ def read_back(si: dict[str, Any], argv: list[str] | None = None) -> tuple[dict[s
         rb.put("chunked_prefill", chunk not in (None, -1, 0), src + " chunked_prefill_size (-1: off)")
         rb.put("max_num_batched_tokens", chunk if chunk not in (None, -1, 0) else si.get("max_prefill_tokens"),
                src + (" chunked_prefill_size" if chunk not in (None, -1, 0) else " max_prefill_tokens"))
-    rb.put("max_model_len", si.get("context_length"), src + " context_length")
-    rb.put("max_model_len", si.get("max_req_input_len"), src + " max_req_input_len (no context_length)")
+    rb.put("max_model_len", si.get("context_length"), src + " context_length")  # not max_req_input_len (inputs only)
     if "disable_radix_cache" in si:
         rb.put("prefix_caching", not as_bool(si["disable_radix_cache"]), src + " disable_radix_cache")
-    if "cuda_graph_backend_decode" in si:
-        rb.put("cuda_graphs", si["cuda_graph_backend_decode"] != "disabled", src + " cuda_graph_backend_decode")
-    elif "disable_cuda_graph" in si:
-        rb.put("cuda_graphs", not as_bool(si["disable_cuda_graph"]), src + " disable_cuda_graph")
+    graphs, where = cuda_graphs(si)
+    rb.put("cuda_graphs", graphs, where)
     rb.put("compile", as_bool(si.get("enable_torch_compile")), src + " enable_torch_compile")
     rb.put("speculative", sglang_speculative(si), src + " speculative_*")
     rb.put("tensor_parallel_size", si.get("tp_size"), src + " tp_size")

@@ -15,6 +15,23 @@ from tests.adapters.replay import Replay, fixture
 from tests.adapters.test_vllm import fake_package
 
 RECORDED = json.loads(fixture("sglang", "generate_response.json"))
+RECORDED_DEV_BUILD = "0.0.0.dev1+g54b06f199"  # what the recorded /server_info says it runs
+
+
+def recorded_info(version: str = "0.5.23") -> bytes:
+    """The recorded /server_info with `version` set: the recorded server is a main-branch dev
+    build, which no row of the version table covers (see test_a_version_outside_the_table_is_refused)."""
+    info = json.loads(fixture("sglang", "server_info.json"))
+    assert info["version"] == RECORDED_DEV_BUILD
+    return json.dumps({**info, "version": version}).encode()
+
+
+def installed_version(tmp_path, monkeypatch, version: str) -> None:
+    """A fake `sglang` package with distribution metadata of `version`, seen by child interpreters."""
+    fake_package(tmp_path, monkeypatch, "sglang")
+    meta = tmp_path / "site" / f"sglang-{version}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
 
 
 def built_stream(ids: list[int], meta: dict, cumulative: bool = True) -> bytes:
@@ -29,7 +46,7 @@ def built_stream(ids: list[int], meta: dict, cumulative: bool = True) -> bytes:
 
 
 def routes(stream: bytes, server_info: bytes | None = None) -> dict:
-    return {("GET", "/server_info"): (200, "application/json", server_info or fixture("sglang", "server_info.json")),
+    return {("GET", "/server_info"): (200, "application/json", server_info or recorded_info()),
             ("POST", "/generate"): (200, "text/event-stream", stream),
             ("POST", "/flush_cache"): (200, "text/plain", b"Cache flushed.\n"),
             ("POST", "/abort_request"): (200, "application/json", b"{}")}
@@ -57,7 +74,7 @@ async def test_recorded_server_info_and_stream():
         assert await e.reset_prefix_cache() is True
         await e.stop()
     assert (info.kv_capacity_tokens, info.block_size, info.mode) == (20480, 1, "attach")
-    assert info.version == "0.0.0.dev1+g54b06f199" and info.knobs["incremental_streaming_output"] is False
+    assert info.version == "0.5.23" and info.knobs["incremental_streaming_output"] is False
     assert info.unhonoured == {} and info.metrics_url is None  # the recorded server ran without --enable-metrics
     assert [t for ev in events for t in ev.token_ids] == ids and all(len(ev.token_ids) == 1 for ev in events)
     assert [ev.finished for ev in events].count(True) == 1 and events[-1].finished
@@ -69,7 +86,7 @@ async def test_recorded_server_info_and_stream():
 
 async def test_incremental_server_is_not_diffed():
     ids, meta = RECORDED["output_ids"][:6], {**RECORDED["meta_info"], "completion_tokens": 6}
-    info = json.loads(fixture("sglang", "server_info.json"))
+    info = json.loads(recorded_info())
     info["incremental_streaming_output"] = True  # as a server started with --incremental-streaming-output says
     with Replay(routes(built_stream(ids, meta, cumulative=False), json.dumps(info).encode())) as srv:
         e = SGLangEngine("m", "float32", {"url": srv.url})
@@ -102,12 +119,49 @@ def test_bad_options():
         SGLangEngine("m", "float32", {"mem_fraction": 0.5})
 
 
-def test_disable_cuda_graph_uses_the_current_flags(tmp_path, monkeypatch):
-    """sglang 0.5.23 prints "'--disable-cuda-graph' is deprecated ... Use
-    '--cuda-graph-backend-{decode,prefill}=disabled'" (checked by the contract test too)."""
-    fake_package(tmp_path, monkeypatch, "sglang")
+@pytest.mark.parametrize("version, flags", [
+    ("0.5.23", ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]),
+    ("0.5.14", ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]),
+    ("0.5.13", ["--disable-cuda-graph"]),
+    ("0.5.9", ["--disable-cuda-graph"])])
+def test_disable_cuda_graph_flags_follow_the_installed_version(tmp_path, monkeypatch, version, flags):
+    """The argument-groups refactor brought --cuda-graph-backend-* in 0.5.14 (0.5.23 calls
+    --disable-cuda-graph deprecated); before, only --disable-cuda-graph exists (both checked
+    against each version's parser by test_sglang_contract.py). The version is the one the
+    launcher's interpreter has installed."""
+    installed_version(tmp_path, monkeypatch, version)
     e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
-    assert e._impl.flags() == ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+    e._impl.server.launcher = Launcher.parse(sys.executable)
+    assert e._impl.flags() == flags and e._impl.row.covers(version)
+
+
+def test_an_installed_version_outside_the_table_is_refused_before_launch(tmp_path, monkeypatch):
+    installed_version(tmp_path, monkeypatch, "0.4.10")
+    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
+    e._impl.server.launcher = Launcher.parse(sys.executable)
+    with pytest.raises(EngineUnavailable, match=r"^sglang 0\.4\.10 is not in the adapter's version table "
+                                                r"\(known: 0\.5\.9-0\.5\.12, 0\.5\.13, 0\.5\.14-0\.5\.21, 0\.5\.22-0\.5\.23;"):
+        e._impl.flags()
+
+
+async def test_a_version_outside_the_table_is_refused():
+    """The recorded server is a main-branch dev build: what it runs cannot be told from its number."""
+    with Replay(routes(b"", recorded_info(RECORDED_DEV_BUILD))) as srv:
+        e = SGLangEngine("m", "float32", {"url": srv.url})
+        with pytest.raises(EngineUnavailable) as err:
+            await e.start()
+    assert str(err.value).startswith(f"sglang {RECORDED_DEV_BUILD} is not in the adapter's version table (known:")
+    assert "\n" not in str(err.value)
+
+
+async def test_a_server_whose_version_needs_other_flags_than_launched_is_refused(tmp_path, monkeypatch):
+    """Launched with the newest row's flags (version not found before launch), the server says 0.5.9."""
+    fake_package(tmp_path, monkeypatch, "sglang")
+    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})._impl
+    e.server.launcher = Launcher.parse(sys.executable)
+    assert "--cuda-graph-backend-decode" in e.flags()
+    with pytest.raises(EngineUnavailable, match="was launched with the flags of 0.5.22-0.5.23"):
+        e._check_version({"version": "0.5.9"})
 
 
 async def test_attached_budget_that_is_not_the_capacity_is_reported():
@@ -120,6 +174,8 @@ async def test_attached_budget_that_is_not_the_capacity_is_reported():
         await e.stop()
     assert "4096" in info.unhonoured["kv_cache_tokens"] and "20480" in info.unhonoured["kv_cache_tokens"]
     assert info.dtype == "float32" and "dtype" not in info.unhonoured  # the recorded server says "auto"
+    assert info.effective["dtype"] == "float32" and info.effective["sources"]["dtype"].startswith(
+        "as requested — the engine does not report it")
 
 
 def rank_metrics(usages: list[float], used: list[int], cap: int) -> bytes:
@@ -237,9 +293,11 @@ def server_info_0_5_23() -> dict:
     """The recorded /server_info (fixtures/sglang/server_info.json, a trimmed real answer) with the
     keys read_back reads that the trimmed file lacks, shaped as sglang 0.5.23 builds them
     (ServerArgs fields, internal_state.py, memory_usage.py: GiB): values made up."""
-    info = json.loads(fixture("sglang", "server_info.json"))
+    info = json.loads(recorded_info())
     info.update(dtype="bfloat16", max_running_requests=None, chunked_prefill_size=8192, context_length=32768,
-                disable_radix_cache=False, cuda_graph_backend_decode="full", enable_torch_compile=False,
+                disable_radix_cache=False, cuda_graph_backend_decode=None, enable_torch_compile=False,
+                disable_cuda_graph=False, cuda_graph_config={"decode": {"backend": "full", "max_bs": 48},
+                                                             "prefill": {"backend": "disabled"}},
                 speculative_algorithm="NGRAM", speculative_num_steps=4, speculative_eagle_topk=1,
                 speculative_num_draft_tokens=4, speculative_draft_model_path=None, tp_size=1,
                 internal_states=[{"effective_max_running_requests_per_dp": 48,
@@ -269,8 +327,25 @@ def test_read_back_from_server_info():
     assert "0.001 resolution" in sources["memory.weights"]
     # the recorded (trimmed) answer alone: what it has, nothing invented
     effective, memory = read_back(json.loads(fixture("sglang", "server_info.json")))
-    assert {k for k in effective if k != "sources"} == {"kv_capacity_tokens", "block_size", "max_model_len"}
-    assert effective["max_model_len"] == 20474 and memory == {}  # max_req_input_len: no context_length there
+    # max_req_input_len (20474) is the input limit, not the context length: not read
+    assert {k for k in effective if k != "sources"} == {"kv_capacity_tokens", "block_size"} and memory == {}
+    assert sources["dtype"] == "as requested — the engine does not report it (/server_info `dtype` is the argument " \
+                               "SGLang was given, not the dtype it loaded)"
+
+
+@pytest.mark.parametrize("info, graphs", [
+    # 0.5.23 resolves graphs off in a hook although the user field asked "full": the resolved value wins
+    ({"cuda_graph_backend_decode": "full", "cuda_graph_config": {"decode": {"backend": "disabled"}}}, False),
+    ({"cuda_graph_backend_decode": None, "disable_cuda_graph": False,
+      "cuda_graph_config": {"decode": {"backend": "breakable"}}}, True),
+    ({"disable_cuda_graph": True}, False),  # before the refactor (0.5.9-0.5.13): no cuda_graph_backend_decode
+    ({"disable_cuda_graph": False, "cuda_graph_backend_decode": "disabled"}, None),  # user input only: not read
+])
+def test_cuda_graphs_are_read_from_the_resolved_config(info, graphs):
+    from adapters.sglang_settings import read_back
+
+    effective, _ = read_back(info)
+    assert effective.get("cuda_graphs") is graphs
 
 
 async def test_attached_server_features_are_compared_and_ngram_window_is_unhonoured():
