@@ -66,3 +66,12 @@ def smollm2(tmp_path_factory) -> Path:
     from reference_engine.gguf_model import make_real_model
 
     return make_real_model(tmp_path_factory.mktemp("smollm2"), "smollm2-135m-instruct")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `pytest -n 2 --dist loadgroup` (make test), every test that uses the shared vLLM
+    server runs on one worker, so the session starts that server once, not once per worker."""
+    for item in items:
+        if "vllm_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("shared-vllm"))

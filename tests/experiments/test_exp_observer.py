@@ -233,3 +233,37 @@ def test_engine_counters_from_metrics_or_from_snapshots():
     c = _counters(None, snaps)  # an engine without metrics: deltas of its adapter's snapshots
     assert c == {"prefix_queries": 1000, "prefix_hits": 640, "prefix_hit_rate": 0.64}
     assert _counters(None, {}) == {}
+
+
+def _views(harness: dict, bare: dict, server: dict | None) -> dict:
+    """A check-observer result from means (ms): each client's stats and its comparison with the server."""
+    def stats(m):
+        return {k: {"mean": v} for k, v in m.items()}
+
+    def vs(m):
+        view = {"histograms": {"ttft": {"count": 16, "mean_ms": server["ttft_ms"]},
+                               "itl": {"count": 400, "mean_ms": server["itl_ms"]}}}
+        return observer.compare(stats(m), view)
+
+    return {"harness": stats(harness), "bare": stats(bare),
+            "harness_vs_server": vs(harness) if server else None, "bare_vs_server": vs(bare) if server else None}
+
+
+def test_check_observer_verdict_catches_each_kind_of_disturbance():
+    """`inferlab check-observer`'s verdict on planted numbers: agreement; a harness slower than
+    the bare client (it slows the engine: both it and the server slowed, only the bare run shows
+    it); a harness that reads the first token late; a client that disagrees with the server."""
+    from experiments.check_observer import verdict
+
+    same = {"ttft_ms": 30.0, "itl_ms": 6.0, "e2el_ms": 220.0}
+    assert verdict(_views(same, same, {"ttft_ms": 25.0, "itl_ms": 6.0})) == (True, [])
+    assert verdict(_views(same, same, None)) == (True, [])  # no histograms: the bare client alone
+    slowed = {"ttft_ms": 30.0, "itl_ms": 9.0, "e2el_ms": 320.0}  # +50 % ITL, +45 % E2EL
+    ok, why = verdict(_views(slowed, same, {"ttft_ms": 25.0, "itl_ms": 9.0}))
+    assert not ok and any("ITL mean" in w and "slows the engine" in w for w in why)
+    late = {**same, "ttft_ms": 80.0}  # 50 ms above the bare client's 30 (limit 15 + 10 %)
+    ok, why = verdict(_views(late, same, None))
+    assert not ok and "TTFT mean (80.0 ms) exceeds the bare client's (30.0 ms)" in why[0]
+    ok, why = verdict(_views(same, same, {"ttft_ms": 5.0, "itl_ms": 6.0}))  # both clients 25 ms above the server
+    assert not ok and [w.split(":")[0] for w in why] == ["harness client vs the server's own view",
+                                                          "bare client vs the server's own view"]
