@@ -84,7 +84,8 @@ def grid() -> list[tuple[str, torch.Tensor, list[dict]]]:
         cases.append((f"random {b}", torch.randn(8, 1024, generator=g) * rng.choice([1.0, 3.0]),
                       [random_row(rng, 1024) for _ in range(8)]))
     for b in range(3):
-        cases.append((f"ties {b}", (torch.randn(8, 512, generator=g) * 2).round(), [random_row(rng, 512) for _ in range(8)]))
+        cases.append((f"ties {b}", (torch.randn(8, 512, generator=g) * 2).round(),
+                      [random_row(rng, 512) for _ in range(8)]))
     for b in range(3):
         cases.append((f"bf16 {b}", (torch.randn(8, 1024, generator=g) * 3).bfloat16(),
                       [random_row(rng, 1024) for _ in range(8)]))

@@ -63,7 +63,8 @@ def metadata(rows, vocab, eos):
     longest = max(len(r["prompt"]) for r in rows)
     prompt = torch.tensor([r["prompt"] + [vocab] * (longest - len(r["prompt"])) for r in rows], dtype=torch.int64)
     cfg = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=n))
-    procs = [MinPLogitsProcessor(cfg, torch.device("cpu"), False), MinTokensLogitsProcessor(cfg, torch.device("cpu"), False)]
+    cpu = torch.device("cpu")
+    procs = [MinPLogitsProcessor(cfg, cpu, False), MinTokensLogitsProcessor(cfg, cpu, False)]
     update = BatchUpdate(batch_size=n, removed=[], moved=[],
                          added=[(i, sp, r["prompt"], r["output"]) for i, (sp, r) in enumerate(zip(params, rows))])
     for proc in procs:

@@ -86,7 +86,8 @@ def table(clients, tiny_llama):
              if c["finish_reason"] == "stop" and 6 <= len(c["token_ids"]) <= 47]
     assert found, "no prompt of the search ends at EOS: widen the search"
     pe, ke = found[0]
-    etext = ours.complete(pe, max_tokens=48, skip_special_tokens=False, include_stop_str_in_output=True)["choices"][0]["text"]
+    etext = ours.complete(pe, max_tokens=48, skip_special_tokens=False,
+                          include_stop_str_in_output=True)["choices"][0]["text"]
     rows = [
         ("length", PROMPT, {}),
         ("stop string", PROMPT, {"stop": [mid]}),
@@ -108,7 +109,8 @@ def table(clients, tiny_llama):
         ("min_tokens, stop string seen again", PROMPT, {"stop": [twice], "min_tokens": covers}),
         ("EOS", pe, {"max_tokens": 48}),
         ("EOS, skip_special_tokens off", pe, {"max_tokens": 48, "skip_special_tokens": False}),
-        ("EOS off + included", pe, {"max_tokens": 48, "skip_special_tokens": False, "include_stop_str_in_output": True}),
+        ("EOS off + included", pe,
+         {"max_tokens": 48, "skip_special_tokens": False, "include_stop_str_in_output": True}),
         ("EOS, ignore_eos", pe, {"max_tokens": 48, "ignore_eos": True}),
         ("EOS under min_tokens", pe, {"max_tokens": ke + 4, "min_tokens": ke + 2}),
         ("EOS as a stop id", pe, {"max_tokens": 48, "stop_token_ids": [eos]}),
@@ -116,8 +118,9 @@ def table(clients, tiny_llama):
     ]
     table = [(n, p, x, False) for n, p, x in rows]
     table += [(n + " (stream)", p, x, True) for n, p, x in rows
-              if n in ("stop string", "stop string across tokens", "stop string included", "stop string at the last token",
-                       "stop token id", "EOS, skip_special_tokens off", "min_tokens over a stop string")]
+              if n in ("stop string", "stop string across tokens", "stop string included",
+                       "stop string at the last token", "stop token id", "EOS, skip_special_tokens off",
+                       "min_tokens over a stop string")]
     table.append(("long stop string across chunks (stream)", PROMPT, {"stop": [text[cut[k] - 5:cut[k] + 5]]}, True))
     return table
 
@@ -133,7 +136,8 @@ def test_same_fields_as_vllm(clients, table):
                 assert not any(stop in d for d in do), f"{name}: a delta leaked {stop!r}"
                 assert stop not in o["text"], name
         else:
-            v, o = fields(vllm.complete(prompt, **extra)["choices"][0]), fields(ours.complete(prompt, **extra)["choices"][0])
+            v = fields(vllm.complete(prompt, **extra)["choices"][0])
+            o = fields(ours.complete(prompt, **extra)["choices"][0])
         summary.append(f"{name:40s} {v['finish_reason']:6s} {v['stop_reason']!r:12} {v['text']!r}")
         if v != o:
             diffs.append(f"{name} {extra}\n  vLLM {v}\n  ours {o}")
