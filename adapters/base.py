@@ -60,6 +60,9 @@ class GenerationRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     prompt_text: str | None = None  # derived from the ids, for engines that take text
     arrival_s: float = 0.0  # scheduled send time, seconds after the run's start
+    # chat messages (workload.template = "engine"): an adapter with a chat route sends these and lets the
+    # engine apply its own template; prompt_token_ids then hold the harness's rendering, for comparison
+    messages: list[dict[str, str]] | None = None
 
 
 @dataclass

@@ -6,7 +6,8 @@ before it, which supplies `connect()` (launch a server, return its base URL),
 `disconnect()`, `pid`, `launch_knobs()` and `launch_argv`; they may override `token_id_fields()`,
 `_completion_body()`, `_parse_chunk()`, `_knobs()`, `_capacity()`, `_read_back()`,
 `_unhonoured()`, and set `METRICS` (their row of adapters.metric_names, whose `path` is where
-Prometheus text lives).
+Prometheus text lives). A request with `messages` goes to `/v1/chat/completions` instead, with the
+same sampling fields (the server applies its own chat template).
 - `EngineInfo.effective` / `.memory` come from `_read_back()`: here the KV geometry the first
   scrape shows and the launch command; subclasses add what their engine reports. Options
   `enable_prefix_caching` / `speculative_config` (adapters.features) are accepted everywhere; an
@@ -146,6 +147,9 @@ class OpenAIEngine(Engine):
         if s.stop:
             body["stop"] = list(s.stop)
         body.update(self.options.get("extra_body") or {})
+        if request.messages is not None:  # the engine's own chat route applies its own template
+            del body["prompt"]
+            body["messages"] = request.messages
         return body
 
     @staticmethod
@@ -165,7 +169,8 @@ class OpenAIEngine(Engine):
         if not choices:
             return Chunk(None, "", None, obj.get("usage"))
         c = choices[0]
-        return Chunk(c.get("token_ids"), c.get("text") or "", c.get("finish_reason"), obj.get("usage"))
+        text = c["text"] if "text" in c else (c.get("delta") or {}).get("content")  # completion | chat chunk
+        return Chunk(c.get("token_ids"), text or "", c.get("finish_reason"), obj.get("usage"))
 
     async def _capacity(self) -> tuple[int | None, int | None]:
         """(KV capacity in tokens, block size) from one full scrape at start (sets `_has_metrics`)."""
@@ -258,7 +263,8 @@ class OpenAIEngine(Engine):
         counted = 0  # text-only streams: completion tokens accounted for so far
         self._live.add(rid)
         try:
-            async with self._streamer.post("/v1/completions", body) as resp:
+            route = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+            async with self._streamer.post(route, body) as resp:
                 if resp.status_code != 200:
                     raise RequestError(f"request {rid}: HTTP {resp.status_code} from {self.base_url}: "
                                        f"{(await resp.text())[:500]}")

@@ -7,6 +7,7 @@ Exit codes: 0 all engines ok; 1 an engine failed mid-run (see its manifest's rea
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -33,9 +34,13 @@ def _ensure_model(cfg) -> None:
     mm = cfg.make_model
     if mm is None:
         return
+    from reference_engine.gguf_model import REAL_PRESETS, make_real_model
     from reference_engine.make_model import make_model, truncate
 
-    if not Path(cfg.model).is_dir():
+    if mm.preset in REAL_PRESETS and not Path(cfg.model).is_dir():  # a real model (cached conversion)
+        print(f"inferlab: making model {cfg.model} ({mm.preset}, {cfg.dtype})", file=sys.stderr)
+        make_real_model(cfg.model, mm.preset, cfg.dtype)
+    elif not Path(cfg.model).is_dir():
         print(f"inferlab: making model {cfg.model} ({mm.family}, {mm.preset}"
               + (f", cycles of {mm.cycle} tokens" if mm.cycle else "") + ")", file=sys.stderr)
         make_model(cfg.model, preset=mm.preset, family=mm.family, seed=mm.seed, cycle=mm.cycle)
@@ -110,6 +115,8 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     (run_dir / "config.toml").write_text(toml)
     # the run folder describes the whole comparison; `--engine` only refreshes one column of it
     (run_dir / "config.json").write_text(whole.model_dump_json(indent=2))
+    # what was sent: kind, template, length distributions, and for real text its sources and Python version
+    (run_dir / "workload.json").write_text(json.dumps(workloads.describe(items, cfg.workload), indent=2))
     plan = Plan(cfg, run_dir, items, warm, bandwidth.peak_copy_gbps(), resume=a.resume,
                 compute=ceilings.compute_peak(str(cfg.model), cfg.dtype),
                 progress=Progress(False if a.no_progress else None))

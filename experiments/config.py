@@ -51,10 +51,14 @@ class MakeModel(_Strict):
     draft_layers: int | None = Field(None, ge=1)
 
 
+REAL_TEXT = ("chat", "summarize", "multi_turn_chat", "code")  # workload kinds built from real text
+
+
 class Workload(_Strict):
     """What is sent. `kind` picks the generator; lengths are in tokens."""
 
-    kind: Literal["random", "shared_prefix", "sharegpt", "multi_turn", "repetitive"] = "random"
+    kind: Literal["random", "shared_prefix", "sharegpt", "multi_turn", "repetitive",
+                  "chat", "summarize", "multi_turn_chat", "code"] = "random"
     num_requests: int = Field(16, ge=1)
     input_len: IntOrRange = 64
     output_len: IntOrRange = 32
@@ -71,6 +75,11 @@ class Workload(_Strict):
     # repetitive: a passage of `period` tokens repeated up to input_len, `edit_rate` of each copy changed
     period: int = Field(64, ge=1)
     edit_rate: float = Field(0.02, ge=0, le=1)
+    # real text (experiments/realtext.py: chat, summarize, multi_turn_chat, code), from the standard
+    # library. template: "harness" applies the model's chat template here and sends the same token ids
+    # to every engine; "engine" sends `messages` to each engine's own /v1/chat/completions (its
+    # templating path is measured too); "none" sends the raw text, no template (e.g. plain code completion)
+    template: Literal["harness", "engine", "none"] = "harness"
 
     @field_validator("input_len", "output_len")
     @classmethod
@@ -83,6 +92,9 @@ class Workload(_Strict):
             raise ValueError("workload.kind = 'sharegpt' needs workload.path (a ShareGPT JSON file)")
         if self.kind == "sharegpt" and not Path(self.path).is_file():
             raise ValueError(f"workload.path {self.path!r} is not a file")
+        if self.template != "harness" and self.kind not in REAL_TEXT:
+            raise ValueError(f"workload.template = {self.template!r} needs a real-text kind "
+                             f"({', '.join(REAL_TEXT)}); kind {self.kind!r} sends token ids")
         return self
 
 
@@ -236,6 +248,14 @@ class Config(_Strict):
                 raise ValueError(f"cells[{i}] ({c['name']}): a cell cannot hold cells")
             if names.count(c["name"]) > 1:
                 raise ValueError(f"cell name {c['name']!r} used twice")
+        return self
+
+    @model_validator(mode="after")
+    def _eos_for_real_text(self) -> "Config":
+        # a real model answering real text stops at EOS: unless [sampling] ignore_eos is set, it is
+        # false for the real-text kinds (the report counts requests ended at EOS vs at max tokens)
+        if self.workload.kind in REAL_TEXT and "ignore_eos" not in self.sampling.model_fields_set:
+            self.sampling.ignore_eos = False
         return self
 
     def cell_configs(self) -> list["Config"]:

@@ -116,7 +116,8 @@ class LoadGenerator:
 
     async def _one(self, item: WorkItem, arrival_s: float) -> Outcome:
         req = GenerationRequest(item.request_id, item.prompt_token_ids,
-                                SamplingConfig(**self.sampling, max_tokens=item.output_len), arrival_s=arrival_s)
+                                SamplingConfig(**self.sampling, max_tokens=item.output_len), arrival_s=arrival_s,
+                                messages=item.messages)
         evs: list[TokenEvent] = []
         append = evs.append
         send = clock.now_ns()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from experiments.config import IntOrRange, Workload
+from experiments.config import REAL_TEXT, IntOrRange, Workload
 
 
 @dataclass
@@ -25,6 +25,8 @@ class WorkItem:
     prompt_token_ids: list[int]
     output_len: int
     after: str | None = None  # multi-turn: the request that must finish before this one is sent
+    # workload.template = "engine": the chat messages, sent to an engine's own chat route instead of the ids
+    messages: list[dict[str, str]] | None = None
 
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:
@@ -139,6 +141,48 @@ def sharegpt_items(tok: Tokenizer, w: Workload) -> list[WorkItem]:
     return out
 
 
+def real_text_items(model_dir: str | Path, tok: Tokenizer, w: Workload) -> list[WorkItem]:
+    """The real-text kinds (experiments/realtext.py), as token ids of the templated (or raw) text."""
+    from experiments import realtext
+
+    rng = np.random.default_rng(w.seed)
+    made = {"chat": lambda: realtext.chat(rng, w), "summarize": lambda: realtext.summarize(rng, w, tok),
+            "multi_turn_chat": lambda: realtext.multi_turn_chat(rng, w, tok),
+            "code": lambda: realtext.code(rng, w, tok)}[w.kind]()
+    render = None
+    if w.template != "none":
+        from reference_engine.tokenizer import Tokenizer as ChatTokenizer  # the template code `inferlab serve` runs
+
+        chat_tok = ChatTokenizer(model_dir)
+        if not chat_tok.chat_template:
+            raise ValueError(f"workload.template = {w.template!r}: model {model_dir} has no chat template "
+                             f"(no chat_template.jinja or tokenizer_config.json chat_template); "
+                             f"use template = \"none\" for raw text")
+        render = chat_tok.apply_chat_template
+    out = []
+    for rid, messages, olen, after in made:
+        if render is None:
+            ids = tok.encode(realtext.raw_text(w.kind, messages)).ids
+        else:  # the template places any BOS itself, as transformers' apply_chat_template(tokenize=True)
+            ids = tok.encode(render(messages, add_generation_prompt=True), add_special_tokens=False).ids
+        out.append(WorkItem(rid, ids, olen, after, [dict(m) for m in messages] if w.template == "engine" else None))
+    return out
+
+
+def describe(items: list[WorkItem], w: Workload) -> dict[str, object]:
+    """The workload's manifest (workload.json in the run folder): kind, template, seed, the prompt and
+    max-output length distributions in the model's tokens, and for real text its sources."""
+    from experiments import realtext
+
+    out: dict[str, object] = {"kind": w.kind, "seed": w.seed, "requests": len(items),
+                              "template": w.template if w.kind in REAL_TEXT else None,
+                              "prompt_tokens": realtext.stats([len(i.prompt_token_ids) for i in items]),
+                              "max_output_tokens": realtext.stats([i.output_len for i in items])}
+    if w.kind in REAL_TEXT:
+        out["sources"] = realtext.sources(w.kind)
+    return out
+
+
 def build(model_dir: str | Path, w: Workload, warmup: int) -> tuple[list[WorkItem], list[WorkItem]]:
     """(measured items, warm-up items). Warm-up prompts are random and share nothing with
     the measured ones, so they warm kernels but not the prefix cache."""
@@ -148,7 +192,7 @@ def build(model_dir: str | Path, w: Workload, warmup: int) -> tuple[list[WorkIte
              "multi_turn": lambda: multi_turn_items(tok, w),
              "sharegpt": lambda: sharegpt_items(tok, w),
              "repetitive": lambda: repetitive_items(tok, w)}
-    items = kinds[w.kind]()
+    items = real_text_items(model_dir, tok, w) if w.kind in REAL_TEXT else kinds[w.kind]()
     warm = random_items(tok, w, warmup, w.seed + 1_000_003, prefix="warmup-")
     limit = context_len(model_dir)
     if limit:

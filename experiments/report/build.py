@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments import bandwidth, plots
-from experiments.report import observer, sections, settings, verdict
+from experiments.report import observer, sections, settings, verdict, workload
 from experiments.report.md import fmt, group
 from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
@@ -48,6 +48,7 @@ def build(dirs: list[Path], out: Path) -> Path:
           "", "## Engines", ""] + sections.engines(runs)
     sp = same_prompts(runs)
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
+           "## Workload", ""] + workload.section(runs) + ["",
            "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + (settings.fairness_flags(runs) + sections.flags(runs) or ["- none"])
     md += ["", "## Effective settings, read back", ""] + settings.settings_section(runs)
     md += ["", "## Metric definitions", "", DEFINITIONS, ""]

@@ -61,7 +61,8 @@ def flags(runs: Runs) -> list[str]:
             out.append(f"- **{e.label}** could not honour `{setting}`: {why}.")
         for level, s in e.summary.items():
             c = s["token_checks"]
-            if c["stopped_early"]:
+            ran_to_length = (_config(runs, e).get("sampling") or {}).get("ignore_eos", True)
+            if c["stopped_early"] and ran_to_length:  # without ignore_eos, ending at EOS is the point
                 why = ("TGI has no `ignore_eos`" if (e.manifest.get("info") or {}).get("knobs", {}).get("ignore_eos")
                        == "unsupported" else "the engine did not honour `ignore_eos`")
                 out.append(f"- **{e.label}** {level}: {c['stopped_early']} request(s) stopped before max_tokens "
@@ -73,6 +74,10 @@ def flags(runs: Runs) -> list[str]:
                 out.append(f"- **{e.label}** {level}: {s['harness']['warning']}.")
             out += observer.flags(e, level, s)
     return out
+
+
+def _config(runs: Runs, e) -> dict:
+    return next((c for d, c, _ in runs.configs if d == e.run_dir), {})
 
 
 def agreement_section(runs: Runs) -> list[str]:
