@@ -7,8 +7,11 @@ tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
   --extra_llm_api_options WORK/llm_api_options.yaml` (newer releases also call it `--config`).
   trtllm-serve has no `--dtype` flag: the dtype goes in the options file as the LLM-API field
   `dtype`, and the file also turns on what the harness needs: `return_perf_metrics: true`
-  (without it there is no Prometheus text at `/prometheus/metrics`) and
-  `enable_iter_perf_stats: true` (without it the KV and queue gauges stay empty).
+  (without it there is no Prometheus text at `/prometheus/metrics`), `enable_chunked_prefill:
+  true` (trtllm-serve's default is off; vLLM and SGLang chunk by default) and, on the PyTorch
+  backend only, `enable_iter_perf_stats: true` (without it the KV and queue gauges stay empty;
+  the field is TorchLlmArgs' and BaseLlmArgs forbids unknown fields, so the TensorRT backend,
+  whose iteration stats always run, must not get it). Keys per backend: `BACKEND_KEYS`.
 - The file's `kv_cache_config` *replaces* the one trtllm-serve builds from its command line
   (top-level merge), so `kv_cache_free_gpu_memory_fraction` goes into the file too, never on
   the command line. `kv_cache_tokens` becomes `kv_cache_config.max_tokens`, which is an upper
@@ -17,7 +20,10 @@ tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
   decides whether the budget was honoured (`EngineInfo.unhonoured` says when not).
 - Requests: trtllm-serve's request models forbid unknown fields (HTTP 400), so vLLM's
   `return_token_ids` is never sent; token ids stream only with `detokenize: false`, and then
-  every chunk's text is empty (so stop strings, matched on text, are not used here).
+  every chunk's text is empty. Stop strings still stop generation then: TRT-LLM tokenizes each
+  stop string alone (`SamplingParams._setup`) and the runtime matches those id sequences, not
+  text, so a stop string that the model emits with other token boundaries is missed (the
+  knob `stop_strings` says so in every report).
 - `/metrics` is a JSON iteration-stats endpoint that is drained on read: never scraped.
 - Features (adapters.features), in the options file: `enable_prefix_caching` ->
   `kv_cache_config.enable_block_reuse` (TRT-LLM's prefix reuse, default on; option
@@ -27,8 +33,8 @@ tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
   TRT-LLM tries every match length from max down to 1, so a prompt_lookup_min above 1 is
   unhonoured), draft_model -> `{decoding_type: Draft_Target, max_draft_len: k, speculative_model:
   DIR}`. Both run on the PyTorch backend only (`supports_backend`).
-- `EngineInfo.effective` from /prometheus/metrics: `trtllm_model_config_info` (dtype,
-  max_model_len), `trtllm_parallel_config_info`, `trtllm_speculative_config_info`,
+- `EngineInfo.effective` from /prometheus/metrics: `trtllm_model_config_info` (max_model_len;
+  its dtype label is `str(args.dtype)`, the argument, so the dtype row is labelled as requested), `trtllm_parallel_config_info`, `trtllm_speculative_config_info`,
   `trtllm_kv_cache_config_info` (enable_block_reuse) where the server exports them (newer
   releases), the KV block gauges, `trtllm_max_num_active_requests`,
   `trtllm_max_num_tokens_runtime`. No memory split is exported (`EngineInfo.memory` stays empty).
@@ -48,8 +54,9 @@ from adapters import features, prom
 from adapters.base import EngineInfo, GenerationRequest, TokenEvent, check_options
 from adapters.metric_names import TRTLLM
 from adapters.openai_compat import OpenAIEngine
-from adapters.readback import ReadBack, as_bool, torch_dtype
+from adapters.readback import AS_REQUESTED, ReadBack, as_bool, torch_dtype
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, kv_pin_gap, need
+from adapters.versions import Row, VersionTable, launcher_version
 
 INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus all --ipc host --network host "
            "-v {model}:{model} nvcr.io/nvidia/tensorrt-llm/release:TAG\"), or on a CUDA host "
@@ -66,6 +73,15 @@ PARALLEL_INFO, SPEC_INFO, KV_INFO = ("trtllm_parallel_config_info", "trtllm_spec
                                      "trtllm_kv_cache_config_info")
 MAX_ACTIVE, MAX_TOKENS = "trtllm_max_num_active_requests", "trtllm_max_num_tokens_runtime"
 SPEC_METHODS = {"NGram": "ngram", "Draft_Target": "draft_model"}
+# Options-file keys per backend: the common ones are BaseLlmArgs fields, enable_iter_perf_stats is
+# TorchLlmArgs' only (fixtures/trtllm/llm_args_fields.json; test_trtllm_contract.py validates both).
+COMMON_KEYS = ("dtype", "return_perf_metrics", "enable_chunked_prefill", "kv_cache_config", "speculative_config")
+BACKEND_KEYS = {"pytorch": COMMON_KEYS + ("enable_iter_perf_stats",), "tensorrt": COMMON_KEYS}
+STOP_MATCH = ("token ids: TRT-LLM tokenizes each stop string alone and stops when the generated ids end with "
+              "that sequence (text produced with other token boundaries does not stop it)")
+# The version this adapter's facts were checked for (fixtures/trtllm/SOURCE.md: read from the
+# main-branch source at the commits listed there, the pin 1.3.0rc24).
+VERSIONS = VersionTable("trtllm", (Row("1.3.0rc24", "1.3.0rc24", ("1.3.0rc24",), {"metrics": TRTLLM}),))
 
 
 def speculative_config(spec: dict[str, Any]) -> dict[str, Any]:
@@ -99,14 +115,20 @@ def llm_api_options(options: dict[str, Any], dtype: str) -> dict[str, Any]:
         raise ValueError("engine 'trtllm': enable_block_reuse and enable_prefix_caching contradict each other")
     if reuse:
         kv["enable_block_reuse"] = bool(reuse[0])
-    out: dict[str, Any] = {"dtype": dtype, "return_perf_metrics": True, "enable_iter_perf_stats": True}
+    backend = options.get("backend") or "pytorch"
+    if backend not in BACKEND_KEYS:
+        raise ValueError(f"engine 'trtllm': backend {backend!r} is not one of {sorted(BACKEND_KEYS)}")
+    out: dict[str, Any] = {"dtype": dtype, "return_perf_metrics": True, "enable_iter_perf_stats": True,
+                           "enable_chunked_prefill": bool(options.get("enable_chunked_prefill", True))}
     spec = features.speculative("trtllm", options.get("speculative_config"))
     if spec is not None:
         if options.get("backend") not in (None, "pytorch"):
             raise ValueError(f"engine 'trtllm': speculative_config needs backend pytorch (TRT-LLM's NGram and "
                              f"Draft_Target decoding support no other), got {options['backend']!r}")
         out["speculative_config"] = speculative_config(spec)
-    return {**out, "kv_cache_config": kv} if kv else out
+    if kv:
+        out["kv_cache_config"] = kv
+    return {k: v for k, v in out.items() if k in BACKEND_KEYS[backend]}
 
 
 def feature_unhonoured(options: dict[str, Any]) -> dict[str, str]:
@@ -122,7 +144,8 @@ def metrics_read_back(rb: ReadBack, m: prom.Metrics | None, source: str) -> None
     if m is None:
         return
     model = m.labels("trtllm_model_config_info") or {}
-    rb.put("dtype", torch_dtype(model.get("dtype")), source + " trtllm_model_config_info dtype")
+    rb.put("dtype", torch_dtype(model.get("dtype")),
+           f"{AS_REQUESTED} ({source} trtllm_model_config_info dtype is str(args.dtype), the argument)")
     rb.put("max_model_len", prom.as_int(model.get("max_model_len")), source + " trtllm_model_config_info")
     par = m.labels(PARALLEL_INFO)
     if par is not None:
@@ -154,7 +177,7 @@ class TRTLLMEngine(ModalEngine):
 class TRTLLMServer(LaunchedServer, OpenAIEngine):
     name = "trtllm"
     OPTIONS = (OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(FLAGS)
-               | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse", "max_model_len"})
+               | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse", "max_model_len", "enable_chunked_prefill"})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -167,6 +190,9 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 
     def server_argv(self) -> list[str]:
         s = self.server
+        found = launcher_version(s.launcher, "tensorrt_llm") if s.launcher else None
+        if found:
+            VERSIONS.row(found)  # refuses a version outside the table before anything starts
         args: list[str] = [s.model_arg, "--host", s.host, "--port", s.port]
         for k in FLAGS:
             if self.options.get(k) is not None:
@@ -183,7 +209,14 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 
     def _knobs(self) -> dict[str, Any]:
         extra = llm_api_options(self.options, self.dtype) if self.mode == "server" else {}
-        return {**super()._knobs(), **{k: self.options[k] for k in FLAGS if k in self.options}, **extra}
+        return {**super()._knobs(), **{k: self.options[k] for k in FLAGS if k in self.options}, **extra,
+                "stop_strings": STOP_MATCH}
+
+    async def _version(self) -> str:
+        """/version, refused (EngineUnavailable) when no row of VERSIONS covers it."""
+        version = await super()._version()
+        VERSIONS.row(None if version == "unknown" else version)
+        return version
 
     async def _capacity(self) -> tuple[int | None, int | None]:
         """The KV gauges are iteration stats, published by a background task after iterations
@@ -201,6 +234,9 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 
     async def _engine_read_back(self, rb: ReadBack) -> None:
         metrics_read_back(rb, self._first_metrics, self.metrics_path)
+        if self.mode == "server":  # no info gauge or route reports it: what the options file set
+            rb.put("chunked_prefill", llm_api_options(self.options, self.dtype)["enable_chunked_prefill"],
+                   AS_REQUESTED + " (enable_chunked_prefill in the options file; trtllm-serve exports no such setting)")
 
     def _unhonoured(self, capacity: int | None, block_size: int | None) -> dict[str, str]:
         out = {**super()._unhonoured(capacity, block_size), **feature_unhonoured(self.options)}
@@ -224,7 +260,7 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 class TRTLLMInProcess(HeldEngine):
     name = "trtllm"
     OPTIONS = frozenset({"kv_cache_tokens", "enable_block_reuse", "kv_cache_free_gpu_memory_fraction", *FLAGS,
-                         "max_model_len", *features.OPTIONS})
+                         "max_model_len", "enable_chunked_prefill", *features.OPTIONS})
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -235,12 +271,14 @@ class TRTLLMInProcess(HeldEngine):
 
     async def start(self) -> EngineInfo:
         trt = need("tensorrt_llm", INSTALL)
+        VERSIONS.row(getattr(trt, "__version__", None))  # refuses a version outside the table
         from tensorrt_llm.llmapi import KvCacheConfig
 
         opts = llm_api_options(self.options, self.dtype)
         kw = {k: self.options[k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len") if k in self.options}
         if "speculative_config" in opts:  # the LLM API takes the same dict the options file holds
             kw["speculative_config"] = opts["speculative_config"]
+        kw["enable_chunked_prefill"] = opts["enable_chunked_prefill"]
         self.engine = trt.LLM(model=self.model, dtype=self.dtype, kv_cache_config=KvCacheConfig(**opts.get(
             "kv_cache_config", {})), **kw)
         # The LLM API reports no capacity here: a budget (an upper bound) cannot be confirmed.
@@ -250,7 +288,10 @@ class TRTLLMInProcess(HeldEngine):
         unhonoured.update({**features.gaps(self.name, self.options, {}), **feature_unhonoured(self.options)})
         self.info = EngineInfo(engine=self.name, version=getattr(trt, "__version__", "unknown"), model=self.model,
                                dtype=self.dtype, kv_capacity_tokens=None, knobs=dict(self.options),
-                               mode="in_process", unhonoured=unhonoured)
+                               mode="in_process", unhonoured=unhonoured,
+                               effective={"dtype": self.dtype, "chunked_prefill": opts["enable_chunked_prefill"],
+                                          "sources": {"dtype": AS_REQUESTED + " (tensorrt_llm.LLM(dtype=...))",
+                                                      "chunked_prefill": AS_REQUESTED}})
         return self.info
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

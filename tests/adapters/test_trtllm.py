@@ -137,12 +137,13 @@ def test_options_file_turns_on_metrics_and_carries_dtype_and_kv(tmp_path):
     assert {a for a in argv if a.startswith("--")} <= set(FACTS["serve"]["flags"]) and FACTS["serve"]["no_dtype_flag"]
     opts = json.loads((tmp_path / "llm_api_options.yaml").read_text())
     assert opts == {"dtype": "bfloat16", "return_perf_metrics": True, "enable_iter_perf_stats": True,
+                    "enable_chunked_prefill": True,
                     "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "max_tokens": 8192}}
     assert set(opts) <= set(FACTS["llm_args"]["fields"])
     assert set(opts["kv_cache_config"]) <= set(FACTS["llm_args"]["kv_cache_config_fields"])
     # without a budget the file still turns metrics on
     assert llm_api_options({}, "float16") == {"dtype": "float16", "return_perf_metrics": True,
-                                              "enable_iter_perf_stats": True}
+                                              "enable_iter_perf_stats": True, "enable_chunked_prefill": True}
 
 
 async def test_capacity_metrics_url_and_unpinned_budget_from_prometheus_gauges():
