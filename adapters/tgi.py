@@ -33,8 +33,17 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
   prompt_lookup_min/max are unhonoured); draft_model is unhonoured (TGI speculates only with
   Medusa / MLP-speculator heads shipped in the model folder, or n-gram), and the server is
   launched without speculation. An attached server's features were fixed at its start.
+- Prometheus exporter port: TGI's router also binds a Prometheus port (9000 by default), so two
+  servers on `--network host` collide; a launched server gets a free one through the launcher's
+  environment `PROMETHEUS_PORT` (an environment variable, not a flag: a launcher without that
+  argument ignores it instead of refusing to start). The launcher's Args print says whether it
+  took it (`knobs["prometheus_port"]`).
+- Versions: `VERSIONS` (the versions this adapter was checked against, fixtures/tgi/SOURCE.md); the
+  version is `text-generation-launcher --version` or the image tag before launch, `/info` after.
 - `EngineInfo.effective` from `/info` (max_total_tokens: the per-request context), the KV gauge,
-  and in server mode the launch log: the launcher's `Args { .. dtype: Some(BFloat16) .. }`, the
+  and in server mode the launch log: the launcher's `Args { .. dtype: Some(BFloat16) .. }` (the
+  `--dtype` it was given: that row is labelled as requested; `/info` `model_dtype`, before v2.3.0,
+  is what the server reports), the
   shard's "Using prefix caching = True", "Using speculation n-gram with 3 input ids.", "KV-cache
   blocks: N, size: B", "Cuda Graphs are enabled for sizes [...]" and the router's "Setting max
   batch total tokens to N". TGI reports no memory split (`EngineInfo.memory` stays empty).
@@ -42,6 +51,7 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -52,8 +62,10 @@ from adapters import features, prom
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent)
 from adapters.metric_names import TGI
-from adapters.readback import ReadBack, launch_command
+from adapters.launcher import free_port
+from adapters.readback import AS_REQUESTED, ReadBack, launch_command
 from adapters.serving import LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
+from adapters.versions import Row, VersionTable, image_tag_version
 
 INSTALL = ("install text-generation-launcher (TGI) on a GPU host, or set launcher = "
            "\"docker run --gpus all --shm-size 1g --network host -v {model}:{model} "
@@ -82,6 +94,11 @@ LOG_BLOCKS = re.compile(r"KV-cache blocks: (\d+), size: (\d+)")
 LOG_GRAPHS = re.compile(r"Cuda Graphs are enabled for sizes (\[[\d, ]*\])")
 LOG_MODEL_LOADED = re.compile(r"KV-cache blocks: |Setting max batch total tokens")  # the shard got past model setup
 DTYPE_NAMES = {"Float16": "float16", "BFloat16": "bfloat16"}
+LOG_PROMETHEUS_PORT = re.compile(r"\bprometheus_port: (\d+)")
+LAUNCHER_VERSION = re.compile(r"text-generation-launcher (\S+)")
+# 2.0.3: the recorded router log and stream; 3.3.7: the source (fixtures/tgi/SOURCE.md)
+VERSIONS = VersionTable("tgi", (Row("2.0.3", "2.0.3", ("2.0.3",), {"metrics": TGI}),
+                                Row("3.3.7", "3.3.7", ("3.3.7",), {"metrics": TGI})))
 
 
 def log_read_back(rb: ReadBack, text: str, source: str) -> None:
@@ -90,8 +107,9 @@ def log_read_back(rb: ReadBack, text: str, source: str) -> None:
         found = list(pattern.finditer(text))
         return found[-1] if found else None
 
-    if m := last(LOG_DTYPE):
-        rb.put("dtype", DTYPE_NAMES.get(m.group(1), m.group(1).lower()), source + ": launcher Args dtype")
+    if m := last(LOG_DTYPE):  # the launcher echoes the --dtype it was given
+        rb.put("dtype", DTYPE_NAMES.get(m.group(1), m.group(1).lower()),
+               f"{AS_REQUESTED} ({source}: the launcher's Args print, the --dtype it was given)")
     if m := last(LOG_PREFIX):
         rb.put("prefix_caching", (m.group(1) or m.group(2)).lower() in ("true", "1"), source + ": prefix caching line")
     if m := last(LOG_BLOCKS):
@@ -156,9 +174,26 @@ class TGIServer(LaunchedServer, Engine):
         self.tokenizer: Any = None
         self.info: EngineInfo | None = None
         self._aborted: set[str] = set()
+        self.prometheus_port: int | None = None  # chosen at launch (server_env)
+
+    def launcher_version(self) -> str | None:
+        """The TGI version the launcher runs, without starting a server (None: unknown)."""
+        launcher = self.server.launcher
+        if launcher.is_container:
+            return image_tag_version(launcher.prefix)
+        try:
+            out = subprocess.run([launcher.find_script("text-generation-launcher"), "--version"],
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired, EngineUnavailable):
+            return None
+        m = LAUNCHER_VERSION.search(out.stdout)
+        return m.group(1) if m else None
 
     def server_argv(self) -> list[str]:
         s = self.server
+        found = self.launcher_version() if s.launcher else None
+        if found:
+            VERSIONS.row(found)  # refuses a version outside the table before anything starts
         args: list[str] = ["--model-id", s.model_arg, "--hostname", s.host, "--port", s.port,
                            "--dtype", launch_dtype(self.dtype)]
         if self.options.get("kv_cache_tokens") is not None:
@@ -174,13 +209,28 @@ class TGIServer(LaunchedServer, Engine):
         return s.argv(script="text-generation-launcher", args=args, container_cmd=[])
 
     def server_env(self, work_dir: Path | None) -> dict[str, str]:
-        """PREFIX_CACHING for the launcher (it passes it on to the shards) when the option is set."""
+        """PREFIX_CACHING for the launcher (it passes it on to the shards) when the option is set,
+        and a free PROMETHEUS_PORT (the module docstring says why an environment variable)."""
+        if self.prometheus_port is None:
+            self.prometheus_port = free_port()
         prefix = self.options.get("enable_prefix_caching")
-        return {} if prefix is None else {"PREFIX_CACHING": "1" if prefix else "0"}
+        env = {"PROMETHEUS_PORT": str(self.prometheus_port)}
+        return env if prefix is None else {**env, "PREFIX_CACHING": "1" if prefix else "0"}
+
+    def prometheus_knob(self) -> str | None:
+        """Which Prometheus port the launched server took, from its launcher's Args print."""
+        if self.server is None or self.server.proc is None:
+            return None
+        found = LOG_PROMETHEUS_PORT.findall(self.server.log_text())
+        if not found:
+            return f"{self.prometheus_port} asked (PROMETHEUS_PORT); this launcher's Args have no prometheus_port"
+        return f"{found[-1]} (launcher Args prometheus_port; {self.prometheus_port} asked)"
 
     def read_back(self, info: dict[str, Any], capacity: int | None) -> tuple[dict[str, Any], dict[str, int]]:
         """EngineInfo.effective from the launch log (server mode), the KV gauge and /info."""
         rb = ReadBack()
+        reported = info.get("model_dtype")  # the dtype the server runs, in /info before v2.3.0
+        rb.put("dtype", str(reported).removeprefix("torch.") if reported else None, "/info model_dtype (TGI < 2.3)")
         if self.server is not None and self.server.proc is not None:
             log_read_back(rb, self.server.log_text(), f"launch log {self.server.proc.log_path}")
         rb.put("kv_capacity_tokens", capacity, "tgi_batch_max_total_tokens at /metrics, else /info (TGI < 2.3)")
@@ -221,6 +271,7 @@ class TGIServer(LaunchedServer, Engine):
             base = await self.connect()
             self.http = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             info = await self._info(base)
+            VERSIONS.row(str(info["version"]) if info.get("version") else None)  # refuses an unchecked version
             self.client = hub.AsyncInferenceClient(base_url=base)
             metrics = await prom.scrape(self.http, TGI.path)
             cap, _ = prom.kv_capacity(metrics, TGI)
@@ -231,6 +282,7 @@ class TGIServer(LaunchedServer, Engine):
             effective, memory = self.read_back(info, cap)
             ran = effective.get("dtype") or self.dtype_ran(info)
             knobs = {"url": base, "ignore_eos": "unsupported", "prompt": "text", **self.launch_knobs(),
+                     **({"prometheus_port": self.prometheus_knob()} if self.prometheus_knob() else {}),
                      **{k: self.options[k] for k in (*KNOBS, "kv_cache_tokens", *features.OPTIONS)
                         if k in self.options}}
             self.info = EngineInfo(engine=self.name, version=str(info.get("version", "unknown")),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from adapters.base import GenerationRequest, SamplingConfig
+from adapters.base import EngineUnavailable, GenerationRequest, SamplingConfig
 from adapters.launcher import Launcher
 from adapters.metric_names import TGI
 from adapters.tgi import TGIEngine, max_batch_total_tokens
@@ -67,7 +67,8 @@ def test_kv_capacity_from_the_recorded_startup_log():
 async def test_recorded_stream():
     """TGI 2.0.3's real /generate_stream body (fixtures/tgi/SOURCE.md), through huggingface_hub."""
     stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
-    with Replay({("POST", "/"): stream, ("POST", "/generate_stream"): stream}) as srv:
+    info_203 = (200, "application/json", b'{"version": "2.0.3"}')  # built: only the version the recorded server ran
+    with Replay({("POST", "/"): stream, ("POST", "/generate_stream"): stream, ("GET", "/info"): info_203}) as srv:
         e = TGIEngine("tokyotech-llm/Swallow-7b-hf", "float16", {"url": srv.url})
         info = await e.start()
         req = GenerationRequest("r1", [1, 2], SamplingConfig(max_tokens=20), prompt_text="日本で一番高い山はなんですか？")
@@ -77,7 +78,7 @@ async def test_recorded_stream():
     assert tokens(events) == RECORDED_IDS
     assert "".join(ev.text for ev in events) == "\n日本で一番高い山はなんですか?\nベストアンサー\n富士山です。"
     assert events[-1].finish_reason is None  # the recorded request did not ask for details
-    assert info.knobs["ignore_eos"] == "unsupported" and info.kv_capacity_tokens is None  # no /info recorded
+    assert info.knobs["ignore_eos"] == "unsupported" and info.kv_capacity_tokens is None  # no capacity in that /info
     body = srv.posted("/")[0] if srv.posted("/") else srv.posted("/generate_stream")[0]
     assert body["inputs"] == "日本で一番高い山はなんですか？" and body["parameters"]["max_new_tokens"] == 20
     assert body["parameters"]["details"] is True and body["stream"] is True
@@ -86,8 +87,8 @@ async def test_recorded_stream():
 def info_v3(**extra) -> bytes:
     """/info as TGI v3.3.7 builds it (router/src/lib.rs struct Info: facts info.fields)."""
     body = {k: None for k in FACTS["info"]["fields"]}
-    body.update(model_id="tiny", router="text-generation-router", version="3.3.7", max_concurrent_requests=128,
-                max_input_tokens=1024, max_total_tokens=2048, **extra)
+    body.update(dict(model_id="tiny", router="text-generation-router", version="3.3.7", max_concurrent_requests=128,
+                     max_input_tokens=1024, max_total_tokens=2048), **extra)
     return json.dumps(body).encode()
 
 
@@ -130,7 +131,7 @@ async def test_capacity_from_the_gauge_and_an_ignored_budget_is_not_called_pinne
 async def test_tgi_before_2_3_reports_capacity_and_dtype_in_info():
     """facts: info.fields_before_2_3_0 (router/src/lib.rs @ v2.2.0)."""
     stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
-    routes = {("GET", "/info"): (200, "application/json", info_v3(max_batch_total_tokens=15232,
+    routes = {("GET", "/info"): (200, "application/json", info_v3(max_batch_total_tokens=15232, version="2.0.3",
                                                                    model_dtype="torch.float16")),
               ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
     with Replay(routes) as srv:
@@ -139,6 +140,7 @@ async def test_tgi_before_2_3_reports_capacity_and_dtype_in_info():
         await e.stop()
     assert (info.kv_capacity_tokens, info.dtype, info.metrics_url) == (15232, "float16", None)
     assert set(info.unhonoured) == {"ignore_eos"}
+    assert (info.effective["dtype"], info.effective["sources"]["dtype"]) == ("float16", "/info model_dtype (TGI < 2.3)")
 
 
 def test_metric_table_uses_recorded_names():
@@ -160,7 +162,8 @@ def test_features_become_the_launchers_flag_and_env(tmp_path):
     argv = e.server_argv()
     assert argv[-2:] == ["--speculate", "3"] and set(a for a in argv if a.startswith("--")) <= set(
         FACTS["launcher"]["flags"])
-    assert e.server_env(None) == {"PREFIX_CACHING": "0"} and FACTS["prefix_caching"]["env"] == "PREFIX_CACHING"
+    env = e.server_env(None)
+    assert env["PREFIX_CACHING"] == "0" and FACTS["prefix_caching"]["env"] == "PREFIX_CACHING"
     assert "1" in FACTS["prefix_caching"]["env_true"]
     assert "one-token match" in e.unhonoured("float16", None)["speculative_config.prompt_lookup"]
     draft = TGIEngine("/models/llama", "float16", {"launcher": str(tmp_path), "speculative_config": {
@@ -168,7 +171,7 @@ def test_features_become_the_launchers_flag_and_env(tmp_path):
     draft.server.launcher, draft.server.port = e.server.launcher, 8080
     assert "--speculate" not in draft.server_argv() and FACTS["speculation"]["draft_model"] is None
     assert "no draft-model speculation" in draft.unhonoured("float16", None)["speculative_config"]
-    assert TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl.server_env(None) == {}
+    assert set(TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl.server_env(None)) == {"PROMETHEUS_PORT"}
 
 
 def built_launch_log(speculate: int | None, prefix: bool) -> str:
@@ -252,3 +255,51 @@ def test_max_model_len_gets_total_and_input_tokens_and_reads_them_back(tmp_path)
     assert e._impl.read_back({"max_total_tokens": 384}, None)[0]["max_model_len"] == 384  # /info
     with pytest.raises(ValueError, match="either it or them"):
         TGIEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384, "max_total_tokens": 9})
+
+
+def test_launched_dtype_row_is_labelled_as_requested():
+    """The launcher's Args print echoes the --dtype it was given (launcher/src/main.rs @ v3.3.7):
+    not a report of what the shard loaded."""
+    from adapters.readback import ReadBack
+    from adapters.tgi import log_read_back
+
+    rb = ReadBack()
+    log_read_back(rb, built_launch_log(None, True), "log")
+    assert rb.sources["dtype"] == ("as requested — the engine does not report it (log: the launcher's Args print, "
+                                   "the --dtype it was given)")
+
+
+def test_each_launch_gets_its_own_prometheus_port(tmp_path):
+    """TGI's router binds a Prometheus port (9000 by default): two servers on --network host
+    would collide, so each launch asks for a free one through the launcher's environment."""
+    a = TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl
+    b = TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl
+    pa, pb = int(a.server_env(None)["PROMETHEUS_PORT"]), int(b.server_env(None)["PROMETHEUS_PORT"])
+    assert pa != pb and 9000 not in (pa, pb) and a.server_env(None)["PROMETHEUS_PORT"] == str(pa)
+
+
+async def test_a_version_outside_the_table_is_refused():
+    with Replay({("GET", "/info"): (200, "application/json", info_v3(version="3.3.6"))}) as srv:
+        e = TGIEngine("m", "float16", {"url": srv.url})
+        with pytest.raises(EngineUnavailable) as err:
+            await e.start()
+    assert str(err.value) == "tgi 3.3.6 is not in the adapter's version table (known: 2.0.3, 3.3.7; adapters/versions.py)"
+
+
+def test_version_found_before_launch_from_the_launcher_or_the_image_tag(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    fake_venv(venv, "text-generation-launcher")
+    script = venv / "bin" / "text-generation-launcher"
+    script.write_text("#!/bin/sh\necho text-generation-launcher 3.3.6\n")
+    script.chmod(0o755)
+    e = TGIEngine("/m", "float16", {"launcher": str(venv)})._impl
+    e.server.launcher, e.server.port = Launcher.parse(str(venv)), 8080
+    assert e.launcher_version() == "3.3.6"
+    with pytest.raises(EngineUnavailable, match="^tgi 3.3.6 is not in the adapter's version table"):
+        e.server_argv()
+    from adapters.versions import image_tag_version
+    assert image_tag_version(["docker", "run", "ghcr.io/huggingface/text-generation-inference:3.3.7"]) == "3.3.7"
+    assert image_tag_version(["docker", "run", "lmsysorg/sglang:v0.5.23-cu129"]) == "0.5.23"
+    assert image_tag_version(["docker", "run", "lmsysorg/sglang:latest"]) is None
+    assert image_tag_version(["docker", "run", "localhost:5000/sglang"]) is None

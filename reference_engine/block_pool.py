@@ -1,8 +1,9 @@
-"""The paged KV cache: fixed-size blocks in one pool, handed out to requests on demand.
+"""The block pool of the paged KV cache: fixed-size blocks handed out to requests on demand.
 
-Memory: per layer, a key and a value tensor shaped `(num_blocks, block_size, Hkv, D)`.
 Token `t` of a request lives in block `block_table[t // block_size]` at offset
-`t % block_size`; its flat slot is `block * block_size + offset`.
+`t % block_size`; its flat slot is `block * block_size + offset`. The tensors those ids index
+(per layer, K and V shaped `(num_blocks, block_size, Hkv, D)`) are the runner's: they are sized
+and allocated in `gpu_memory.py`, and this module knows nothing of them.
 
 The pool only counts references and keeps the free blocks in eviction order; what a
 block holds (its prefix-cache hash) is the KV-cache manager's business
@@ -17,10 +18,6 @@ Invariants:
 from __future__ import annotations
 
 from collections import OrderedDict
-
-import torch
-
-from reference_engine.config import DEFAULT_KV_BYTES, EngineConfig, ModelConfig
 
 
 class BlockPool:
@@ -74,30 +71,3 @@ class BlockPool:
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
-
-
-def bytes_per_token(model: ModelConfig, dtype: torch.dtype) -> int:
-    """K and V, every layer, one token."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * elem
-
-
-def capacity_blocks(cfg: EngineConfig, model: ModelConfig, dtype: torch.dtype, max_model_len: int,
-                    extra_bytes_per_token: int = 0) -> int:
-    """Blocks from the budget given in tokens or bytes (default: DEFAULT_KV_BYTES, capped).
-    `extra_bytes_per_token`: a draft model's KV, which lives in the same block ids."""
-    per_tok = bytes_per_token(model, dtype) + extra_bytes_per_token
-    if cfg.kv_cache_tokens is not None:
-        tokens = cfg.kv_cache_tokens
-    elif cfg.kv_cache_bytes is not None:
-        tokens = cfg.kv_cache_bytes // per_tok
-    else:
-        tokens = min(DEFAULT_KV_BYTES // per_tok, cfg.max_num_seqs * max_model_len)
-    return tokens // cfg.block_size
-
-
-def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: str | torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(model.num_layers)]
