@@ -172,3 +172,20 @@ def test_chat_requests_go_to_the_chat_route_with_the_same_sampling():
     assert (got.token_ids, got.text, got.finish_reason) == ([7], "Hi", None)
     role = engine._parse_chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
     assert (role.token_ids, role.text) == (None, "")
+
+
+def test_requests_ended_at_eos_are_not_retokenization_mismatches(exp_model):
+    from experiments.metrics import token_checks
+
+    tok = load_tokenizer(exp_model)
+    ids = tok.encode("The cat sat on the mat.", add_special_tokens=False).ids
+    eos = tok.token_to_id("<|im_end|>")
+
+    def retok(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False).ids)
+
+    rec = {"text": "The cat sat on the mat.", "prompt_token_ids": [1], "output_len": 32}
+    at_eos = {**rec, "output_token_ids": ids + [eos], "finish_reason": "stop"}  # EOS's text is not in the text
+    at_length = {**rec, "output_token_ids": ids, "finish_reason": "length"}
+    assert token_checks([at_eos, at_length], retok)["retokenized_mismatch"] == 0
+    assert token_checks([{**at_length, "output_token_ids": ids + [eos]}], retok)["retokenized_mismatch"] == 1
