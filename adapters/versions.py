@@ -95,3 +95,10 @@ def launcher_version(launcher: Any, dist: str) -> str | None:
     if launcher.is_container:
         return image_tag_version(launcher.prefix)
     return python_package_version(launcher.prefix[0], dist)
+
+
+# The container image of each server engine that scripts/gpu_compare.sh and `inferlab list-engines`
+# name: the versions the adapters were checked against (test_versions.py keeps the three in step).
+IMAGES = {"vllm": "vllm/vllm-openai:v0.32.0", "sglang": "lmsysorg/sglang:v0.5.23-cu130",
+          "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24",
+          "tgi": "ghcr.io/huggingface/text-generation-inference:3.3.7"}

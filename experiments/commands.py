@@ -182,10 +182,9 @@ def report_main(argv: list[str]) -> int:
 
 
 def list_engines_main(argv: list[str]) -> int:
-    from adapters import registry
+    from experiments.engines_here import render, table
 
     if argv:
         return _fail("list-engines takes no arguments")
-    for name, target in registry.ADAPTERS.items():
-        print(f"{name:<10} {target}")
+    print(render(table()))
     return 0

@@ -5,11 +5,13 @@
 #   bash scripts/gpu_compare.sh [--dry-run] [OUT_DIR]   (default: results/gpu_compare-<date>)
 #
 # An engine is found when its package or server command is installed for this python, or, for
-# the server engines, when a docker image of it is on this host (pulls are not made for you):
-#   vllm    import vllm            | image VLLM_IMAGE   (default: a local vllm/vllm-openai:*)
-#   sglang  import sglang          | image SGLANG_IMAGE (default: a local lmsysorg/sglang:*)
-#   trtllm  trtllm-serve on PATH   | image TRTLLM_IMAGE (default: a local nvcr.io/nvidia/tensorrt-llm/release:*)
-#   tgi     text-generation-launcher on PATH | image TGI_IMAGE (default: a local ghcr.io/huggingface/text-generation-inference:*)
+# the server engines, when its pinned docker image is on this host (pulls are not made for you; the
+# skip line names the `docker pull` to run). The pins are the versions the adapters were checked
+# against (adapters/versions.py and each adapter's VERSIONS; an adapter refuses any other version):
+#   vllm    import vllm            | image VLLM_IMAGE   (default vllm/vllm-openai:v0.32.0)
+#   sglang  import sglang          | image SGLANG_IMAGE (default lmsysorg/sglang:v0.5.23-cu130)
+#   trtllm  trtllm-serve on PATH   | image TRTLLM_IMAGE (default nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24)
+#   tgi     text-generation-launcher on PATH | image TGI_IMAGE (default ghcr.io/huggingface/text-generation-inference:3.3.7)
 #   hf      import transformers;  reference: always (inferlab's own engine, on CUDA)
 # It prints which engines were found and which were skipped and why, writes them to
 # OUT/engines.txt, then runs `inferlab run` on a copy of the config listing the engines found
@@ -28,10 +30,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 found=(reference) ; declare -A why opts
 has_py() { "$PY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
-image() {  # $1: env override, $2: repository -> the image to use, or nothing
-  if [ -n "$1" ]; then echo "$1"; return; fi
+VLLM_IMAGE="${VLLM_IMAGE:-vllm/vllm-openai:v0.32.0}"
+SGLANG_IMAGE="${SGLANG_IMAGE:-lmsysorg/sglang:v0.5.23-cu130}"
+TRTLLM_IMAGE="${TRTLLM_IMAGE:-nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24}"
+TGI_IMAGE="${TGI_IMAGE:-ghcr.io/huggingface/text-generation-inference:3.3.7}"
+image() {  # $1: the pinned (or overridden) image -> itself when it is on this host, else nothing
   command -v docker >/dev/null 2>&1 || return 0
-  docker images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -m1 "^$2:" || true
+  docker image inspect "$1" >/dev/null 2>&1 && echo "$1" || true
 }
 docker_launcher() {  # the model and OUT are mounted at the same paths (the engines' option files live in OUT)
   echo "docker run --rm --gpus all --ipc host --network host -v {model}:{model} -v $OUT:$OUT $*"
@@ -40,20 +45,20 @@ docker_launcher() {  # the model and OUT are mounted at the same paths (the engi
 if has_py transformers; then found+=(hf); else why[hf]="transformers is not importable for $PY"; fi
 
 if has_py vllm; then found+=(vllm)
-elif img=$(image "${VLLM_IMAGE:-}" vllm/vllm-openai) && [ -n "$img" ]; then found+=(vllm); opts[vllm]="launcher = \"$(docker_launcher "$img")\""
-else why[vllm]="vllm is not importable and no vllm/vllm-openai image (set VLLM_IMAGE)"; fi
+elif img=$(image "$VLLM_IMAGE") && [ -n "$img" ]; then found+=(vllm); opts[vllm]="launcher = \"$(docker_launcher "$img")\""
+else why[vllm]="vllm is not importable and $VLLM_IMAGE is not on this host (docker pull $VLLM_IMAGE)"; fi
 
 if has_py sglang; then found+=(sglang)
-elif img=$(image "${SGLANG_IMAGE:-}" lmsysorg/sglang) && [ -n "$img" ]; then found+=(sglang); opts[sglang]="launcher = \"$(docker_launcher --shm-size 16g "$img")\""
-else why[sglang]="sglang is not importable and no lmsysorg/sglang image (set SGLANG_IMAGE)"; fi
+elif img=$(image "$SGLANG_IMAGE") && [ -n "$img" ]; then found+=(sglang); opts[sglang]="launcher = \"$(docker_launcher --shm-size 16g "$img")\""
+else why[sglang]="sglang is not importable and $SGLANG_IMAGE is not on this host (docker pull $SGLANG_IMAGE)"; fi
 
 if command -v trtllm-serve >/dev/null 2>&1; then found+=(trtllm); opts[trtllm]="launcher = \"$("$PY" -c 'import sys; print(sys.executable)')\""
-elif img=$(image "${TRTLLM_IMAGE:-}" nvcr.io/nvidia/tensorrt-llm/release) && [ -n "$img" ]; then found+=(trtllm); opts[trtllm]="launcher = \"$(docker_launcher --ulimit memlock=-1 --ulimit stack=67108864 "$img")\""
-else why[trtllm]="trtllm-serve is not on PATH and no nvcr.io/nvidia/tensorrt-llm/release image (set TRTLLM_IMAGE)"; fi
+elif img=$(image "$TRTLLM_IMAGE") && [ -n "$img" ]; then found+=(trtllm); opts[trtllm]="launcher = \"$(docker_launcher --ulimit memlock=-1 --ulimit stack=67108864 "$img")\""
+else why[trtllm]="trtllm-serve is not on PATH and $TRTLLM_IMAGE is not on this host (docker pull $TRTLLM_IMAGE)"; fi
 
 if command -v text-generation-launcher >/dev/null 2>&1; then found+=(tgi)
-elif img=$(image "${TGI_IMAGE:-}" ghcr.io/huggingface/text-generation-inference) && [ -n "$img" ]; then found+=(tgi); opts[tgi]="launcher = \"$(docker_launcher --shm-size 1g "$img")\""
-else why[tgi]="text-generation-launcher is not on PATH and no text-generation-inference image (set TGI_IMAGE)"; fi
+elif img=$(image "$TGI_IMAGE") && [ -n "$img" ]; then found+=(tgi); opts[tgi]="launcher = \"$(docker_launcher --shm-size 1g "$img")\""
+else why[tgi]="text-generation-launcher is not on PATH and $TGI_IMAGE is not on this host (docker pull $TGI_IMAGE)"; fi
 
 {
   echo "found: ${found[*]}"
