@@ -70,8 +70,10 @@ def smollm2(tmp_path_factory) -> Path:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n 2 --dist loadgroup` (make test), every test that uses the shared vLLM
-    server runs on one worker, so the session starts that server once, not once per worker."""
+    """Under `pytest -n 2 --dist loadgroup` (make test) a group runs whole on one worker: each
+    module is a group (its module-scoped fixtures, e.g. a server or a vLLM subprocess, start
+    once, not once per worker), and every test that uses the shared vLLM server joins one group,
+    so the session starts that server once."""
     for item in items:
-        if "vllm_server" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("shared-vllm"))
+        shared = "vllm_server" in getattr(item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group("shared-vllm" if shared else item.nodeid.split("::")[0]))

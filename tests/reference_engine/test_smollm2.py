@@ -153,8 +153,9 @@ def test_known_answer(smollm2, chat_ids):
     assert out.token_ids[-1] == EOS and out.finish_reason == "stop" and "<|im_end|>" not in out.text
 
 
-@pytest.mark.parametrize("cache,spec", [(True, False), (False, False), (True, True), (False, True)],
-                         ids=["cache", "nocache", "cache-ngram", "nocache-ngram"])
+# Both features off, then both on (prefix cache + n-gram speculation): each on and off once; the
+# full 2 x 2 product cost the suite ~35 s more and the features are tested apart on the tiny models.
+@pytest.mark.parametrize("cache,spec", [(False, False), (True, True)], ids=["plain", "cache-ngram"])
 def test_greedy_fp32_equals_hf_with_eos(smollm2, chat_ids, hf_tokens, cache, spec):
     kw = {"enable_prefix_caching": cache}
     if spec:
@@ -167,6 +168,6 @@ def test_greedy_fp32_equals_hf_with_eos(smollm2, chat_ids, hf_tokens, cache, spe
     assert one_by_one == hf_tokens
     assert sum(t[-1] == EOS for t in hf_tokens) >= 4  # most answers end at EOS, not at max_tokens
     if cache:  # the one-by-one pass re-sent prompts the batched pass had cached
-        assert llm.engine.kv.hits > 0
+        assert llm.engine.stats().prefix_cache_hits > 0
     if spec:
         assert llm.engine.num_accepted_tokens > 0
