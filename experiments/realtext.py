@@ -107,8 +107,9 @@ class Passages:
         """Lines from line `start` of document `d` (then, with `spill`, the next documents) up to about
         n tokens."""
         out: list[str] = []
-        total = 0
-        while total < n:
+        total, visited = 0, 0
+        while total < n and visited <= len(self.lines):  # the whole corpus at most (a huge n ends there)
+            visited += 1
             lines, counts = self.lines[d], self.counts(d)
             for ln, c in zip(lines[start:], counts[start:]):
                 out.append(ln)

@@ -54,7 +54,7 @@ def section(runs: Runs) -> list[str]:
         m = _manifest(d, cfg)
         sampling = cfg.get("sampling") or {}
         src = m.get("sources") or {}
-        what = TEMPLATE.get(m.get("template") or "", "token ids made by the harness (no text)")
+        what = TEMPLATE.get(m.get("template") or "", "token ids made by the harness, no chat template")
         line = f"- `{d}`: kind **{m.get('kind')}**, seed {m.get('seed')}, {fmt(m.get('requests'))} requests; {what}."
         if src:
             line += (f" Text: {src.get('text')} of Python {src.get('python')} ({src.get('implementation')}); "
