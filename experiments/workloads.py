@@ -6,6 +6,9 @@ never contain special-token ids. Each item fits the model's context (prompt + ou
 <= max_position_embeddings). Multi-turn items name the turn they follow (`after`): turn
 k's prompt is turn k-1's prompt + a fixed synthetic answer + new user tokens, so later
 turns extend earlier ones token for token, independent of what any engine generated.
+Real-text kinds (chat, summarize, multi_turn_chat, code: experiments/realtext.py) are text from the
+standard library, templated with the model's own chat template and tokenized here; with
+`template = "engine"` their items also carry the messages, for each engine's chat route.
 """
 from __future__ import annotations
 
