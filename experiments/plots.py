@@ -19,6 +19,22 @@ from experiments import metrics  # noqa: E402
 from experiments.summary import Runs  # noqa: E402
 
 CDF_METRICS = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms)", "itl_ms": "ITL (ms)", "e2el_ms": "E2EL (ms)"}
+# One colour per engine in every plot of every report (matplotlib's tab10); a label that is not a
+# registered engine (a variant, or the same engine from a second run folder) takes the next spare one.
+ENGINE_COLOURS = {"reference": "tab:blue", "vllm": "tab:orange", "sglang": "tab:green", "trtllm": "tab:red",
+                  "tgi": "tab:purple", "hf": "tab:brown", "openai": "tab:pink"}
+SPARE_COLOURS = ("tab:gray", "tab:olive", "tab:cyan", "black", "gold", "navy", "lime", "teal", "maroon", "coral")
+LEVEL_STYLES = ("-", "--", ":", "-.")  # several load levels of one engine in one CDF plot
+
+
+def colours(runs: Runs) -> dict[str, str]:
+    """Engine label -> its colour, the same for every plot of this report."""
+    out: dict[str, str] = {}
+    spare = iter(SPARE_COLOURS * (1 + len(runs.engines) // len(SPARE_COLOURS)))
+    for e in runs.engines:
+        fixed = ENGINE_COLOURS.get(e.label)
+        out[e.label] = fixed if fixed is not None and fixed not in out.values() else next(spare)
+    return out
 
 
 def _values(recs: list[dict], key: str) -> np.ndarray:
@@ -28,16 +44,17 @@ def _values(recs: list[dict], key: str) -> np.ndarray:
 
 
 def latency_cdfs(runs: Runs, out: Path) -> list[Path]:
-    paths = []
+    paths, colour = [], colours(runs)
     for key, label in CDF_METRICS.items():
         fig, ax = plt.subplots(figsize=(6, 4))
         drawn = 0
         for e in runs.engines:
-            for level in runs.levels:
+            for i, level in enumerate(runs.levels):
                 v = _values(e.records.get(level, []), key)
                 if v.size:
                     tag = e.label if len(runs.levels) == 1 else f"{e.label} {level}"
-                    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=tag)
+                    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=tag, color=colour[e.label],
+                            linestyle=LEVEL_STYLES[i % len(LEVEL_STYLES)])
                     drawn += 1
         if drawn:
             ax.set_xlabel(label)
@@ -58,37 +75,49 @@ def _x(level: str) -> float:
     return v
 
 
-def sweep(runs: Runs, out: Path) -> list[Path]:
-    """Output throughput and median TTFT against the load level, one line per engine."""
-    if not runs.levels:
-        return []
+def sweep_figure(runs: Runs, key: str, ylabel: str) -> tuple[plt.Figure, str]:
+    """One metric against the load level, a line per engine in its report colour; the x axis
+    ticks only at the measured levels (a concurrency of 1.5 was never run)."""
     kind = runs.levels[0].partition("=")[0]
     levels = [lv for lv in runs.levels if lv.startswith(kind + "=")]
     finite = [_x(lv) for lv in levels if math.isfinite(_x(lv))]
     inf_at = (max(finite) * 2 if finite else 1.0)  # where rate=inf is drawn
+    colour, drawn = colours(runs), set()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for e in runs.engines:
+        xs, ys = [], []
+        for lv in levels:
+            s = e.summary.get(lv)
+            if not s:
+                continue
+            y = s["ttft_ms"]["median"] if key == "ttft_median" else s.get(key)
+            if y is not None:
+                x = _x(lv)
+                xs.append(x if math.isfinite(x) else inf_at)
+                ys.append(y)
+        if xs:
+            ax.plot(xs, ys, marker="o", label=e.label, color=colour[e.label])
+            drawn.update(xs)
+    ticks = sorted(drawn)
+    ax.set_xticks(ticks, [("inf" if x == inf_at and len(finite) < len(levels) else f"{x:g}") for x in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel(kind)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{ylabel} vs {kind}")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    return fig, kind
+
+
+def sweep(runs: Runs, out: Path) -> list[Path]:
+    """Output throughput and median TTFT against the load level, one line per engine."""
+    if not runs.levels:
+        return []
     paths = []
     for key, ylabel, fname in (("output_throughput", "output tokens/s", "throughput"),
                                ("ttft_median", "median TTFT (ms)", "ttft")):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for e in runs.engines:
-            xs, ys = [], []
-            for lv in levels:
-                s = e.summary.get(lv)
-                if not s:
-                    continue
-                y = s["ttft_ms"]["median"] if key == "ttft_median" else s.get(key)
-                if y is not None:
-                    x = _x(lv)
-                    xs.append(x if math.isfinite(x) else inf_at)
-                    ys.append(y)
-            if xs:
-                ax.plot(xs, ys, marker="o", label=e.label)
-        ax.set_xlabel(kind + (" (rightmost point = inf)" if len(finite) < len(levels) else ""))
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{ylabel} vs {kind}")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        fig, kind = sweep_figure(runs, key, ylabel)
         p = out / f"{fname}_vs_{kind}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=100)
@@ -100,14 +129,14 @@ def sweep(runs: Runs, out: Path) -> list[Path]:
 def search(runs: Runs, out: Path) -> list[Path]:
     """Share of requests meeting the SLOs against the rate, per engine (load.mode = "search")."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    target = None
+    target, colour = None, colours(runs)
     for e in runs.engines:
         pts = sorted((p["rate"], p["goodput_fraction"]) for r in (e.manifest.get("repeats") or {}).values()
                      for p in (r.get("search") or {}).get("points", []))
         target = target or next((r["search"]["target"] for r in (e.manifest.get("repeats") or {}).values()
                                  if r.get("search")), None)
         if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=e.label)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=e.label, color=colour[e.label])
     if not ax.lines:
         plt.close(fig)
         return []

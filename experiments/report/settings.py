@@ -66,24 +66,37 @@ def fairness_flags(runs: Runs) -> list[str]:
 
 
 def settings_section(runs: Runs) -> list[str]:
+    """The settings table; where each value was read is a numbered footnote per row (one line per
+    setting, engines sharing a source named once), and a value the engine does not report (the
+    adapter shows what was asked, adapters.readback.AS_REQUESTED) is marked † in its cell."""
+    from adapters.readback import AS_REQUESTED
+
     engines = [e for e in runs.engines if _effective(e)]
     if not engines:
         return ["No engine in this report read its settings back."]
     diff = differences(runs)
-    rows = []
+    rows, notes = [], []
     for key, label in SETTINGS:
-        cells = [_show(_effective(e).get(key)) + (" **≠**" if key in diff and _effective(e).get(key) is not None
-                                                   else "") for e in engines]
-        if any(c != "–" for c in cells):
-            rows.append([label] + cells)
+        eff = [_effective(e) for e in engines]
+        srcs = [(x.get("sources") or {}).get(key) for x in eff]
+        cells = [_show(x.get(key)) + (" †" if src and src.startswith(AS_REQUESTED) and x.get(key) is not None else "")
+                 + (" **≠**" if key in diff and x.get(key) is not None else "") for x, src in zip(eff, srcs)]
+        if not any(c != "–" for c in cells):
+            continue
+        by_source: dict[str, list[str]] = {}
+        for e, x, src in zip(engines, eff, srcs):
+            if src and x.get(key) is not None:
+                by_source.setdefault(src, []).append(e.label)
+        if by_source:
+            notes.append(f"[{len(notes) + 1}] {label}: " + "; ".join(
+                f"{', '.join(who)}: {src}" for src, who in by_source.items()))
+            label = f"{label} [{len(notes)}]"
+        rows.append([label] + cells)
     lines = ["Read back from each engine (not the options we passed); **≠** marks a value that differs between "
-             "engines. Sources:", ""]
-    for e in engines:
-        src = _effective(e).get("sources") or {}
-        if src:
-            lines.append(f"- {e.label}: " + "; ".join(f"{k} from {v}" for k, v in sorted(src.items())))
-    lines.append("")
+             "engines, † a value the engine does not report (what was asked is shown). Where each row was read: "
+             "its footnote below the table.", ""]
     lines += table(["setting"] + [e.label for e in engines], rows)
+    lines += ([""] + [f"- {n}" for n in notes]) if notes else []
     cmds = [(e.label, _effective(e).get("launch_command")) for e in engines if _effective(e).get("launch_command")]
     if cmds:
         lines += ["", "Exact launch commands:", ""] + [f"- {k}: `{c}`" for k, c in cmds]
