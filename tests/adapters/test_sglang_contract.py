@@ -18,7 +18,6 @@ from adapters.launcher import Launcher
 from adapters.metric_names import SGLANG
 from adapters.openai_compat import OpenAIEngine
 from adapters.sglang import KNOBS, SGLangEngine, sampling_params
-from tests.adapters.test_vllm import fake_package
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-sglang"
@@ -51,7 +50,10 @@ SAMPLINGS = [SamplingConfig(), SamplingConfig(temperature=0.7, top_p=0.9, top_k=
 
 
 def argv_for(options: dict, dtype: str, tmp_path, monkeypatch) -> list[str]:
-    fake_package(tmp_path, monkeypatch, "sglang")
+    """The launch command the adapter builds for an installed SGLang 0.5.23 (its version table's row)."""
+    from tests.adapters.test_sglang import installed_version
+
+    installed_version(tmp_path, monkeypatch, "0.5.23")
     e = SGLangEngine("/models/qwen", dtype, {"launcher": sys.executable, **options})._impl
     e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
     argv = e.server_argv()
