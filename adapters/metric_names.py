@@ -102,8 +102,12 @@ VLLM = MetricNames(
 # `inferlab serve` exports vLLM's names (reference_engine/server/metrics.py) minus per-request TPOT.
 REFERENCE = MetricNames(**{**VLLM.__dict__, "engine": "reference", "tpot": None})
 
-# SGLang 0.5.23, python/sglang/srt/observability/metrics_collector.py (needs --enable-metrics);
-# checked against the installed package by tests/adapters/sglang_contract.py.
+# SGLang 0.5.22-0.5.23, python/sglang/srt/observability/metrics_collector.py (needs --enable-metrics);
+# checked against the installed package by tests/adapters/sglang_contract.py. Older releases register
+# a subset (no TPOT histogram before 0.5.22, no spec_verify_calls_total before 0.5.13): their rows are
+# adapters.sglang_settings.VERSIONS, checked per release by tests/adapters/test_sglang_versions.py. A
+# name a release does not register is simply absent from its /metrics, so this newest row reads an
+# older server correctly too (the missing TPOT stays missing rather than being misread).
 SGLANG = MetricNames(
     engine="sglang",
     kv_usage=("sglang:token_usage",),

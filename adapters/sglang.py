@@ -30,6 +30,11 @@
 - In-process: `sglang.Engine`'s sync helpers (`get_server_info()`, `flush_cache()`) drive
   its event loop with `run_until_complete`, which raises inside a running loop such as the
   harness's; the adapter awaits the tokenizer manager's coroutines instead.
+- Versions: `sglang_settings.VERSIONS` (0.5.9-0.5.23, rows checked per release) picks the launch
+  flags (`--disable-cuda-graph` before 0.5.14, `--cuda-graph-backend-{decode,prefill} disabled`
+  after) and metric names; the version comes from the launcher's installed package or image tag
+  before launch (else the newest row) and from /server_info after, where a version no row covers
+  is refused in one line, as is a server whose version needs other flags than it was launched with.
 No CPU build installs from PyPI (SGLang's CPU backend needs Intel AMX and a source build).
 The launch command and request bodies are checked against SGLang's own argument parser and
 request models (tests/adapters/sglang_contract.py, in .venv-sglang); the responses against
