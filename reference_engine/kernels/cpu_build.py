@@ -9,7 +9,11 @@ machines never loads code built for another instruction set.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import os
 import shutil
+from pathlib import Path
 
 import torch
 
@@ -91,5 +95,30 @@ def load(name: str, source: str, functions: list[str]):
 
     isa = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-fopenmp", "-ffp-contract=off", *ISA_FLAGS.get(isa, [])]
-    return load_inline(name=f"{name}_{isa.lower()}", cpp_sources=[source], functions=functions,
-                       extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    module_name = f"{name}_{isa.lower()}"
+    # torch's own build cache rebuilds whenever the venv's path changes (its include paths are in
+    # the ninja command): every fresh clone paid ~1 min of CPU. The built library depends only on
+    # the source, the flags, the ISA and torch's version, so keep a copy under that key.
+    key = hashlib.sha256("\0".join([source, *functions, *flags, torch.__version__]).encode()).hexdigest()[:16]
+    kept = _kernel_cache() / f"{module_name}-{key}.so"
+    if kept.is_file():
+        spec = importlib.util.spec_from_file_location(module_name, kept)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    module = load_inline(name=module_name, cpp_sources=[source], functions=functions,
+                         extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copy2(module.__file__, tmp)
+        os.replace(tmp, kept)  # atomic: a concurrent builder never loads half a file
+    except OSError:  # a read-only cache only costs the next process a rebuild
+        pass
+    return module
+
+
+def _kernel_cache() -> Path:
+    root = os.environ.get("INFERLAB_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                            os.path.expanduser("~/.cache"), "inferlab")
+    return Path(root) / "kernels"
