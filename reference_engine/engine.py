@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from reference_engine.config import EngineConfig, ModelConfig
-from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.model_runner import ModelRunner
 from reference_engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
@@ -61,8 +60,8 @@ class LLMEngine:
         self.runner = ModelRunner(cfg)
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
-        self.kv = KVCacheManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(cfg, self.kv, self.runner.num_lookahead)
+        # The runner sized the KV tensors; the scheduler builds the KV-cache manager over their blocks.
+        self.scheduler = Scheduler(cfg, self.runner.num_blocks, self.runner.num_lookahead)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputProcessor(self.tokenizer, _eos_ids(cfg.model, self.model_config, self.tokenizer),
                                        self.max_model_len, keep_results=keep_results)
@@ -75,7 +74,6 @@ class LLMEngine:
         k = self.runner.num_spec_tokens
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * k
-        self.kv_peak_blocks = 0  # most blocks held at once since start (or `reset_kv_peak`)
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -139,14 +137,12 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[TokenDelta]:
         t0 = time.perf_counter()
-        queries, hits = self.kv.queries, self.kv.hits  # admissions in schedule() count lookups
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        self.kv_peak_blocks = max(self.kv_peak_blocks, self.kv.num_used)  # blocks peak after scheduling
         kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
                   else "prefill") for r, n in sched.scheduled]
-        out = self.runner.run(sched.scheduled, sched.spec_tokens)
+        out = self.runner.run(sched.seqs)
         deltas = []
         now = time.monotonic()
         for req, toks, lps in zip(out.reqs, out.token_ids, out.logprobs):
@@ -162,8 +158,7 @@ class LLMEngine:
             self._forget(req)
         self._steps += 1
         if self.step_records is not None:
-            self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0,
-                         self.kv.queries - queries, self.kv.hits - hits)
+            self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0)
         return deltas
 
     def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:
@@ -183,23 +178,24 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self.num_requests_finished += 1
 
-    def _record(self, kinds, sched, out, finished, dt, queries, hits) -> None:
-        kv, bs = self.kv, self.kv.block_size
+    def _record(self, kinds, sched, out, finished, dt) -> None:
+        kv = self.scheduler.stats()
+        bs = kv.block_size
         n, b = sched.num_tokens, len(sched.scheduled)
         rows = sum(1 + len(sched.spec_tokens.get(r.request_id, ())) for r in out.reqs)
         one_each = n == b == len(out.reqs)  # every sequence one query token, and every one samples
-        bucket = self.runner.graph_bucket(b, list(range(b)), sched.spec_tokens) if one_each else None
+        bucket = self.runner.graph_bucket(b, list(range(b)), bool(sched.spec_tokens)) if one_each else None
         self.step_records.append(StepRecord(
             step=self._steps, duration_s=dt, scheduled=kinds,
             num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
             num_decode_tokens=sum(n for _, n, k in kinds if k == "decode"),
             preempted=[r.request_id for r in sched.preempted], finished=finished,
-            kv_blocks_used=kv.num_used, kv_blocks_free=kv.num_free, kv_blocks_cached=kv.num_cached,
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=kv.kv_used_blocks, kv_blocks_free=kv.kv_free_blocks, kv_blocks_cached=kv.kv_cached_blocks,
+            num_running=kv.num_running, num_waiting=kv.num_waiting,
             block_tables={r.request_id: list(r.block_table) for r in self.scheduler.running},
             prefix_hits=dict(sched.prefix_hits),
             prefix_hit_blocks={r.request_id: r.num_cached_tokens // bs for r in self.scheduler.running},
-            prefix_cache_queries=queries, prefix_cache_hits=hits,
+            prefix_cache_queries=sched.prefix_cache_queries, prefix_cache_hits=sched.prefix_cache_hits,
             spec_proposed={rid: len(d) for rid, d in sched.spec_tokens.items()},
             spec_accepted={rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
             new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
@@ -216,13 +212,13 @@ class LLMEngine:
         the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
         fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
         kv_cache_dtype and num_threads (torch intra-op threads)."""
-        r, cfg = self.runner, self.cfg
+        r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
         return {
             "dtype": str(r.dtype).removeprefix("torch."), "kv_capacity_tokens": r.kv_capacity_tokens,
-            "kv_blocks": self.kv.num_blocks, "block_size": self.kv.block_size,
+            "kv_blocks": kv.kv_total_blocks, "block_size": kv.block_size,
             "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "max_model_len": self.max_model_len, "chunked_prefill": cfg.enable_chunked_prefill,
-            "prefix_caching": self.kv.enable_caching, "cuda_graphs": r.graphs is not None,
+            "prefix_caching": kv.prefix_caching, "cuda_graphs": r.graphs is not None,
             "cuda_graph_sizes": list(r.graphs.sizes) if r.graphs is not None else [], "compile": False,
             "speculative": dict(cfg.speculative_config) if cfg.speculative_config else None,
             "tensor_parallel_size": 1, "attention_backend": cfg.attention_backend, "device": str(r.device),
@@ -238,22 +234,24 @@ class LLMEngine:
         device_free, torch_allocated / torch_reserved / torch_peak_allocated, and from NVML (nvidia-ml-py)
         device_used and process_used. Keys that cannot be measured are absent."""
         m = self.runner.memory()
-        m["kv_peak_used"] = self.kv_peak_blocks * self.kv.block_size * self.runner.kv_bytes_per_token
+        kv = self.scheduler.stats()
+        m["kv_peak_used"] = kv.kv_peak_blocks * kv.block_size * self.runner.kv_bytes_per_token
         return m
 
     def reset_kv_peak(self) -> None:
-        self.kv_peak_blocks = self.kv.num_used
+        self.scheduler.reset_kv_peak()
 
     def stats(self) -> EngineStats:
-        kv = self.kv
+        kv = self.scheduler.stats()
         return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_used_blocks=kv.num_used, kv_total_blocks=kv.num_blocks,
-            kv_usage=kv.num_used / kv.num_blocks, kv_capacity_tokens=self.runner.kv_capacity_tokens,
-            block_size=kv.block_size, num_preemptions_total=self.scheduler.num_preemptions,
+            num_running=kv.num_running, num_waiting=kv.num_waiting,
+            kv_used_blocks=kv.kv_used_blocks, kv_total_blocks=kv.kv_total_blocks,
+            kv_usage=kv.kv_used_blocks / kv.kv_total_blocks, kv_capacity_tokens=self.runner.kv_capacity_tokens,
+            block_size=kv.block_size, num_preemptions_total=kv.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
             num_requests_finished=self.num_requests_finished,
-            prefix_cache_queries=kv.queries, prefix_cache_hits=kv.hits, kv_cached_blocks=kv.num_cached,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            kv_cached_blocks=kv.kv_cached_blocks,
             spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos),

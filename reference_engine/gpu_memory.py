@@ -1,4 +1,6 @@
-"""Memory accounting: what the engine's memory holds, and how big its KV cache may be.
+"""Memory accounting (the runner's): what the engine's memory holds, how big its KV cache may be,
+and the KV tensors themselves (`bytes_per_token`, `capacity_blocks`, `allocate_kv_cache`). The block
+ids that index those tensors are the scheduler's (`block_pool.py`, `kv_cache_manager.py`).
 
     device total = weights + KV cache + activations (peak) + CUDA graph pool
                    + memory torch does not manage (CUDA context, cuBLAS and Triton modules)
@@ -23,6 +25,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from reference_engine.config import DEFAULT_KV_BYTES, EngineConfig, ModelConfig
 
 GiB = float(1 << 30)
 
@@ -59,6 +63,33 @@ def kv_budget(utilization: float, total: int, free_at_start: int, weights: int, 
                          f"< weights {gib(weights)} + activations {gib(activation_peak)} + non-torch "
                          f"{gib(non_torch)} + graph reserve {gib(graph_reserve)}; raise it or use kv_cache_tokens")
     return requested - taken
+
+
+def bytes_per_token(model: ModelConfig, dtype: torch.dtype) -> int:
+    """K and V, every layer, one token."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * elem
+
+
+def capacity_blocks(cfg: EngineConfig, model: ModelConfig, dtype: torch.dtype, max_model_len: int,
+                    extra_bytes_per_token: int = 0) -> int:
+    """Blocks from the budget given in tokens or bytes (default: DEFAULT_KV_BYTES, capped).
+    `extra_bytes_per_token`: a draft model's KV, which lives in the same block ids."""
+    per_tok = bytes_per_token(model, dtype) + extra_bytes_per_token
+    if cfg.kv_cache_tokens is not None:
+        tokens = cfg.kv_cache_tokens
+    elif cfg.kv_cache_bytes is not None:
+        tokens = cfg.kv_cache_bytes // per_tok
+    else:
+        tokens = min(DEFAULT_KV_BYTES // per_tok, cfg.max_num_seqs * max_model_len)
+    return tokens // cfg.block_size
+
+
+def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                      device: str | torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(model.num_layers)]
 
 
 @dataclass

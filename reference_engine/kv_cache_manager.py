@@ -1,7 +1,8 @@
 """The KV-cache manager: every change to a request's blocks goes through here.
 
-The scheduler owns it; the model runner only reads the block tables it writes. It puts the
-block pool (`kv_cache.py`: reference counts, free queue in eviction order) together with the
+The scheduler builds and owns it (`Scheduler.__init__`); nobody else holds it, and the model runner
+only reads the block tables it writes, through the scheduler's per-step record. It puts the
+block pool (`block_pool.py`: reference counts, free queue in eviction order) together with the
 prefix cache (`prefix_cache.py`: content hash -> block), following vLLM v1's KVCacheManager:
 
     get_computed_blocks(req)          longest cached prefix (admission); takes no reference
@@ -22,7 +23,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from reference_engine.kv_cache import BlockPool, blocks_needed
+from reference_engine.block_pool import BlockPool, blocks_needed
 from reference_engine.prefix_cache import PREFIX_CACHES, PrefixCache, block_hashes
 from reference_engine.request import Request
 

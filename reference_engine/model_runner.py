@@ -13,8 +13,12 @@ On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_
 a profile forward over a full token budget measures peak activation memory, and with
 `gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`).
 
-The runner reads block tables; it never changes them (the scheduler's KV-cache manager
-does). With speculation, the proposer runs here too, after verification: a draft model
+The runner gets the scheduler's per-step record (`scheduler_output.ScheduledSeq`: query tokens, first
+position, block table, whether it samples, drafts) and derives the slot mapping from the block
+tables in its input builder (as vLLM v1's runner does); it never sees the block pool or the
+KV-cache manager, and never changes a block table. It sizes and allocates the KV tensors
+(`gpu_memory.py`) and tells the scheduler how many blocks they hold.
+With speculation, the proposer runs here too, after verification: a draft model
 writes KV into the same block ids (its own tensors), n-gram lookup only reads tokens.
 Device and dtype are explicit (`cfg.device`): one runner drives one device.
 """
@@ -28,14 +32,15 @@ from reference_engine import cpu_linear, cpu_ops
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
 from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
-from reference_engine.gpu_memory import DeviceMemory, kv_budget, param_bytes
+from reference_engine.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
+                                         kv_budget, param_bytes)
 from reference_engine.input_batch import StepInputs, make_batch
-from reference_engine.kv_cache import allocate_kv_cache, bytes_per_token, capacity_blocks
 from reference_engine.loader import load_model
 from reference_engine.model import CausalLM, RotaryEmbedding
 from reference_engine.outputs import TokenLogprob
 from reference_engine.request import Request
 from reference_engine.sampler import logprobs_of, make_batch as sampling_batch, sample
+from reference_engine.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
 
@@ -149,7 +154,7 @@ class ModelRunner:
         hidden = self.model(x.input_ids.dev[:b], x.positions.dev[:b], self.backend, self._graph_meta[b])
         return self._graph_hidden[:b].copy_(hidden)
 
-    def graph_bucket(self, num_seqs: int, rows: list[int], spec: dict) -> int | None:
+    def graph_bucket(self, num_seqs: int, rows: list[int], spec: bool) -> int | None:
         """The bucket to replay for this step, or None to run it eagerly (see cuda_graphs.py)."""
         if self.graphs is None or spec or self.draft_observes or len(rows) != num_seqs:
             return None
@@ -198,29 +203,26 @@ class ModelRunner:
         return out
 
     # ---- the step -------------------------------------------------------------------
-    def prepare(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]]):
-        """-> (query tokens, first position, block table) per sequence, logit rows, the requests that
-        sample and their scheduled drafts."""
-        order = sorted(scheduled, key=lambda rn: rn[1] != 1)  # stable: decodes first
-        seqs, rows, samplers, drafts = [], [], [], []
+    def prepare(self, seqs: list[ScheduledSeq]):
+        """-> (query tokens, first position, block table) per sequence, decodes first; the logit rows;
+        the requests that sample and their scheduled drafts."""
+        order = sorted(seqs, key=lambda s: len(s.token_ids) != 1)  # stable: decodes first
+        inputs, rows, samplers, drafts = [], [], [], []
         offset = 0
-        for req, n in order:
-            start = req.num_computed_tokens
-            d = spec.get(req.request_id, [])
-            toks = req.tokens(start, start + n - len(d)) + d
-            seqs.append((toks, start, req.block_table))
-            offset += n
-            if start + n - len(d) == req.num_tokens:  # reaches the end: sample, verifying any drafts
-                samplers.append(req)
-                drafts.append(d)
-                rows.extend(range(offset - 1 - len(d), offset))
-        return seqs, rows, samplers, drafts
+        for s in order:
+            inputs.append((s.token_ids, s.start, s.block_table))
+            offset += len(s.token_ids)
+            if s.samples:  # sample, verifying any drafts
+                samplers.append(s.req)
+                drafts.append(s.drafts)
+                rows.extend(range(offset - 1 - len(s.drafts), offset))
+        return inputs, rows, samplers, drafts
 
     @torch.inference_mode()
-    def run(self, scheduled: list[tuple[Request, int]], spec: dict[str, list[int]] | None = None) -> RunnerOutput:
+    def run(self, step: list[ScheduledSeq]) -> RunnerOutput:
         """One target forward for the whole step (+ the proposer's work with speculation on)."""
-        spec = spec or {}
-        seqs, rows, samplers, drafts = self.prepare(scheduled, spec)
+        seqs, rows, samplers, drafts = self.prepare(step)
+        spec = any(s.drafts for s in step)
         out = RunnerOutput(reqs=samplers)
         bucket = self.graph_bucket(len(seqs), rows, spec)
         if bucket is not None:  # every row samples: the graph's rows are the logit rows

@@ -16,9 +16,13 @@ token budget (`max_num_batched_tokens`) across them:
    spends budget only on the rest. Nobody is admitted in a step that preempted (it would
    just be preempted again). Preempted requests wait at the front of the queue.
 
-All block bookkeeping goes through the KV-cache manager (`self.kv`). After the forward,
-`update_from_output` commits the step: computed tokens advance by what was scheduled minus
-rejected drafts, full blocks are cached, finished requests are freed, new drafts stored.
+The scheduler builds and owns the KV-cache manager (`self.kv`, as vLLM v1's `Scheduler.__init__`
+and nano-vllm's scheduler do): every block change (admission with prefix-cache hits, growth,
+preemption, speculative rollback, free) goes through it, and nobody else holds it. The engine reads
+its counters from `stats()`. The runner gets `SchedulerOutput.seqs`, a plain per-step record (query
+tokens, first position, block table, whether the sequence samples and its drafts), never the pool.
+After the forward, `update_from_output` commits the step: computed tokens advance by what was
+scheduled minus rejected drafts, full blocks are cached, finished requests are freed, new drafts stored.
 
 Invariants: after `schedule()`, every scheduled request owns blocks for
 `num_computed_tokens + num_scheduled (+ lookahead)` tokens; after `update_from_output`,
@@ -28,37 +32,56 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from reference_engine.config import EngineConfig
 from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.request import Request, Status
+from reference_engine.scheduler_output import ScheduledSeq, SchedulerOutput
 
 
 @dataclass
-class SchedulerOutput:
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
-    spec_tokens: dict[str, list[int]] = field(default_factory=dict)  # drafts scheduled after a request's tokens
-    preempted: list[Request] = field(default_factory=list)
-    prefix_hits: dict[str, int] = field(default_factory=dict)  # admitted this step: tokens found cached
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+class SchedulerStats:
+    """The scheduler's and its KV-cache manager's counters (the engine's only view of the pool)."""
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    kv_total_blocks: int
+    kv_used_blocks: int
+    kv_free_blocks: int
+    kv_cached_blocks: int  # indexed in the prefix cache, held or free
+    kv_peak_blocks: int  # most blocks held at once since start or `reset_kv_peak`
+    block_size: int
+    prefix_caching: bool
+    prefix_cache_queries: int
+    prefix_cache_hits: int
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, kv: KVCacheManager, num_lookahead: int = 0):
+    def __init__(self, cfg: EngineConfig, num_blocks: int, num_lookahead: int = 0):
+        """`num_blocks`: how many blocks the runner's KV tensors hold (the runner sizes them)."""
         self.cfg = cfg
-        self.kv = kv
+        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.num_lookahead = num_lookahead  # slots a draft model writes past the scheduled tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.kv_peak_blocks = 0
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), num_preemptions=self.num_preemptions,
+            kv_total_blocks=kv.num_blocks, kv_used_blocks=kv.num_used, kv_free_blocks=kv.num_free,
+            kv_cached_blocks=kv.num_cached, kv_peak_blocks=self.kv_peak_blocks, block_size=kv.block_size,
+            prefix_caching=kv.enable_caching, prefix_cache_queries=kv.queries, prefix_cache_hits=kv.hits)
+
+    def reset_kv_peak(self) -> None:
+        self.kv_peak_blocks = self.kv.num_used
+
+    def ref_counts(self, blocks: list[int]) -> list[int]:
+        """How many requests hold each block (for `inferlab trace`)."""
+        return [self.kv.pool.ref_count[b] for b in blocks]
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -69,6 +92,19 @@ class Scheduler:
     # ---- before the forward ---------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        queries, hits = self.kv.queries, self.kv.hits
+        self._schedule(out)
+        out.prefix_cache_queries, out.prefix_cache_hits = self.kv.queries - queries, self.kv.hits - hits
+        self.kv_peak_blocks = max(self.kv_peak_blocks, self.kv.num_used)
+        for req, n in out.scheduled:
+            start = req.num_computed_tokens
+            d = out.spec_tokens.get(req.request_id, [])
+            end = start + n - len(d)
+            out.seqs.append(ScheduledSeq(req, req.tokens(start, end) + d, start, req.block_table,
+                                         end == req.num_tokens, d))
+        return out
+
+    def _schedule(self, out: SchedulerOutput) -> None:
         budget = self.cfg.max_num_batched_tokens
         chunked = self.cfg.enable_chunked_prefill
         i = 0
@@ -87,7 +123,7 @@ class Scheduler:
             budget -= n
             i += 1
         if out.preempted:
-            return out
+            return
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             hit, num_hit = self.kv.get_computed_blocks(req)
@@ -105,7 +141,6 @@ class Scheduler:
             out.scheduled.append((req, n))
             out.prefix_hits[req.request_id] = num_hit
             budget -= n
-        return out
 
     def _lookahead(self, req: Request, end: int) -> int:
         """Lookahead slots past token `end`, never past the longest the request can get."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
-from reference_engine.kv_cache import bytes_per_token
+from reference_engine.gpu_memory import bytes_per_token
 from reference_engine.sampling_params import SamplingParams
 
 DEFAULT_MODEL = Path("models/tiny-llama")  # relative to the working directory, as the quickstart's
@@ -64,7 +64,7 @@ def build_engine(args) -> LLMEngine:
 def run_trace(args) -> dict:
     """Run the trace; return {"config", "steps", "summary"} (plain JSON types)."""
     eng = build_engine(args)
-    tok, mc, kv = eng.tokenizer, eng.model_config, eng.kv
+    tok, mc, kv = eng.tokenizer, eng.model_config, eng.scheduler.stats()
     per_tok = bytes_per_token(mc, eng.runner.dtype)
     block_bytes = per_tok * kv.block_size
     texts = [args.prompt] if args.requests == 1 else [args.prompt + suffix(i) for i in range(args.requests)]
@@ -75,7 +75,7 @@ def run_trace(args) -> dict:
         "model": args.model, "family": mc.family, "layers": mc.num_layers, "kv_heads": mc.num_kv_heads,
         "head_dim": mc.head_dim, "dtype": str(eng.runner.dtype).replace("torch.", ""), "vocab": mc.vocab_size,
         "kv_bytes_per_token": per_tok, "block_size": kv.block_size, "block_bytes": block_bytes,
-        "num_blocks": kv.num_blocks, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "num_blocks": kv.kv_total_blocks, "max_num_batched_tokens": args.max_num_batched_tokens,
         "prefix_caching": args.prefix_cache, "speculative": args.speculative, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "top_logprobs": args.top,
         "requests": [{"id": str(i), "text": t, "num_tokens": len(p)} for i, (t, p) in enumerate(zip(texts, prompts))],
@@ -105,7 +105,6 @@ def run_trace(args) -> dict:
             if d.new_token_ids:
                 tokens[d.request_id] = [_token(tok, t, lp) for t, lp in
                                         zip(d.new_token_ids, d.logprobs or [None] * len(d.new_token_ids))]
-        refs = kv.pool.ref_count
         steps.append({
             "step": rec.step, "duration_ms": round(rec.duration_s * 1e3, 3),
             "scheduled": [{"request": rid, "kind": kind, "tokens": n, "drafts": len(rec.spec_tokens.get(rid, ()))}
@@ -119,7 +118,7 @@ def run_trace(args) -> dict:
             "prefix_cache": {"queries": rec.prefix_cache_queries, "hits": rec.prefix_cache_hits,
                              "queries_total": None, "hits_total": None, "hit_tokens": dict(rec.prefix_hits)},
             "block_tables": {rid: {"blocks": t, "hit_blocks": rec.prefix_hit_blocks.get(rid, 0),
-                                   "refs": [refs[b] for b in t]} for rid, t in rec.block_tables.items()},
+                                   "refs": eng.scheduler.ref_counts(t)} for rid, t in rec.block_tables.items()},
             "speculative": {rid: {"proposed": d, "accepted": d[:rec.spec_accepted.get(rid, 0)]}
                             for rid, d in rec.spec_tokens.items()},
             "tokens": tokens,

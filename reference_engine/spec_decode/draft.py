@@ -18,7 +18,7 @@ import torch
 from reference_engine.attention import get_backend
 from reference_engine.config import ModelConfig
 from reference_engine.input_batch import make_batch
-from reference_engine.kv_cache import allocate_kv_cache, bytes_per_token
+from reference_engine.gpu_memory import allocate_kv_cache, bytes_per_token
 from reference_engine.loader import load_model
 from reference_engine.sampler import draw
 from reference_engine.sampler import make_batch as sampling_batch

@@ -10,7 +10,7 @@ from experiments.bandwidth import FORMULA, decode_estimate, model_shape, peak_co
 
 def test_model_shape_reads_weights_and_kv_size_from_the_files(exp_model):
     from reference_engine.config import ModelConfig
-    from reference_engine.kv_cache import bytes_per_token
+    from reference_engine.gpu_memory import bytes_per_token
     from reference_engine.loader import load_model
 
     shape = model_shape(exp_model, "float32")

@@ -12,7 +12,7 @@ import torch
 from reference_engine import LLM, EngineConfig, SamplingParams
 from reference_engine import model_runner
 from reference_engine.gpu_memory import DeviceMemory, Snapshot, kv_budget, param_bytes
-from reference_engine.kv_cache import bytes_per_token
+from reference_engine.gpu_memory import bytes_per_token
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -24,7 +24,7 @@ def run(model_dir, prompts, params=GREEDY, **kw):
     llm = LLM(str(model_dir), **{"kv_cache_tokens": KV, **kw})
     outs = llm.generate(prompts, params)
     st = llm.engine.stats()
-    assert st.kv_used_blocks == 0 and llm.engine.kv.num_free == st.kv_total_blocks  # every block back
+    assert st.kv_used_blocks == 0 and llm.engine.scheduler.stats().kv_free_blocks == st.kv_total_blocks  # every block back
     return [o.token_ids for o in outs], llm
 
 
@@ -63,7 +63,7 @@ def test_shared_prefix_is_computed_once_and_records_show_it(tiny_llama):
     assert admitted.prefix_hit_blocks["1"] == 2 and admitted.scheduled == [("1", len(prompts[1]) - 32, "prefill")]
     assert admitted.block_tables["1"][:2] == first.block_tables["0"][:2]  # the very same blocks
     assert admitted.kv_blocks_cached >= 2
-    assert admitted.kv_blocks_used + admitted.kv_blocks_free == llm.engine.kv.num_blocks
+    assert admitted.kv_blocks_used + admitted.kv_blocks_free == llm.engine.stats().kv_total_blocks
     st = llm.engine.stats()
     assert (st.prefix_cache_queries, st.prefix_cache_hits) == (len(prompts[0]) + len(prompts[1]), 32)
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from reference_engine.config import EngineConfig
-from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.request import Request, Status
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.scheduler import Scheduler
@@ -10,8 +9,8 @@ from reference_engine.scheduler import Scheduler
 
 def _sched(budget=32, blocks=100, block_size=4, max_seqs=8, chunked=True, caching=False):
     cfg = EngineConfig(model="unused", max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                       block_size=block_size, enable_chunked_prefill=chunked)
-    return Scheduler(cfg, KVCacheManager(blocks, block_size, enable_prefix_caching=caching))
+                       block_size=block_size, enable_chunked_prefill=chunked, enable_prefix_caching=caching)
+    return Scheduler(cfg, blocks)  # the scheduler builds its own KV-cache manager
 
 
 def _req(rid, n):
@@ -74,3 +73,19 @@ def test_preempts_most_recent_and_readmits_first():
     _advance(s, out)
     out = s.schedule()
     assert [(r.request_id, n) for r, n in out.scheduled] == [("c", 8)]  # recompute prompt + 1 output
+
+
+def test_scheduler_owns_the_kv_manager_and_hands_the_runner_a_plain_record():
+    """The step record carries what the runner needs (query tokens, first position, block table,
+    whether it samples); the counters come from `stats()`, not from a pool held elsewhere."""
+    s = _sched(budget=6, blocks=10, block_size=4)
+    s.add(_req("a", 10))
+    out = s.schedule()
+    (seq,) = out.seqs
+    assert (seq.token_ids, seq.start, seq.samples, seq.drafts) == ([1, 2, 3, 4, 5, 6], 0, False, [])
+    assert seq.block_table == s.running[0].block_table and len(seq.block_table) == 2
+    st = s.stats()
+    assert (st.kv_used_blocks, st.kv_free_blocks, st.kv_total_blocks, st.kv_peak_blocks) == (2, 8, 10, 2)
+    _advance(s, out)
+    (seq,) = s.schedule().seqs  # the rest of the prompt: it reaches the end, so it samples
+    assert (seq.token_ids, seq.start, seq.samples) == ([7, 8, 9, 10], 6, True)

@@ -32,7 +32,7 @@ def run(model_dir, prompts, params=GREEDY, **kw):
     outs = llm.generate(prompts, params)
     st = llm.engine.stats()
     assert st.kv_used_blocks == 0 and st.num_running == 0 and st.num_waiting == 0  # every block back
-    assert llm.engine.kv.num_free == st.kv_total_blocks
+    assert llm.engine.scheduler.stats().kv_free_blocks == st.kv_total_blocks
     return [o.token_ids for o in outs], llm
 
 
@@ -168,9 +168,9 @@ def test_speculative_config_is_validated(tiny_llama, tmp_path):
 def test_draft_kv_shares_the_block_budget(tiny_llama):
     """The draft's KV lives in the same block ids: a byte budget buys fewer blocks with it."""
     budget = 4 << 20
-    plain = LLM(str(tiny_llama), kv_cache_bytes=budget).engine.kv.num_blocks
+    plain = LLM(str(tiny_llama), kv_cache_bytes=budget).engine.stats().kv_total_blocks
     with_draft = LLM(str(tiny_llama), kv_cache_bytes=budget, speculative_config=draft(tiny_llama)).engine
-    assert with_draft.kv.num_blocks == plain // 2  # the same model twice: half the blocks
+    assert with_draft.stats().kv_total_blocks == plain // 2  # the same model twice: half the blocks
     assert len(with_draft.runner.proposer.kv_cache) == with_draft.model_config.num_layers
 
 

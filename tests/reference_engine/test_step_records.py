@@ -16,7 +16,7 @@ def test_records_describe_each_step(tiny_llama):
     assert ("0", 2, "prefill") in second.scheduled and ("1", 3, "prefill") in second.scheduled
     assert any(r.num_decode_tokens > 0 for r in recs)
     assert recs[-1].finished and recs[-1].kv_blocks_used == 0
-    assert all(r.kv_blocks_used + r.kv_blocks_free == llm.engine.kv.num_blocks for r in recs)
+    assert all(r.kv_blocks_used + r.kv_blocks_free == llm.engine.stats().kv_total_blocks for r in recs)
 
 
 def test_records_off_by_default(tiny_llama):

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from reference_engine.attention import TorchBackend
 from reference_engine.config import ModelConfig
 from reference_engine.input_batch import make_batch
-from reference_engine.kv_cache import allocate_kv_cache
+from reference_engine.gpu_memory import allocate_kv_cache
 from reference_engine.loader import load_model
 from reference_engine.tokenizer import Tokenizer
 from reference_engine.trace import resolve_model

@@ -1,6 +1,7 @@
 """Lab 07 — scheduling: one token budget per step, no model at all.
 
-Smallest working piece: the `Scheduler` with a `KVCacheManager`, fed plain `Request` objects. Each
+Smallest working piece: the `Scheduler` (which builds its own `KVCacheManager`), fed plain `Request`
+objects. Each
 step it spends `max_num_batched_tokens` on running requests first, then admits waiting ones; a
 prompt larger than what is left is split (chunked prefill). We play the model's part by appending
 one fake token to every request whose step reached the end of its tokens.
@@ -8,14 +9,13 @@ one fake token to every request whose step reached the end of its tokens.
     python docs/handbook/labs/07_schedule.py
 """
 from reference_engine.config import EngineConfig
-from reference_engine.kv_cache_manager import KVCacheManager
 from reference_engine.request import Request
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.scheduler import Scheduler
 
-cfg = EngineConfig(model="unused", max_num_batched_tokens=16, block_size=4)
 # prefix caching off: this lab is about the budget alone (chapter 10 turns it on)
-sched = Scheduler(cfg, KVCacheManager(num_blocks=64, block_size=4, enable_prefix_caching=False))
+cfg = EngineConfig(model="unused", max_num_batched_tokens=16, block_size=4, enable_prefix_caching=False)
+sched = Scheduler(cfg, num_blocks=64)
 params = SamplingParams(max_tokens=3, ignore_eos=True)
 for rid, n, first in [("long", 40, 100), ("mid", 10, 200), ("short", 5, 300)]:
     sched.add(Request(rid, list(range(first, first + n)), params))
