@@ -33,11 +33,11 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
   prompt_lookup_min/max are unhonoured); draft_model is unhonoured (TGI speculates only with
   Medusa / MLP-speculator heads shipped in the model folder, or n-gram), and the server is
   launched without speculation. An attached server's features were fixed at its start.
-- Prometheus exporter port: TGI's router also binds a Prometheus port (9000 by default), so two
-  servers on `--network host` collide; a launched server gets a free one through the launcher's
-  environment `PROMETHEUS_PORT` (an environment variable, not a flag: a launcher without that
-  argument ignores it instead of refusing to start). The launcher's Args print says whether it
-  took it (`knobs["prometheus_port"]`).
+- Prometheus exporter port: since v3.3.0 TGI's router also binds a Prometheus port (launcher
+  `--prometheus-port`, env `PROMETHEUS_PORT`, default 9000), so two servers on `--network host`
+  collide; a launched server gets a free one through `PROMETHEUS_PORT` (an environment variable,
+  not a flag, so that a 2.x launcher, which has no such argument, ignores it instead of refusing to
+  start). The launcher's Args print says which port it took (`knobs["prometheus_port"]`).
 - Versions: `VERSIONS` (the versions this adapter was checked against, fixtures/tgi/SOURCE.md); the
   version is `text-generation-launcher --version` or the image tag before launch, `/info` after.
 - `EngineInfo.effective` from `/info` (max_total_tokens: the per-request context), the KV gauge,
@@ -96,9 +96,9 @@ LOG_MODEL_LOADED = re.compile(r"KV-cache blocks: |Setting max batch total tokens
 DTYPE_NAMES = {"Float16": "float16", "BFloat16": "bfloat16"}
 LOG_PROMETHEUS_PORT = re.compile(r"\bprometheus_port: (\d+)")
 LAUNCHER_VERSION = re.compile(r"text-generation-launcher (\S+)")
-# 2.0.3: the recorded router log and stream; 3.3.7: the source (fixtures/tgi/SOURCE.md)
+# 2.0.3: the recorded router log and stream; 3.3.x: the source of each tag (fixtures/tgi/SOURCE.md)
 VERSIONS = VersionTable("tgi", (Row("2.0.3", "2.0.3", ("2.0.3",), {"metrics": TGI}),
-                                Row("3.3.7", "3.3.7", ("3.3.7",), {"metrics": TGI})))
+                                Row("3.3.0", "3.3.7", tuple(f"3.3.{i}" for i in range(8)), {"metrics": TGI})))
 
 
 def log_read_back(rb: ReadBack, text: str, source: str) -> None:

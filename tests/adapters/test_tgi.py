@@ -241,7 +241,7 @@ def test_no_adapter_test_speaks_to_our_tgi_imitation():
         if "adapters.tgi" in imported:
             checked.append(f.name)
             assert not {m for m in imported if m.startswith(ours)}, (f.name, imported)
-    assert checked == ["test_tgi.py"]
+    assert checked == ["test_tgi.py", "test_versions.py"]
 
 
 def test_max_model_len_gets_total_and_input_tokens_and_reads_them_back(tmp_path):
@@ -279,11 +279,12 @@ def test_each_launch_gets_its_own_prometheus_port(tmp_path):
 
 
 async def test_a_version_outside_the_table_is_refused():
-    with Replay({("GET", "/info"): (200, "application/json", info_v3(version="3.3.6"))}) as srv:
+    with Replay({("GET", "/info"): (200, "application/json", info_v3(version="3.2.3"))}) as srv:
         e = TGIEngine("m", "float16", {"url": srv.url})
         with pytest.raises(EngineUnavailable) as err:
             await e.start()
-    assert str(err.value) == "tgi 3.3.6 is not in the adapter's version table (known: 2.0.3, 3.3.7; adapters/versions.py)"
+    assert str(err.value) == ("tgi 3.2.3 is not in the adapter's version table (known: 2.0.3, 3.3.0-3.3.7; "
+                              "adapters/versions.py)")
 
 
 def test_version_found_before_launch_from_the_launcher_or_the_image_tag(tmp_path):
@@ -291,12 +292,12 @@ def test_version_found_before_launch_from_the_launcher_or_the_image_tag(tmp_path
     venv.mkdir()
     fake_venv(venv, "text-generation-launcher")
     script = venv / "bin" / "text-generation-launcher"
-    script.write_text("#!/bin/sh\necho text-generation-launcher 3.3.6\n")
+    script.write_text("#!/bin/sh\necho text-generation-launcher 3.2.3\n")
     script.chmod(0o755)
     e = TGIEngine("/m", "float16", {"launcher": str(venv)})._impl
     e.server.launcher, e.server.port = Launcher.parse(str(venv)), 8080
-    assert e.launcher_version() == "3.3.6"
-    with pytest.raises(EngineUnavailable, match="^tgi 3.3.6 is not in the adapter's version table"):
+    assert e.launcher_version() == "3.2.3"
+    with pytest.raises(EngineUnavailable, match="^tgi 3.2.3 is not in the adapter's version table"):
         e.server_argv()
     from adapters.versions import image_tag_version
     assert image_tag_version(["docker", "run", "ghcr.io/huggingface/text-generation-inference:3.3.7"]) == "3.3.7"
