@@ -54,9 +54,9 @@ from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequ
 from adapters.deltas import Cumulative, Incremental, NotCumulative
 from adapters.metric_names import SGLANG
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
-from adapters.sglang_settings import (GRAPHS_OFF_OLD, KV_HOW, NGRAM_WINDOW, VERSIONS, feature_args, feature_flags, read_back,
-                                      reported_dtype)
-from adapters.versions import Row, launcher_version
+from adapters.sglang_settings import (GRAPHS_OFF_OLD, KV_HOW, NGRAM_WINDOW, VERSIONS, feature_args, feature_flags,
+                                      read_back, reported_dtype)
+from adapters.versions import IMAGES, Row, launcher_version
 
 INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
 # option -> server flags (a boolean option adds its flags when true); disable_cuda_graph's flags
@@ -132,7 +132,8 @@ class SGLangServer(LaunchedServer, Engine):
         """The version-table row for the SGLang this launcher runs (its installed package or its
         image tag); when that cannot be told, the newest row, checked again against /server_info."""
         if self.row is None:
-            found = launcher_version(self.server.launcher, "sglang") if self.server.launcher else None
+            launcher = self.server.launcher if self.server is not None else None
+            found = launcher_version(launcher, "sglang") if launcher else None
             self.row = VERSIONS.row(found) if found else VERSIONS.newest()
         return self.row
 
@@ -197,7 +198,7 @@ class SGLangServer(LaunchedServer, Engine):
                 row.values["graphs_off"] != self.row.values["graphs_off"]:
             raise EngineUnavailable(f"sglang {si.get('version')} was launched with the flags of {self.row.span()} "
                                     f"({' '.join(self.row.values['graphs_off'])}); set the launcher so its version can "
-                                    f"be found before launch (a venv, or an image tag such as lmsysorg/sglang:v0.5.23)")
+                                    f"be found before launch (a venv, or a versioned image such as {IMAGES['sglang']})")
         self.row = row
         return row
 

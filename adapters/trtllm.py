@@ -34,7 +34,8 @@ tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
   unhonoured), draft_model -> `{decoding_type: Draft_Target, max_draft_len: k, speculative_model:
   DIR}`. Both run on the PyTorch backend only (`supports_backend`).
 - `EngineInfo.effective` from /prometheus/metrics: `trtllm_model_config_info` (max_model_len;
-  its dtype label is `str(args.dtype)`, the argument, so the dtype row is labelled as requested), `trtllm_parallel_config_info`, `trtllm_speculative_config_info`,
+  its dtype label is `str(args.dtype)`, the argument, so the dtype row is labelled as requested),
+  `trtllm_parallel_config_info`, `trtllm_speculative_config_info`,
   `trtllm_kv_cache_config_info` (enable_block_reuse) where the server exports them (newer
   releases), the KV block gauges, `trtllm_max_num_active_requests`,
   `trtllm_max_num_tokens_runtime`. No memory split is exported (`EngineInfo.memory` stays empty).
