@@ -58,7 +58,8 @@ from adapters.sglang_settings import (GRAPHS_OFF_OLD, KV_HOW, NGRAM_WINDOW, VERS
                                       read_back, reported_dtype)
 from adapters.versions import IMAGES, Row, launcher_version
 
-INSTALL = "pip install 'sglang[all]' on a GPU host (or launcher = \"docker run --gpus all ... lmsysorg/sglang:TAG\")"
+INSTALL = (f"pip install 'sglang[all]==0.5.23' on a GPU host "
+           f"(or launcher = \"docker run --gpus all ... {IMAGES['sglang']}\")")
 # option -> server flags (a boolean option adds its flags when true); disable_cuda_graph's flags
 # depend on the version (sglang_settings.VERSIONS: the argument-groups refactor renamed them).
 KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests": ["--max-running-requests"],

@@ -7,7 +7,7 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
 
 - Server: `text-generation-launcher --model-id M --hostname H --port P --dtype D
   [--max-batch-total-tokens N]`, or its image (`docker run --gpus all ...
-  ghcr.io/huggingface/text-generation-inference:TAG`, whose entrypoint is the launcher).
+  ghcr.io/huggingface/text-generation-inference:3.3.7`, whose entrypoint is the launcher).
 - dtype: the launcher's `--dtype` knows float16 and bfloat16 only. A float32 config is
   launched with `--dtype bfloat16` (without `--dtype` the model's own default would run,
   which the adapter could not name); `EngineInfo.dtype` is what ran and
@@ -65,11 +65,11 @@ from adapters.metric_names import TGI
 from adapters.launcher import free_port
 from adapters.readback import AS_REQUESTED, ReadBack, launch_command
 from adapters.serving import LaunchedServer, ModalEngine, aclose_then, kv_pin_gap, need
-from adapters.versions import Row, VersionTable, image_tag_version
+from adapters.versions import IMAGES, Row, VersionTable, image_tag_version
 
-INSTALL = ("install text-generation-launcher (TGI) on a GPU host, or set launcher = "
+INSTALL = ("install text-generation-launcher (TGI 3.3.x) on a GPU host, or set launcher = "
            "\"docker run --gpus all --shm-size 1g --network host -v {model}:{model} "
-           "ghcr.io/huggingface/text-generation-inference:TAG\"")
+           f"{IMAGES['tgi']}\"")
 KNOBS = ("max_concurrent_requests", "max_batch_prefill_tokens", "max_total_tokens", "max_input_tokens",
          "cuda_memory_fraction", "num_shard", "quantize")
 DTYPES = ("float16", "bfloat16")  # the launcher's --dtype choices

@@ -57,11 +57,12 @@ from adapters.metric_names import TRTLLM
 from adapters.openai_compat import OpenAIEngine
 from adapters.readback import AS_REQUESTED, ReadBack, as_bool, torch_dtype
 from adapters.serving import HeldEngine, LaunchedServer, ModalEngine, kv_pin_gap, need
-from adapters.versions import Row, VersionTable, launcher_version
+from adapters.versions import IMAGES, Row, VersionTable, launcher_version
 
 INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus all --ipc host --network host "
-           "-v {model}:{model} nvcr.io/nvidia/tensorrt-llm/release:TAG\"), or on a CUDA host "
-           "`apt-get install libopenmpi-dev && pip install tensorrt_llm` (the PyPI wheel is the full package)")
+           f"-v {{model}}:{{model}} {IMAGES['trtllm']}\"), or on a CUDA host "
+           "`apt-get install libopenmpi-dev && pip install tensorrt_llm==1.3.0rc24` (the PyPI wheel is the full "
+           "package)")
 # trtllm-serve flags passed through: option name == --flag (underscores, as trtllm-serve spells them).
 FLAGS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "backend")
 KV_HOW = "kv_cache_config.max_tokens (an upper bound: TRT-LLM takes the minimum with the free-memory fraction)"
