@@ -168,6 +168,11 @@ def readback_facts(srt: Path) -> dict[str, Any]:
         "ngram_topk_is_max_bfs_breadth": "speculative_eagle_topk=cfg.speculative_ngram_max_bfs_breadth" in hook,
         "standalone_auto_params": 'if cfg.speculative_algorithm == "STANDALONE":\n        return (3, 1, 4)' in hook,
         "drafts_per_round_exclude_root": "draft_per_round = get_spec().speculative_num_draft_tokens - 1" in reporter,
+        # the resolved CUDA-graph setting read back: cuda_graph_config {decode, prefill: {backend, ...}}
+        "cuda_graph_config_fields": class_fields(srt / "model_executor/cuda_graph_config.py", "CudaGraphConfig"),
+        "cuda_graph_phase_fields": class_fields(srt / "model_executor/cuda_graph_config.py", "PhaseConfig"),
+        "resolved_dict_expands_records": "return {\n            field.name: _plain(getattr(value, field.name))"
+        in (srt / "server_args.py").read_text(),
     }
 
 

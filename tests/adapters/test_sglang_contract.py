@@ -168,3 +168,11 @@ def test_server_info_keys_the_adapter_reads_are_sglangs(report):
         set(SERVER_INFO_KEYS) - set(report["server_info_fields"])
     assert report["internal_state_has_max_running"] and report["memory_usage_in_gib"]
     assert {"weight", "kvcache", "graph", "token_capacity"} <= set(report["memory_usage_keys"])
+
+
+def test_cuda_graphs_are_read_from_the_resolved_record(report):
+    """/server_info's cuda_graph_config is the resolved CudaGraphConfig expanded to dicts
+    (server_args._plain), so decode.backend is where read_back looks (issue 25, defect 4)."""
+    assert report["resolved_dict_expands_records"] and "cuda_graph_config" in report["server_info_fields"]
+    assert {"decode", "prefill"} <= set(report["cuda_graph_config_fields"])
+    assert "backend" in report["cuda_graph_phase_fields"]
