@@ -21,10 +21,10 @@ GRAPHS_OFF_OLD = ["--disable-cuda-graph"]
 GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
 _NO_TPOT = replace(SGLANG, tpot=None)
 VERSIONS = VersionTable("sglang", (
-    Row("0.5.9", "0.5.12", ("0.5.9", "0.5.10", "0.5.12"),
+    Row("0.5.9", "0.5.12", ("0.5.9", "0.5.10", "0.5.11", "0.5.12"),
         {"graphs_off": GRAPHS_OFF_OLD, "metrics": replace(_NO_TPOT, spec_drafts=())}),
     Row("0.5.13", "0.5.13", ("0.5.13",), {"graphs_off": GRAPHS_OFF_OLD, "metrics": _NO_TPOT}),
-    Row("0.5.14", "0.5.21", ("0.5.14", "0.5.15", "0.5.19", "0.5.21"), {"graphs_off": GRAPHS_OFF, "metrics": _NO_TPOT}),
+    Row("0.5.14", "0.5.21", tuple(f"0.5.{i}" for i in range(14, 22)), {"graphs_off": GRAPHS_OFF, "metrics": _NO_TPOT}),
     Row("0.5.22", "0.5.23", ("0.5.22", "0.5.23"), {"graphs_off": GRAPHS_OFF, "metrics": SGLANG}),
 ))
 DTYPE_SOURCE = AS_REQUESTED + " (/server_info `dtype` is the argument SGLang was given, not the dtype it loaded)"
