@@ -99,11 +99,14 @@ class EngineConfig:
     the engine may use; the KV cache gets what weights, peak activations and CUDA graphs leave, as in
     vLLM); with none, the cache gets `DEFAULT_KV_BYTES`, capped at `max_num_seqs` full contexts.
 
-    `attention_backend` None picks "triton" on CUDA (when triton imports), "cpu" on CPU (when its C++
-    kernel builds) and "torch" otherwise. `linear_backend` None picks "onednn" on CPU (weights
-    prepacked for oneDNN, `cpu_linear.py`; bf16 weights are multiplied as fp32 where the CPU has no
-    bf16 dot product) and "torch" (`F.linear`) elsewhere. `fused_ops` None turns on, on CPU when the
-    kernels build, the one-pass C++ RMSNorm, rotary and SiLU-and-multiply (`cpu_ops.py`).
+    This is data: it validates itself and imports no backend. A backend left None is chosen for the
+    device by the module that implements it, when the runner resolves the config
+    (`model_runner.with_default_backends`): `attention_backend` "triton" on CUDA (when triton
+    imports), "cpu" on CPU (when its C++ kernel builds), else "torch" (`triton_attention.py`);
+    `linear_backend` "onednn" on CPU (weights prepacked for oneDNN; bf16 weights are multiplied as
+    fp32 where the CPU has no bf16 dot product), else "torch" (`cpu_linear.default_backend`);
+    `fused_ops` on, on CPU when the kernels build: the one-pass C++ RMSNorm, rotary and
+    SiLU-and-multiply (`cpu_ops.default_on`).
     CUDA graphs capture decode steps per batch size in `cuda_graph_sizes` (default: vLLM's, up to
     `max_num_seqs`); they are used only on CUDA, with a backend that supports them (triton), and
     `enforce_eager=True` turns them off. `load_format="dummy"` makes random weights on the device
@@ -169,21 +172,11 @@ class EngineConfig:
             raise ValueError(f"cuda_graph_sizes must be a list of positive integers, got {sizes!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
-        if self.attention_backend is None:  # resolved once, so everything built from this config agrees
-            from reference_engine.triton_attention import default_attention_backend
-            self.attention_backend = default_attention_backend(self.device)
-        if self.linear_backend is None:
-            from reference_engine import cpu_linear
-            self.linear_backend = "onednn" if torch.device(self.device).type == "cpu" and cpu_linear.available() \
-                else "torch"
-        if self.fused_ops is None:
-            from reference_engine import cpu_ops
-            self.fused_ops = torch.device(self.device).type == "cpu" and cpu_ops.available()
-        if not isinstance(self.fused_ops, bool):
+        if self.fused_ops is not None and not isinstance(self.fused_ops, bool):
             raise ValueError(f"fused_ops must be a bool, got {self.fused_ops!r}")
         if self.fused_ops and torch.device(self.device).type != "cpu":
             raise ValueError(f"fused_ops runs on CPU only (device is {self.device!r})")
-        if self.linear_backend not in LINEAR_BACKENDS:
+        if self.linear_backend is not None and self.linear_backend not in LINEAR_BACKENDS:
             raise ValueError(f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
         if self.linear_backend == "onednn" and torch.device(self.device).type != "cpu":
             raise ValueError(f"linear_backend 'onednn' runs on CPU only (device is {self.device!r})")

@@ -38,6 +38,11 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def default_backend(device: str | torch.device) -> str:
+    """`linear_backend` when the config leaves it None: "onednn" on CPU where torch has it, else "torch"."""
+    return "onednn" if torch.device(device).type == "cpu" and available() else "torch"
+
+
 def native_bf16() -> bool:
     """Does this CPU multiply bf16 natively (oneDNN takes bf16 weights)?"""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

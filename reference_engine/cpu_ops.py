@@ -83,3 +83,8 @@ def fuse(model: nn.Module) -> nn.Module:
 def available() -> bool:
     """Does the kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
     return cpu_build.builds(kernel.module)
+
+
+def default_on(device: str | torch.device) -> bool:
+    """`fused_ops` when the config leaves it None: on, on CPU, where the kernels build."""
+    return torch.device(device).type == "cpu" and available()

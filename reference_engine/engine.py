@@ -54,10 +54,10 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
-        self.cfg = cfg
         ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
         self.tokenizer = Tokenizer(cfg.model)
         self.runner = ModelRunner(cfg)
+        self.cfg = cfg = self.runner.cfg  # with the backends the runner chose for the device
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
         # The runner sized the KV tensors; the scheduler builds the KV-cache manager over their blocks.

@@ -24,6 +24,7 @@ Device and dtype are explicit (`cfg.device`): one runner drives one device.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +44,7 @@ from reference_engine.sampler import logprobs_of, make_batch as sampling_batch, 
 from reference_engine.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
+from reference_engine.triton_attention import default_attention_backend
 
 
 @dataclass
@@ -54,9 +56,20 @@ class RunnerOutput:
     drafts: dict[str, Draft] = field(default_factory=dict)  # proposals for the next step
 
 
+def with_default_backends(cfg: EngineConfig) -> EngineConfig:
+    """The config with every backend it leaves None chosen for its device, each by the module that
+    implements it; everything built from the result (runner, draft model, effective_config) agrees.
+    A copy: the caller's config is left as given (it was validated when it was made)."""
+    out = copy.copy(cfg)
+    out.attention_backend = cfg.attention_backend or default_attention_backend(cfg.device)
+    out.linear_backend = cfg.linear_backend or cpu_linear.default_backend(cfg.device)
+    out.fused_ops = cpu_ops.default_on(cfg.device) if cfg.fused_ops is None else cfg.fused_ops
+    return out
+
+
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, max_model_len: int | None = None):
-        self.cfg = cfg
+        cfg = self.cfg = with_default_backends(cfg)
         self.device = torch.device(cfg.device)
         self.dtype = parse_dtype(cfg.dtype)
         if cfg.num_threads:

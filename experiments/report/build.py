@@ -6,8 +6,8 @@ from pathlib import Path
 
 from experiments import bandwidth, plots
 from experiments.report import observer, sections, settings, verdict, workload
-from experiments.report.md import fmt, group
-from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, latency_rows
+from experiments.report.md import fmt
+from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, group, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
 
 FAIRNESS = """Same model directory, same dtype, same token-exact prompts, same sampling (greedy + `ignore_eos`

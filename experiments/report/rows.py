@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from experiments.intervals import get
-from experiments.report.md import fmt, mib
+from experiments.report.md import fmt, mib, table
+from experiments.summary import Runs
 
 Row = tuple[str, str, str]
 
@@ -86,3 +87,22 @@ CACHE: list[Row] = [
     ("mean accepted tokens per draft", "engine_counters.spec_mean_accepted", "f2"),
     ("draft tokens proposed", "engine_counters.spec_draft_tokens", "int"),
 ]
+
+
+def group(runs: Runs, rows: list[tuple[str, str, str]], empty: str | None = None) -> list[str]:
+    """One table: a row per (level, metric), a column per engine that finished requests."""
+    multi = len(runs.levels) > 1
+    engines = [e for e in runs.engines if e.summary]
+    if not engines:
+        return ["No engine finished any request."]
+    header = (["level"] if multi else []) + ["metric"] + [e.label for e in engines]
+    body = []
+    for level in runs.levels:
+        for name, path, unit in rows:
+            cells = [cell(e.summary[level], path, unit) if level in e.summary else "–" for e in engines]
+            if all(c == "–" for c in cells):
+                continue  # a metric no engine has at this level (e.g. cost without cost_per_hour)
+            body.append(([level] if multi else []) + [name] + cells)
+    if not body and empty:
+        return [empty]
+    return table(header, body)

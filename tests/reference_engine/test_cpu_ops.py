@@ -84,9 +84,9 @@ def test_other_dtypes_fall_back():
 
 def test_on_by_default_on_cpu_and_off_with_one_setting(tmp_path):
     from reference_engine.make_model import make_model
-    from reference_engine.model_runner import ModelRunner
+    from reference_engine.model_runner import ModelRunner, with_default_backends
 
-    assert EngineConfig("m").fused_ops is True
+    assert with_default_backends(EngineConfig("m")).fused_ops is True
     with pytest.raises(ValueError, match="fused_ops must be a bool"):
         EngineConfig("m", fused_ops="yes")
     make_model(tmp_path / "m", preset="tiny", family="llama", seed=0)

@@ -54,8 +54,11 @@ def test_enforce_eager_and_sizes_are_config_fields():
         EngineConfig("m", enforce_eager="yes")
     from reference_engine import cpu_attention
     # CPU default: the C++ kernel where it builds, else the PyTorch backend; "triton" on CUDA
-    assert EngineConfig("m").attention_backend == ("cpu" if cpu_attention.available() else "torch")
-    assert EngineConfig("m", device="cuda").attention_backend == "triton"  # (triton imports here)
+    from reference_engine.model_runner import with_default_backends
+    assert with_default_backends(EngineConfig("m")).attention_backend == ("cpu" if cpu_attention.available() else "torch")
+    cuda = with_default_backends(EngineConfig("m", device="cuda"))
+    assert cuda.attention_backend == "triton"  # (triton imports here)
+    assert (cuda.linear_backend, cuda.fused_ops) == ("torch", False)  # the CPU kernels stay off on CUDA
 
 
 def test_eager_graph_replays_what_it_recorded_over_current_buffers():
@@ -151,4 +154,4 @@ def test_serve_flags_for_the_gpu_knobs():
     default = engine_config(parse(["m"]))
     assert default.enforce_eager is False and default.cuda_graph_sizes is None and default.gpu_memory_utilization is None
     cuda = engine_config(parse(["m", "--device", "cuda", "--gpu-memory-utilization", "0.8"]))
-    assert cuda.gpu_memory_utilization == 0.8 and cuda.attention_backend == "triton"
+    assert cuda.gpu_memory_utilization == 0.8 and cuda.attention_backend is None  # chosen by the runner
