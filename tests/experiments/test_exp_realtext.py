@@ -189,3 +189,17 @@ def test_requests_ended_at_eos_are_not_retokenization_mismatches(exp_model):
     at_length = {**rec, "output_token_ids": ids, "finish_reason": "length"}
     assert token_checks([at_eos, at_length], retok)["retokenized_mismatch"] == 0
     assert token_checks([{**at_length, "output_token_ids": ids + [eos]}], retok)["retokenized_mismatch"] == 1
+
+
+def test_a_config_makes_the_real_model_from_its_preset(tmp_path, capsys, smollm2):
+    """make_model = { preset = "smollm2-135m-instruct" } makes the real model (from the cache the smollm2
+    fixture filled); the workload is then built on its tokenizer (here: too long for its context)."""
+    model = tmp_path / "models" / "smollm2"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'name = "x"\nmodel = "{model}"\nmake_model = {{ preset = "smollm2-135m-instruct" }}\n'
+                   'engine = "reference"\n[workload]\nkind = "summarize"\nnum_requests = 1\ninput_len = 8000\n'
+                   'output_len = 400\n')
+    assert run_main([str(cfg), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "exceeds the model's context of 8192" in err.splitlines()[-1]
+    assert (model / "chat_template.jinja").read_text() == (smollm2 / "chat_template.jinja").read_text()
