@@ -50,9 +50,10 @@ def read_back(model: Any, max_batch_size: int) -> tuple[dict[str, Any], dict[str
         rb.put(key, False, what_it_is)
     rb.put("paged_kv", False, what_it_is + ": KV allocated per batch, no block pool")
     rb.put("tensor_parallel_size", 1, what_it_is)
-    from reference_engine.gpu_memory import param_bytes  # each storage once (tied weights)
-
-    rb.mem("weights", param_bytes(model), "the model's parameter and buffer storages")
+    # each storage once: tied weights share one (the baseline needs nothing of the reference engine)
+    storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+                for t in [*model.parameters(), *model.buffers()]}
+    rb.mem("weights", sum(storages.values()), "the model's parameter and buffer storages")
     if model.device.type == "cuda":
         import torch
 

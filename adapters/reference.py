@@ -5,9 +5,9 @@ Options: `mode` = "in_process" (default) | "server" | "attach", plus the engine 
 `enable_prefix_caching` and `speculative_config` are the uniform features (adapters.features),
 which are also the engine's own EngineConfig fields and `inferlab serve` flags.
 
-`EngineInfo.effective` / `.memory` in-process come from the engine itself
-(`LLMEngine.effective_config()` / `memory_report()`; from its config and stats where an older
-engine lacks them); `snapshot().extra` carries its prefix-cache and speculation counters.
+`EngineInfo.effective` / `.memory` in-process come from the engine itself, through the async
+engine's public API (`AsyncEngine.effective_config()` / `memory_report()`, which are
+`LLMEngine`'s); `snapshot().extra` carries its prefix-cache and speculation counters.
 
 in_process shares the harness's interpreter: the engine's step loop and the load
 generator take turns holding the GIL, so the client perturbs the engine it measures.
@@ -37,31 +37,13 @@ COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits"
             "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
 
-def read_back(core) -> tuple[dict, dict[str, int]]:
-    """EngineInfo.effective / .memory from a started `LLMEngine` (its own report when it has one)."""
+def read_back(engine) -> tuple[dict, dict[str, int]]:
+    """EngineInfo.effective / .memory from a started `AsyncEngine`'s own reports."""
     rb = ReadBack()
-    own = getattr(core, "effective_config", None)
-    if own is not None:
-        for k, v in own().items():
-            rb.put(k, v if k != "speculative" else (v or False), "LLMEngine.effective_config()")
-    cfg, st = core.cfg, core.stats()
-    src = "LLMEngine.cfg / stats()"
-    for key, value in (("dtype", cfg.dtype), ("kv_capacity_tokens", st.kv_capacity_tokens),
-                       ("kv_blocks", st.kv_total_blocks), ("block_size", st.block_size),
-                       ("max_num_seqs", cfg.max_num_seqs), ("max_num_batched_tokens", cfg.max_num_batched_tokens),
-                       ("max_model_len", core.max_model_len), ("chunked_prefill", cfg.enable_chunked_prefill),
-                       ("prefix_caching", cfg.enable_prefix_caching),
-                       ("speculative", dict(cfg.speculative_config) if cfg.speculative_config else False),
-                       ("compile", False), ("tensor_parallel_size", 1)):
-        rb.put(key, value, src)
-    report = getattr(core, "memory_report", None)
-    if report is not None:
-        for k, v in report().items():
-            rb.mem(k, v, "LLMEngine.memory_report()")
-    else:
-        from reference_engine.gpu_memory import param_bytes
-
-        rb.mem("weights", param_bytes(core.runner.model), "the model's parameter storages")
+    for k, v in engine.effective_config().items():
+        rb.put(k, v if k != "speculative" else (v or False), "LLMEngine.effective_config()")
+    for k, v in engine.memory_report().items():
+        rb.mem(k, v, "LLMEngine.memory_report()")
     return rb.result()
 
 
@@ -114,7 +96,7 @@ class ReferenceInProcess(Engine):
         st = self.engine.stats()
         knobs = {k: getattr(self.engine.config, k) for k in KNOBS if hasattr(self.engine.config, k)}
         knobs["max_model_len"] = self.engine.max_model_len
-        effective, memory = read_back(self.engine.core)
+        effective, memory = read_back(self.engine)
         self.info = EngineInfo(engine=self.name, version=self.engine.version,
                                model=self.engine.model_name, dtype=effective.get("dtype", self.dtype),
                                kv_capacity_tokens=st.kv_capacity_tokens, block_size=st.block_size, knobs=knobs,
@@ -155,7 +137,7 @@ class ReferenceInProcess(Engine):
         return snap
 
     async def memory(self) -> dict[str, int]:
-        return read_back(self.engine.core)[1] if self.engine is not None else {}
+        return read_back(self.engine)[1] if self.engine is not None else {}
 
     async def stop(self) -> None:
         engine, self.engine = self.engine, None

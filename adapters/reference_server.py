@@ -1,6 +1,7 @@
-"""The reference engine behind its own HTTP server (`inferlab serve`), in a process of its own.
+"""The reference engine behind its own HTTP server (`python -m reference_engine.server`, which
+`inferlab serve` also runs), in a process of its own.
 
-Mode "server" launches `PY -m experiments.cli serve MODEL --host H --port P --dtype D
+Mode "server" launches `PY -m reference_engine.server MODEL --host H --port P --dtype D
 --<knob> V ...` through `adapters.serving.ManagedServer` (options launcher, host, port,
 log_path, work_dir, startup_timeout_s, extra_args, env), waits for /health, then streams
 exactly as `OpenAIEngine` does; mode "attach" talks to `url`. The server exports vLLM's
@@ -77,13 +78,13 @@ class ReferenceServer(LaunchedServer, OpenAIEngine):
 
     def server_argv(self) -> list[str]:
         s = self.server
-        return s.argv(module="experiments.cli", args=["serve", s.model_arg, "--host", s.host, "--port", s.port,
-                                                      "--dtype", self.dtype, "--log-level", "warning",
-                                                      *self.flags()])
+        return s.argv(module="reference_engine.server", args=[s.model_arg, "--host", s.host, "--port", s.port,
+                                                              "--dtype", self.dtype, "--log-level", "warning",
+                                                              *self.flags()])
 
     def server_env(self, work_dir: Path | None) -> dict[str, str]:
-        # The server runs in work_dir; it imports `experiments` and `reference_engine` from
-        # this checkout even when inferlab is not pip-installed.
+        # The server runs in work_dir; it imports `reference_engine` from this checkout even
+        # when inferlab is not pip-installed.
         path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
         return {"PYTHONPATH": path}
 

@@ -173,7 +173,7 @@ def render(r: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     import argparse
 
-    from experiments.commands import _ensure_model, _fail
+    from experiments.commands import ensure_model, fail
     from experiments.config import ConfigError, load
     from experiments.runner import build_engine
     from experiments.workloads import build
@@ -186,10 +186,10 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     try:
         cfg = load(a.config, engine=a.engine)
-        _ensure_model(cfg)
+        ensure_model(cfg)
         items, _ = build(cfg.model, cfg.workload, 0)
     except (ConfigError, ValueError, OSError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     kind, value = cfg.load.levels()[0]
     conc = a.concurrency or (int(value) if kind == "concurrency" else 4)
     name = cfg.all_engines()[0]
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
     try:
         engine, _, _ = build_engine(cfg, name, work)
     except (ValueError, TypeError) as e:
-        return _fail(f"{a.config}: engine_options.{name}: {e}")
+        return fail(f"{a.config}: engine_options.{name}: {e}")
     items = [ch[0] for ch in chains(items)]  # single-turn: the bare client sends no chains
     try:
         r = asyncio.run(check(engine, cfg, items, conc, work))

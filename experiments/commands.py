@@ -25,12 +25,14 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _fail(msg: str) -> int:
+def fail(msg: str) -> int:
+    """A command's error: one line on stderr, exit code 2 (every inferlab command's convention)."""
     print(f"inferlab: {msg}", file=sys.stderr)
     return 2
 
 
-def _ensure_model(cfg) -> None:
+def ensure_model(cfg) -> None:
+    """Make the config's model directory (`make_model` table) unless it is there already."""
     mm = cfg.make_model
     if mm is None:
         return
@@ -65,14 +67,14 @@ def run_main(argv: list[str]) -> int:
         cfg = load(a.config, engine=a.engine)
         whole = load(a.config) if a.engine else cfg  # what config.json records: the whole comparison
     except ConfigError as e:
-        return _fail(str(e))
+        return fail(str(e))
     toml = Path(a.config).read_text()
     if not cfg.cells:
-        return _fail(f"{a.config}: --cell needs a matrix config ([[cells]])") if a.cell else \
+        return fail(f"{a.config}: --cell needs a matrix config ([[cells]])") if a.cell else \
             _run(cfg, whole, toml, Path(a.out), a)
     unknown = set(a.cell or []) - {c["name"] for c in cfg.cells}
     if unknown:
-        return _fail(f"{a.config}: no cell named {', '.join(sorted(unknown))} "
+        return fail(f"{a.config}: no cell named {', '.join(sorted(unknown))} "
                      f"(cells: {', '.join(c['name'] for c in cfg.cells)})")
     from experiments.report import matrix
 
@@ -98,12 +100,12 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     from experiments.runner import Plan, build_engine, run_engine
 
     try:
-        _ensure_model(cfg)
+        ensure_model(cfg)
         items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
         max_model_len = context.choose(cfg, items + warm, workloads.context_len(cfg.model))
         context.check_kv(cfg, max_model_len)  # before any engine spends minutes starting
     except (ValueError, OSError) as e:
-        return _fail(f"{a.config}: {e}")
+        return fail(f"{a.config}: {e}")
     run_dir = out / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     engines = {}
@@ -111,7 +113,7 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
         try:
             engines[name] = build_engine(cfg, name, run_dir / name, max_model_len)
         except (ValueError, TypeError) as e:
-            return _fail(f"{a.config}: engine_options.{name}: {e}")
+            return fail(f"{a.config}: engine_options.{name}: {e}")
     (run_dir / "config.toml").write_text(toml)
     # the run folder describes the whole comparison; `--engine` only refreshes one column of it
     (run_dir / "config.json").write_text(whole.model_dump_json(indent=2))
@@ -144,7 +146,7 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     print(f"inferlab: report written to {report}", file=sys.stderr)
     missing = [n for n, s in statuses.items() if s == "unavailable" and n in cfg.engine_list()]
     if missing:
-        return _fail("; ".join(_reason(run_dir, n) or f"engine {n!r} is not available" for n in missing))
+        return fail("; ".join(_reason(run_dir, n) or f"engine {n!r} is not available" for n in missing))
     return 1 if "failed" in statuses.values() else 0
 
 
@@ -173,7 +175,7 @@ def report_main(argv: list[str]) -> int:
     dirs = [Path(d) for d in a.run_dirs]
     for d in dirs:
         if not (d / "config.json").is_file():
-            return _fail(f"{d} is not a run folder (no config.json)")
+            return fail(f"{d} is not a run folder (no config.json)")
     out = Path(a.out) if a.out else (dirs[0] if len(dirs) == 1 else Path("results/merged"))
     from experiments.report import build
 
@@ -185,6 +187,6 @@ def list_engines_main(argv: list[str]) -> int:
     from experiments.engines_here import render, table
 
     if argv:
-        return _fail("list-engines takes no arguments")
+        return fail("list-engines takes no arguments")
     print(render(table()))
     return 0

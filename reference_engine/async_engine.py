@@ -82,6 +82,7 @@ class AsyncEngine:
             except BaseException:
                 self._thread = None
                 raise
+            self.config = self.core.cfg  # as the engine resolved it (backends chosen for the device)
         return self
 
     async def shutdown(self) -> None:
@@ -125,6 +126,14 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         """True while the step loop runs (started and not crashed or shut down)."""
         return self._thread is not None and self._thread.is_alive() and not self._stop
+
+    def effective_config(self) -> dict:
+        """The settings the engine runs with, read back from its parts (`LLMEngine.effective_config`)."""
+        return self._started().effective_config()
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes: weights, KV allocated and peak used, and device readings (`LLMEngine.memory_report`)."""
+        return self._started().memory_report()
 
     def stats(self) -> EngineStats:
         s = self._started().stats()

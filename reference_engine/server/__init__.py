@@ -1,4 +1,5 @@
-"""`inferlab serve`: the reference engine behind OpenAI- and TGI-compatible HTTP routes.
+"""`python -m reference_engine.server` (or `inferlab serve`): the reference engine behind OpenAI- and
+TGI-compatible HTTP routes. It drives the engine through `AsyncEngine`'s public API only.
 
 Modules: app (app factory, auth, lifecycle), openai_routes / openai_format, tgi_routes,
 protocol (request bodies), generation (engine requests per HTTP request: admission gate,

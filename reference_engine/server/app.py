@@ -90,8 +90,8 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
 
     @app.get("/server_info", include_in_schema=False)  # as vLLM's (dev mode): what the engine runs with
     async def server_info(request: Request) -> dict:
-        core = get_state(request).engine.core
-        return {"effective": core.effective_config(), "memory": core.memory_report()}
+        engine = get_state(request).engine
+        return {"effective": engine.effective_config(), "memory": engine.memory_report()}
 
     @app.get("/version")
     async def version(request: Request) -> dict:

@@ -1,4 +1,5 @@
-"""`inferlab serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-waiting N] [engine options]`.
+"""`python -m reference_engine.server MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--max-waiting N] [engine options]`
+(also `inferlab serve ...`, the same program behind the project's console script).
 
 Binds loopback by default. SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight
 requests (streams included) finish for up to --shutdown-timeout seconds, then the engine

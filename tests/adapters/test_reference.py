@@ -102,8 +102,8 @@ def test_server_command_line(tiny_llama):
     assert isinstance(impl, ReferenceServer)
     impl.server.launcher = Launcher.parse(None)  # what start() sets before building the argv
     argv = impl.server_argv()
-    assert argv[1:5] == ["-m", "experiments.cli", "serve", str(tiny_llama)]
-    flags = " ".join(argv[5:])
+    assert argv[1:4] == ["-m", "reference_engine.server", str(tiny_llama)]  # the engine's own program
+    flags = " ".join(argv[4:])
     assert "--host 127.0.0.1 --port 5555 --dtype bfloat16" in flags
     assert "--kv-cache-tokens 1024 --max-num-seqs 8" in flags
 
@@ -173,23 +173,6 @@ async def test_in_process_features_effective_memory_and_counters(cyclic_llama):
     assert tokens(runs[0][0]) == tokens(runs[1][0])
 
 
-def test_read_back_from_config_and_stats_when_the_engine_has_no_report(tiny_llama, llm):
-    """An engine without effective_config() / memory_report(): the dict is built from its config
-    and stats, weights from its parameters."""
-    from adapters.reference import read_back
-
-    class Bare:  # an LLMEngine's attributes, without its report methods
-        def __init__(self, core):
-            self.cfg, self.max_model_len, self.runner = core.cfg, core.max_model_len, core.runner
-            self.stats = core.stats
-
-    effective, memory = read_back(Bare(llm.engine))
-    assert (effective["kv_capacity_tokens"], effective["block_size"], effective["prefix_caching"],
-            effective["speculative"]) == (KV_TOKENS, 16, True, False)
-    assert all(s == "LLMEngine.cfg / stats()" for k, s in effective["sources"].items() if k != "memory.weights")
-    assert set(memory) == {"weights"} and memory["weights"] > 0
-
-
 def test_server_feature_flags_parse_with_inferlab_serve(tiny_llama):
     """--enable-prefix-caching / --no-enable-prefix-caching and --speculative-config '<json>' as
     `inferlab serve`'s own parser reads them (reference_engine/server/cli.py)."""
@@ -202,7 +185,7 @@ def test_server_feature_flags_parse_with_inferlab_serve(tiny_llama):
         impl.server.launcher = Launcher.parse(None)
         argv = impl.server_argv()
         assert ("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching") in argv
-        ns = parse(argv[argv.index("serve") + 1:])
+        ns = parse(argv[argv.index("reference_engine.server") + 1:])
         assert ns.enable_prefix_caching is prefix and ns.speculative_config == NGRAM
 
 

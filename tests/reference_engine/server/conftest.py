@@ -1,6 +1,6 @@
 """The real server, as a subprocess on a free 127.0.0.1 port.
 
-`launch(*flags, api_key=None)` starts `python -m experiments.cli serve MODEL --port P ...`,
+`launch(*flags, api_key=None)` starts `python -m reference_engine.server MODEL --port P ...`,
 waits for GET /health, and stops it with SIGTERM at teardown (SIGKILL only if it hangs).
 `server` is one shared instance for tests that do not count metrics or change settings.
 """
@@ -35,7 +35,7 @@ class Server:
         self.model_dir, self.port = model_dir, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        cmd = [sys.executable, "-m", "experiments.cli", "serve", str(model_dir), "--port", str(self.port),
+        cmd = [sys.executable, "-m", "reference_engine.server", str(model_dir), "--port", str(self.port),
                "--log-level", "warning", *flags] + (["--api-key", api_key] if api_key else [])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.log_path = log_dir / f"server-{self.port}.log"
