@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import threading
 import uuid
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import AsyncIterator
@@ -31,6 +32,21 @@ from reference_engine.config import EngineConfig
 from reference_engine.engine import EngineStats, LLMEngine
 from reference_engine.outputs import TokenDelta
 from reference_engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """Event loop -> engine thread: queue a request that `LLMEngine.validate` has accepted."""
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Event loop -> engine thread: abort a request (its stream ends with finish_reason "abort")."""
+    request_id: str
 
 
 class RequestStream:
@@ -60,7 +76,7 @@ class AsyncEngine:
         self.config = config
         self.core: LLMEngine | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._ops: list[tuple] = []  # (kind, ...) queued by the event loop, taken by the engine thread
+        self._ops: list[AddRequest | AbortRequest] = []  # queued by the event loop, taken by the engine thread
         self._ops_lock = threading.Lock()
         self._wake = threading.Event()
         self._delivered = threading.Event()  # the event loop has taken the last step's deltas
@@ -138,7 +154,7 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         s = self._started().stats()
         with self._ops_lock:
-            s.num_waiting += sum(1 for op in self._ops if op[0] == "add")
+            s.num_waiting += sum(1 for op in self._ops if isinstance(op, AddRequest))
         return s
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -162,7 +178,7 @@ class AsyncEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         stream = RequestStream(rid)
         self._streams[rid] = stream
-        self._queue(("add", prompt_token_ids, params, rid, cache_salt))
+        self._queue(AddRequest(prompt_token_ids, params, rid, cache_salt))
         return stream
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -177,7 +193,7 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         if request_id in self._streams:
-            self._queue(("abort", request_id))
+            self._queue(AbortRequest(request_id))
 
     # ---- the loop: event-loop side --------------------------------------------------
     def _started(self) -> LLMEngine:
@@ -185,7 +201,7 @@ class AsyncEngine:
             raise RuntimeError("AsyncEngine.start() has not been awaited")
         return self.core
 
-    def _queue(self, op: tuple) -> None:
+    def _queue(self, op: AddRequest | AbortRequest) -> None:
         with self._ops_lock:
             self._ops.append(op)
         self._wake.set()
@@ -231,19 +247,18 @@ class AsyncEngine:
                 while not self._delivered.wait(0.1) and not self._stop:
                     pass
 
-    def _apply(self, ops: list[tuple]) -> list[tuple[str, TokenDelta | BaseException]]:
+    def _apply(self, ops: list[AddRequest | AbortRequest]) -> list[tuple[str, TokenDelta | BaseException]]:
         out: list[tuple[str, TokenDelta | BaseException]] = []
         for op in ops:
-            if op[0] == "add":
-                _, ids, params, rid, salt = op
-                try:
-                    self.core.add_request(ids, params, rid, cache_salt=salt)
-                except Exception as e:  # ValueError for bad input; anything else ends this stream alone
-                    out.append((rid, e))
+            if isinstance(op, AddRequest):
+                try:  # validated on the event loop already (add_request): queue it
+                    self.core.enqueue(op.prompt_token_ids, op.params, op.request_id, cache_salt=op.cache_salt)
+                except Exception as e:  # anything that still fails ends this stream alone
+                    out.append((op.request_id, e))
             else:
-                rid = op[1]
-                delta = self.core.abort(rid)
-                out.append((rid, delta or TokenDelta(rid, [], "", finished=True, finish_reason="abort")))
+                delta = self.core.abort(op.request_id)
+                out.append((op.request_id, delta or TokenDelta(op.request_id, [], "", finished=True,
+                                                               finish_reason="abort")))
         return out
 
     def _step(self) -> list[tuple[str, TokenDelta | BaseException]]:

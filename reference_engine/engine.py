@@ -77,10 +77,11 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError naming what is wrong; nothing is queued on failure."""
+        """Raise ValueError naming what is wrong; nothing is queued on failure. The params' own fields
+        were validated when they were made (sampling_params.py); this checks what depends on the
+        request and the model."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        params.validate()
         if not prompt_token_ids:
             raise ValueError("prompt is empty: at least one token is required")
         vocab = self.model_config.vocab_size
@@ -101,9 +102,16 @@ class LLMEngine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None) -> str:
-        """Queue a request. `cache_salt`: only requests with the same salt share prefix-cache blocks."""
+        """Validate and queue a request. `cache_salt`: only requests with the same salt share prefix-cache
+        blocks."""
         prompt_token_ids = list(prompt_token_ids)
         self.validate(prompt_token_ids, params)
+        return self.enqueue(prompt_token_ids, params, request_id, arrival_time, cache_salt)
+
+    def enqueue(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                arrival_time: float | None = None, cache_salt: str | None = None) -> str:
+        """Queue a request that `validate` has accepted (the boundary validated it: `add_request`,
+        `LLM.generate`'s all-or-nothing check, or `AsyncEngine.add_request` on the event loop)."""
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -287,7 +295,7 @@ class LLM:
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i, p in zip(ids, params):  # all or nothing: reject the batch before queueing any of it
             self.engine.validate(i, p)
-        rids = [self.engine.add_request(i, p) for i, p in zip(ids, params)]
+        rids = [self.engine.enqueue(i, p) for i, p in zip(ids, params)]
         results: dict[str, CompletionOutput] = {}
         while self.engine.has_unfinished():
             for d in self.engine.step():

@@ -40,7 +40,7 @@ from reference_engine.loader import load_model
 from reference_engine.model import CausalLM, RotaryEmbedding
 from reference_engine.outputs import TokenLogprob
 from reference_engine.request import Request
-from reference_engine.sampler import logprobs_of, make_batch as sampling_batch, sample
+from reference_engine.sampler import all_argmax, banned_ids, logprobs_of, make_batch as sampling_batch, sample
 from reference_engine.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
@@ -253,7 +253,8 @@ class ModelRunner:
         raw = self.model.logits(hidden)  # (R, V) float32
         if not spec:  # one row per request: the plain sampling path
             ps = [r.params for r in samplers]
-            if all_greedy(ps):  # no sampling tensors to build: argmax on the device, one sync
+            if all_argmax(ps, banned_ids(ps, [r.output_token_ids for r in samplers], [r.stop_ids for r in samplers])):
+                # no sampling tensors to build: argmax on the device, one sync
                 ids = raw.argmax(-1)
             else:
                 sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers],
@@ -275,7 +276,7 @@ class ModelRunner:
 
     def _max_drafts(self, req: Request, num_new: int) -> int:
         """Drafts worth proposing: the next step emits at most drafts + 1 tokens, within max_tokens."""
-        left = req.params.max_tokens - len(req.output_token_ids) - num_new
+        left = req.num_tokens_left - num_new
         return max(0, min(self.num_spec_tokens, left - 1))
 
     def _logprobs(self, raw, reqs, drafts, tokens) -> list[list[TokenLogprob] | None]:
@@ -286,13 +287,6 @@ class ModelRunner:
                        logprobs_of(raw[row:row + len(t)], torch.tensor(t, device=raw.device), [n] * len(t)))
             row += len(d) + 1
         return out
-
-
-def all_greedy(params: list) -> bool:
-    """`sampler.make_batch(...).all_greedy`, decided on the host before building any tensor: every row
-    greedy, unpenalised and without min_tokens, so the step's tokens are the logits' argmax."""
-    return all(p.greedy and p.min_tokens == 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-               and p.frequency_penalty == 0.0 for p in params)
 
 
 def dummy_model(model_dir: str, dtype: torch.dtype, device: torch.device, max_len: int,

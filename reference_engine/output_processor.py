@@ -92,7 +92,7 @@ class OutputProcessor:
             req.finish("stop")
         elif token in p.stop_token_ids:
             req.finish("stop", token)
-        elif len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        elif req.num_tokens_left <= 0 or req.num_tokens >= self.max_model_len:
             req.finish("length")
 
     def _check_stop_strings(self, req: Request, st: _State, before: int) -> None:

@@ -75,6 +75,13 @@ class Request:
         return p[start:] + self.output_token_ids[: end - len(p)]
 
     @property
+    def num_tokens_left(self) -> int:
+        """Output tokens the request may still produce (`max_tokens` minus those it has): the one
+        definition the scheduler (lookahead), runner (drafts worth proposing) and output processor
+        (the length stop) all use."""
+        return self.params.max_tokens - len(self.output_token_ids)
+
+    @property
     def num_new_tokens(self) -> int:
         """Tokens whose KV is not yet computed (1 for a decode, the rest of the prompt for a prefill)."""
         return self.num_tokens - self.num_computed_tokens

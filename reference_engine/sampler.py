@@ -164,17 +164,26 @@ def make_batch(params: list, prompt_ids: list[list[int]], output_ids: list[list[
     def col(name, dtype=torch.float32):
         return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
 
-    banned = [ids if len(out) < p.min_tokens else [] for p, out, ids in
-              zip(params, output_ids, stop_ids or [[]] * len(params))]
-    needs_more = any(banned) or any(not p.greedy or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                                    or p.frequency_penalty != 0.0 for p in params)
+    banned = banned_ids(params, output_ids, stop_ids)
     return SamplingBatch(
         temperature=col("temperature"), top_k=col("top_k", torch.int64), top_p=col("top_p"),
         min_p=col("min_p"), repetition_penalty=col("repetition_penalty"),
         presence_penalty=col("presence_penalty"), frequency_penalty=col("frequency_penalty"),
         prompt_ids=prompt_ids, output_ids=output_ids, generators=generators,
-        num_logprobs=[p.logprobs for p in params], all_greedy=not needs_more, banned=banned,
+        num_logprobs=[p.logprobs for p in params], all_greedy=all_argmax(params, banned), banned=banned,
     )
+
+
+def banned_ids(params: list, output_ids: list[list[int]], stop_ids: list[list[int]] | None) -> list[list[int]]:
+    """Per row, the ids banned now: EOS + stop ids while the row has fewer than min_tokens outputs."""
+    return [ids if len(out) < p.min_tokens else [] for p, out, ids in
+            zip(params, output_ids, stop_ids or [[]] * len(params))]
+
+
+def all_argmax(params: list, banned: list[list[int]]) -> bool:
+    """Every row's token is the raw logits' argmax: all rows `SamplingParams.argmax`, none banning ids.
+    The runner decides its no-tensor fast path with this too, so both agree by construction."""
+    return not any(banned) and all(p.argmax for p in params)
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: torch.Tensor, num: list[int | None]) -> list[TokenLogprob | None]:

@@ -1,4 +1,11 @@
-"""Per-request sampling settings, validated when the request arrives.
+"""Per-request sampling settings, validated once, when they are made (`__post_init__`).
+
+Construction is the boundary: the server, the adapters and `LLM.generate` all build a
+`SamplingParams`, and nothing downstream validates its fields again (the engine checks only what
+depends on the request and the model: prompt ids, lengths against the context and the KV cache).
+Treat an instance as read-only once made. "Greedy" is defined here, once: `greedy` (temperature
+below vLLM's epsilon) and `argmax` (greedy with nothing that reshapes the logits, so a row's token
+is the raw logits' argmax); `penalized` says whether the output history matters to the sampler.
 
 Field names and meanings follow vLLM's `SamplingParams` so that a request sent to
 the reference engine and to vLLM means the same thing.
@@ -42,6 +49,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalized(self) -> bool:
+        """Any repetition / presence / frequency penalty: the sampler reads the token history."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def argmax(self) -> bool:
+        """Greedy and unpenalised: the token is the logits' argmax (unless min_tokens bans some ids)."""
+        return self.greedy and not self.penalized
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field; the request is then rejected alone."""

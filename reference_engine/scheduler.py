@@ -144,7 +144,7 @@ class Scheduler:
 
     def _lookahead(self, req: Request, end: int) -> int:
         """Lookahead slots past token `end`, never past the longest the request can get."""
-        return max(0, min(self.num_lookahead, req.num_prompt_tokens + req.params.max_tokens - end))
+        return max(0, min(self.num_lookahead, req.num_tokens + req.num_tokens_left - end))
 
     def _grow(self, req: Request, n: int, out: SchedulerOutput) -> bool:
         """Give `req` blocks for `n` more tokens, preempting from the back. False if req was preempted."""

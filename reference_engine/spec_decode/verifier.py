@@ -19,8 +19,7 @@ def verify(raw: torch.Tensor, reqs: list, drafts: list[list[int]], default_gen: 
     for r, d in zip(reqs, drafts):
         p = r.params
         # drafts count as output for penalties and for min_tokens
-        counted = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 \
-            or p.min_tokens > len(r.output_token_ids)
+        counted = p.penalized or p.min_tokens > len(r.output_token_ids)
         for j in range(len(d) + 1):
             params.append(p)
             prompts.append(r.prompt_token_ids)

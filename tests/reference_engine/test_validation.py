@@ -85,3 +85,31 @@ async def test_async_engine_rejects_bad_request_and_keeps_serving(tiny_llama):
         assert engine.stats().kv_used_blocks == 0
     finally:
         await engine.shutdown()
+
+
+def test_params_are_validated_once_when_made_and_not_again_downstream(tiny_llama, monkeypatch):
+    """The boundary is construction: generating (LLM.generate -> validate -> enqueue -> steps) calls
+    SamplingParams.validate no more; the engine checks only the request against the model."""
+    params = SamplingParams(max_tokens=4, temperature=0)
+    llm = LLM(str(tiny_llama), kv_cache_tokens=256)
+    calls = []
+    monkeypatch.setattr(SamplingParams, "validate", lambda self: calls.append(self))
+    out = llm.generate([[1, 2, 3], [4, 5]], params)
+    assert [len(o.token_ids) for o in out] == [4, 4] and calls == []
+
+
+def test_greedy_is_one_definition_shared_by_runner_and_sampler():
+    """`SamplingParams.argmax` (greedy, unpenalised) plus no banned ids is what both the runner's
+    fast path and `SamplingBatch.all_greedy` use."""
+    import torch
+
+    from reference_engine.sampler import all_argmax, banned_ids, make_batch
+
+    cases = [SamplingParams(temperature=0), SamplingParams(temperature=0, repetition_penalty=1.2),
+             SamplingParams(temperature=0.7), SamplingParams(temperature=0, min_tokens=2, max_tokens=4)]
+    for p in cases:
+        b = make_batch([p], [[1]], [[]], [None], "cpu", [[9]])
+        assert b.all_greedy == all_argmax([p], banned_ids([p], [[]], [[9]]))
+    assert [p.argmax for p in cases] == [True, False, False, True]
+    assert banned_ids(cases[3:], [[]], [[9]]) == [[9]] and not all_argmax(cases[3:], [[9]])
+    assert torch.equal(make_batch(cases[:1], [[1]], [[]], [None], "cpu").temperature, torch.tensor([0.0]))
