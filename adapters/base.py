@@ -1,4 +1,4 @@
-"""The one interface every engine is measured through (see shared DESIGN.md).
+"""The one interface every engine is measured through (docs/architecture.md: the parts and the rules).
 
 Invariants every adapter keeps:
 - `GenerationRequest.prompt_token_ids` is the only source of truth for the prompt;

@@ -1,4 +1,4 @@
-"""Metrics exactly as DESIGN.md defines them, computed after the run from raw records.
+"""Metrics exactly as docs/architecture.md defines them, computed after the run from raw records.
 
 A record is one line of requests.jsonl: `send_ns`, `events` = [[recv_ns, n_tokens], ...]
 (token-bearing events only), `done_ns`, `output_token_ids`, `prompt_token_ids`, `text`,

@@ -1,8 +1,9 @@
 """inferlab's reference engine: a from-scratch LLM inference engine in PyTorch.
 
-Stages, in the order a request meets them: tokenizer -> request -> scheduler ->
-kv_cache -> model_runner (attention backend, model) -> sampler -> output_processor
--> engine / async_engine -> server.
+Stages, in the order a request meets them: tokenizer -> request -> scheduler (which owns the
+KV-cache manager: block pool, prefix cache) -> model_runner (attention backend, model) -> sampler
+-> output_processor -> engine / async_engine -> server. Who owns what, and the import rules the
+tests enforce: docs/architecture.md; a walkthrough: docs/engine.md.
 """
 from reference_engine.config import EngineConfig
 from reference_engine.sampling_params import SamplingParams

@@ -16,7 +16,7 @@ token budget (`max_num_batched_tokens`) across them:
    spends budget only on the rest. Nobody is admitted in a step that preempted (it would
    just be preempted again). Preempted requests wait at the front of the queue.
 
-The scheduler builds and owns the KV-cache manager (`self.kv`, as vLLM v1's `Scheduler.__init__`
+The scheduler builds and owns the KV-cache manager (docs/architecture.md: who owns what) (`self.kv`, as vLLM v1's `Scheduler.__init__`
 and nano-vllm's scheduler do): every block change (admission with prefix-cache hits, growth,
 preemption, speculative rollback, free) goes through it, and nobody else holds it. The engine reads
 its counters from `stats()`. The runner gets `SchedulerOutput.seqs`, a plain per-step record (query

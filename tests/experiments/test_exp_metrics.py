@@ -1,4 +1,4 @@
-"""Metric definitions on hand-made records (DESIGN.md's definitions, exactly)."""
+"""Metric definitions on hand-made records (docs/architecture.md's definitions, exactly)."""
 from __future__ import annotations
 
 import math
