@@ -1,0 +1,170 @@
+"""The architecture rules of docs/architecture.md, checked from the import graph (ast only).
+
+`violations(root)` reads every module under the packages below `root` and returns one line per
+broken rule (empty: all hold). Every `import` counts, including those inside functions: an import
+deferred into a function still makes the module depend on the other at run time, and hiding a
+cycle that way is what the cycle rule exists to catch. Module names in the rules are data, so that
+a move changes one line here; `tests/test_architecture.py` runs the rules on the repository and
+plants one violation per rule to show that each fires.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGES = ("reference_engine", "adapters", "experiments")
+MAX_LINES = 400
+LINE_LIMITED = PACKAGES + ("tests", "scripts")  # folders whose .py files must stay under MAX_LINES
+
+# Model layers: what runs a forward pass. They never learn about scheduling, KV blocks or requests.
+MODEL_LAYERS = ("reference_engine.model", "reference_engine.attention", "reference_engine.cpu_attention",
+                "reference_engine.triton_attention", "reference_engine.cpu_ops", "reference_engine.cpu_linear",
+                "reference_engine.kernels", "reference_engine.loader", "reference_engine.gguf_model")
+SCHEDULING_KV_REQUESTS = ("reference_engine.scheduler", "reference_engine.scheduler_output",
+                          "reference_engine.kv_cache_manager", "reference_engine.block_pool",
+                          "reference_engine.prefix_cache", "reference_engine.request", "reference_engine.engine",
+                          "reference_engine.async_engine")
+# The runner reads the scheduler's per-step record; it never holds the KV-cache manager or the pool.
+RUNNER = ("reference_engine.model_runner", "reference_engine.input_batch", "reference_engine.cuda_graphs")
+KV_OWNERSHIP = ("reference_engine.kv_cache_manager", "reference_engine.block_pool", "reference_engine.prefix_cache",
+                "reference_engine.scheduler")
+# What launching a harness module as a program looks like: "-m experiments.cli", or the bare module name.
+LAUNCH = re.compile(r"(^|\s)-m\s+experiments\b|^experiments(\.\w+)+$")
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    imports: set[str] = field(default_factory=set)  # project modules, resolved
+    strings: list[str] = field(default_factory=list)  # string constants that are not docstrings
+    private: list[str] = field(default_factory=list)  # "module._name" imported from another module
+
+
+def _name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def load(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Module]:
+    """Every module of `packages` under `root`, with the project modules it imports anywhere."""
+    files = [p for pkg in packages if (root / pkg).is_dir() for p in sorted((root / pkg).rglob("*.py"))]
+    mods = {_name(root, p): Module(_name(root, p), p) for p in files}
+    for m in mods.values():
+        tree = ast.parse(m.path.read_text(), str(m.path))
+        is_pkg = m.path.name == "__init__.py"
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    m.imports.add(a.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package, up level - 1
+                    pkg = m.name.split(".") if is_pkg else m.name.split(".")[:-1]
+                    pkg = pkg[:len(pkg) - node.level + 1]
+                    base = ".".join(pkg + ([base] if base else []))
+                for a in node.names:  # `from pkg import submodule` imports the submodule
+                    sub = f"{base}.{a.name}"
+                    m.imports.add(sub if sub in mods else base)
+                    if a.name.startswith("_") and not a.name.startswith("__") and base.split(".")[0] in packages:
+                        m.private.append(sub)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                m.strings.append(node.value)
+        m.imports = {_resolve(i, mods) for i in m.imports} - {None, m.name}
+    return mods
+
+
+def _resolve(name: str, mods: dict[str, Module]) -> str | None:
+    """The project module an import names (its longest known prefix), None outside the project."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in mods:
+            return ".".join(parts[:n])
+    return None
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def cycles(mods: dict[str, Module]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for start in sorted(mods):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(mods[start].imports)))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(mods[w].imports))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def violations(root: Path) -> list[str]:
+    mods = load(root)
+    out = []
+    for m in mods.values():
+        def forbid(prefixes: tuple[str, ...], rule: str) -> None:
+            out.extend(f"{m.name} imports {i}: {rule}" for i in sorted(m.imports) if _under(i, prefixes))
+
+        if _under(m.name, ("reference_engine",)):
+            forbid(("adapters", "experiments"), "the engine never imports adapters or the harness")
+        out.extend(f"{m.name} imports {p}: a private name of another module" for p in m.private)
+        if _under(m.name, ("adapters",)):
+            forbid(("experiments",), "adapters never import the harness")
+            out.extend(f"{m.name} imports {i}: adapters use only the engine's public API (the `reference_engine`"
+                       " package)" for i in sorted(m.imports) if _under(i, ("reference_engine",))
+                       and i != "reference_engine")
+            out.extend(f"{m.name} launches {s!r}: adapters never launch the harness's modules"
+                       for s in m.strings if LAUNCH.search(s))
+        if _under(m.name, MODEL_LAYERS):
+            forbid(SCHEDULING_KV_REQUESTS, "model layers never import scheduling, KV or requests")
+        if _under(m.name, RUNNER):
+            forbid(KV_OWNERSHIP, "the runner never imports the KV-cache manager or the block pool")
+    out.extend("import cycle: " + " -> ".join(c) for c in cycles(mods))
+    for folder in LINE_LIMITED:
+        for p in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else []:
+            n = len(p.read_text().splitlines())
+            if n > MAX_LINES:
+                out.append(f"{p.relative_to(root)} has {n} lines: no file over {MAX_LINES}")
+    return out
