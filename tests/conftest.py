@@ -68,12 +68,12 @@ def smollm2(tmp_path_factory) -> Path:
     return make_real_model(tmp_path_factory.mktemp("smollm2"), "smollm2-135m-instruct")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Under `pytest -n 2 --dist loadgroup` (make test) a group runs whole on one worker: each
     module is a group (its module-scoped fixtures, e.g. a server or a vLLM subprocess, start
     once, not once per worker), and every test that uses the shared vLLM server joins one group,
-    so the session starts that server once."""
-    for item in items:
-        shared = "vllm_server" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("shared-vllm" if shared else item.nodeid.split("::")[0]))
+    so the session starts that server once. (xdist reads these marks in its own
+    pytest_collection_modifyitems; under pytest 9 that hook of xdist 3.8 has no effect, hence
+    pytest < 9 in the test extra.)"""
+    shared = "vllm_server" in getattr(item, "fixturenames", ())
+    item.add_marker(pytest.mark.xdist_group("shared-vllm" if shared else item.nodeid.split("::")[0]))

@@ -100,7 +100,7 @@ def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model
     assert "| prefix caching | yes **≠** | no **≠** |" in report
     assert "| max running sequences | 8 | 8 |" in report  # equal: not marked
     assert "- **settings**: prefix caching differs between engines: paced yes, paced2 no." in report
-    assert "- paced: dtype from /info" in report
+    assert "| dtype [1] | float32 | float32 |" in report and "- [1] dtype: paced: /info" in report  # a footnote per sourced row
     assert ("| engine | weights | KV allocated | KV peak used | activation peak | CUDA graph pool | "
             "activations / other | peak |") in report
     row = next(x for x in report.splitlines() if x.startswith("| paced | 100.0 | 50.0 |"))
