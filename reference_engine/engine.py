@@ -23,9 +23,9 @@ from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.model_runner import ModelRunner
 from reference_engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
-from reference_engine.request import Request
+from reference_engine.core.request import Request
 from reference_engine.sampling_params import SamplingParams
-from reference_engine.scheduler import Scheduler
+from reference_engine.core.scheduler import Scheduler
 from reference_engine.step_record import StepRecord
 from reference_engine.tokenizer import Tokenizer
 

@@ -1,6 +1,6 @@
 """Memory accounting (the runner's): what the engine's memory holds, how big its KV cache may be,
 and the KV tensors themselves (`bytes_per_token`, `capacity_blocks`, `allocate_kv_cache`). The block
-ids that index those tensors are the scheduler's (`block_pool.py`, `kv_cache_manager.py`).
+ids that index those tensors are the scheduler's (`core/block_pool.py`, `core/kv_cache_manager.py`).
 
     device total = weights + KV cache + activations (peak) + CUDA graph pool
                    + memory torch does not manage (CUDA context, cuBLAS and Triton modules)

@@ -13,7 +13,7 @@ On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_
 a profile forward over a full token budget measures peak activation memory, and with
 `gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`).
 
-The runner gets the scheduler's per-step record (`scheduler_output.ScheduledSeq`: query tokens, first
+The runner gets the scheduler's per-step record (`core/scheduler_output.ScheduledSeq`: query tokens, first
 position, block table, whether it samples, drafts) and derives the slot mapping from the block
 tables in its input builder (as vLLM v1's runner does); it never sees the block pool or the
 KV-cache manager, and never changes a block table. It sizes and allocates the KV tensors
@@ -39,9 +39,9 @@ from reference_engine.input_batch import StepInputs, make_batch
 from reference_engine.loader import load_model
 from reference_engine.model import CausalLM, RotaryEmbedding
 from reference_engine.outputs import TokenLogprob
-from reference_engine.request import Request
+from reference_engine.core.request import Request
 from reference_engine.sampler import all_argmax, banned_ids, logprobs_of, make_batch as sampling_batch, sample
-from reference_engine.scheduler_output import ScheduledSeq
+from reference_engine.core.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
 from reference_engine.triton_attention import default_attention_backend

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reference_engine.outputs import CompletionOutput, TokenDelta, TokenLogprob
-from reference_engine.request import Request
+from reference_engine.core.request import Request
 from reference_engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -22,14 +22,11 @@ LINE_LIMITED = PACKAGES + ("tests", "scripts")  # folders whose .py files must s
 MODEL_LAYERS = ("reference_engine.model", "reference_engine.attention", "reference_engine.cpu_attention",
                 "reference_engine.triton_attention", "reference_engine.cpu_ops", "reference_engine.cpu_linear",
                 "reference_engine.kernels", "reference_engine.loader", "reference_engine.gguf_model")
-SCHEDULING_KV_REQUESTS = ("reference_engine.scheduler", "reference_engine.scheduler_output",
-                          "reference_engine.kv_cache_manager", "reference_engine.block_pool",
-                          "reference_engine.prefix_cache", "reference_engine.request", "reference_engine.engine",
-                          "reference_engine.async_engine")
+SCHEDULING_KV_REQUESTS = ("reference_engine.core", "reference_engine.engine", "reference_engine.async_engine")
 # The runner reads the scheduler's per-step record; it never holds the KV-cache manager or the pool.
 RUNNER = ("reference_engine.model_runner", "reference_engine.input_batch", "reference_engine.cuda_graphs")
-KV_OWNERSHIP = ("reference_engine.kv_cache_manager", "reference_engine.block_pool", "reference_engine.prefix_cache",
-                "reference_engine.scheduler")
+KV_OWNERSHIP = ("reference_engine.core.kv_cache_manager", "reference_engine.core.block_pool",
+                "reference_engine.core.prefix_cache", "reference_engine.core.scheduler")
 # What launching a harness module as a program looks like: "-m experiments.cli", or the bare module name.
 LAUNCH = re.compile(r"(^|\s)-m\s+experiments\b|^experiments(\.\w+)+$")
 

@@ -23,9 +23,9 @@ Invariants:
 """
 from __future__ import annotations
 
-from reference_engine.block_pool import BlockPool, blocks_needed
-from reference_engine.prefix_cache import PREFIX_CACHES, PrefixCache, block_hashes
-from reference_engine.request import Request
+from reference_engine.core.block_pool import BlockPool, blocks_needed
+from reference_engine.core.prefix_cache import PREFIX_CACHES, PrefixCache, block_hashes
+from reference_engine.core.request import Request
 
 
 class KVCacheManager:

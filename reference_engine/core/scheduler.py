@@ -35,9 +35,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from reference_engine.config import EngineConfig
-from reference_engine.kv_cache_manager import KVCacheManager
-from reference_engine.request import Request, Status
-from reference_engine.scheduler_output import ScheduledSeq, SchedulerOutput
+from reference_engine.core.kv_cache_manager import KVCacheManager
+from reference_engine.core.request import Request, Status
+from reference_engine.core.scheduler_output import ScheduledSeq, SchedulerOutput
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference_engine.request import Request
+from reference_engine.core.request import Request
 
 
 @dataclass

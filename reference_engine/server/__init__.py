@@ -4,6 +4,9 @@ TGI-compatible HTTP routes. It drives the engine through `AsyncEngine`'s public 
 Modules: app (app factory, auth, lifecycle), openai_routes / openai_format, tgi_routes,
 protocol (request bodies), generation (engine requests per HTTP request: admission gate,
 abort on disconnect, latency observation), sse, metrics (vLLM-named Prometheus), errors, cli.
+
+Owns: HTTP (routes, request bodies, SSE, auth, admission, Prometheus names). Never touches the
+engine's internals (scheduler, runner, KV cache): only `AsyncEngine`. See docs/architecture.md.
 """
 from reference_engine.server.app import build_app
 

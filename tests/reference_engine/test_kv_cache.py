@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reference_engine.config import EngineConfig, ModelConfig
-from reference_engine.block_pool import BlockPool
+from reference_engine.core.block_pool import BlockPool
 from reference_engine.gpu_memory import allocate_kv_cache, bytes_per_token, capacity_blocks
 
 

@@ -2,9 +2,9 @@
 counts, eviction order, rollback of rejected draft slots, reset."""
 from __future__ import annotations
 
-from reference_engine.kv_cache_manager import KVCacheManager
-from reference_engine.prefix_cache import ROOT, block_hashes, hash_block
-from reference_engine.request import Request
+from reference_engine.core.kv_cache_manager import KVCacheManager
+from reference_engine.core.prefix_cache import ROOT, block_hashes, hash_block
+from reference_engine.core.request import Request
 from reference_engine.sampling_params import SamplingParams
 
 BS = 4

@@ -9,7 +9,7 @@ import pytest
 
 from reference_engine import SamplingParams
 from reference_engine.output_processor import OutputProcessor
-from reference_engine.request import Request
+from reference_engine.core.request import Request
 from reference_engine.tokenizer import Tokenizer
 
 PROMPT = [11, 12, 13]

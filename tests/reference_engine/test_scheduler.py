@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from reference_engine.config import EngineConfig
-from reference_engine.request import Request, Status
+from reference_engine.core.request import Request, Status
 from reference_engine.sampling_params import SamplingParams
-from reference_engine.scheduler import Scheduler
+from reference_engine.core.scheduler import Scheduler
 
 
 def _sched(budget=32, blocks=100, block_size=4, max_seqs=8, chunked=True, caching=False):

@@ -12,7 +12,7 @@ import torch
 
 from reference_engine.config import ModelConfig
 from reference_engine.input_batch import make_batch
-from reference_engine.block_pool import blocks_needed
+from reference_engine.core.block_pool import blocks_needed
 from reference_engine.gpu_memory import allocate_kv_cache, bytes_per_token
 from reference_engine.trace import resolve_model
 

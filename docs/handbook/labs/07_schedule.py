@@ -9,9 +9,9 @@ one fake token to every request whose step reached the end of its tokens.
     python docs/handbook/labs/07_schedule.py
 """
 from reference_engine.config import EngineConfig
-from reference_engine.request import Request
+from reference_engine.core.request import Request
 from reference_engine.sampling_params import SamplingParams
-from reference_engine.scheduler import Scheduler
+from reference_engine.core.scheduler import Scheduler
 
 # prefix caching off: this lab is about the budget alone (chapter 10 turns it on)
 cfg = EngineConfig(model="unused", max_num_batched_tokens=16, block_size=4, enable_prefix_caching=False)

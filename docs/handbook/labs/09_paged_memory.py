@@ -6,8 +6,8 @@ contiguous allocator that must reserve `max_model_len` slots per request up fron
 
     python docs/handbook/labs/09_paged_memory.py
 """
-from reference_engine.kv_cache_manager import KVCacheManager
-from reference_engine.request import Request
+from reference_engine.core.kv_cache_manager import KVCacheManager
+from reference_engine.core.request import Request
 from reference_engine.sampling_params import SamplingParams
 
 BS, NUM_BLOCKS, MAX_LEN = 16, 64, 512  # 64 blocks x 16 = 1024 token slots

@@ -8,7 +8,7 @@ requests that share a prompt, showing which blocks are reused and the hit counte
 """
 import argparse
 
-from reference_engine.prefix_cache import ROOT, hash_block
+from reference_engine.core.prefix_cache import ROOT, hash_block
 from reference_engine.trace import parse, resolve_model, run_trace
 
 ap = argparse.ArgumentParser()

@@ -1,0 +1,10 @@
+"""Scheduling and KV-block bookkeeping: the engine's core state, with no tensors in it.
+
+Owns: request state (`request.py`), the scheduler (`scheduler.py`: token budget, admission,
+chunked prefill, preemption, committing each step) and, built and held by the scheduler, the
+KV-cache manager (`kv_cache_manager.py`) over the block pool (`block_pool.py`) and the prefix
+cache (`prefix_cache.py`). It hands the runner one plain record per step (`scheduler_output.py`).
+Never touches: tensors, the model, the device, attention backends or tokenizers; the runner sizes
+and allocates the KV tensors (`reference_engine/gpu_memory.py`) and only reads block tables.
+See docs/architecture.md.
+"""
