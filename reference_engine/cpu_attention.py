@@ -2,7 +2,7 @@
 
 `TorchBackend` gathers every decoding sequence's whole context into a fresh tensor each layer and
 step, then runs SDPA on it; at batch 128 that copy moves more bytes than the weights. Here the
-decode batch goes to `kernels/cpu_attention.py`, which reads keys and values in place through
+decode batch goes to `kernels/cpp_attention.py`, which reads keys and values in place through
 the block table (one task per sequence, or per sequence and kv-head range when sequences are
 fewer than threads), so each cached row is read once per layer and nothing is allocated.
 Prefill chunks go to the kernel's prefill, which reads context (prefix-cached blocks, earlier
@@ -21,7 +21,7 @@ import functools
 import torch
 
 from reference_engine.attention import TorchBackend
-from reference_engine.kernels import cpu_attention as kernel
+from reference_engine.kernels import cpp_attention as kernel
 from reference_engine.kernels import cpu_build
 
 DTYPES = (torch.float32, torch.bfloat16)

@@ -1,7 +1,7 @@
 """CPU fast path for the decoder's element-wise stages: RMSNorm, rotary embedding, SiLU-and-multiply.
 
 `fuse(model)` swaps the model's `RMSNorm`, `Rotary` and `SiluAndMul` modules for ones that call
-the one-pass C++ kernels of `kernels/cpu_ops.py` (vLLM's CPU backend has the same three as custom
+the one-pass C++ kernels of `kernels/cpp_fused_ops.py` (vLLM's CPU backend has the same three as custom
 ops). The PyTorch modules stay the readable reference: `fused_ops=False` in the engine config keeps
 them, and the fused modules fall back to them for what the kernels do not take (other dtypes,
 non-CPU tensors, RMSNorm over a 3-d per-head view as Qwen3's q/k norm).
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from reference_engine.kernels import cpu_build
-from reference_engine.kernels import cpu_ops as kernel
+from reference_engine.kernels import cpp_fused_ops as kernel
 from reference_engine.model import RMSNorm, Rotary, SiluAndMul
 
 DTYPES = (torch.float32, torch.bfloat16)

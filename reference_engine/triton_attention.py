@@ -5,7 +5,7 @@ For GPU users
 Pick it with `EngineConfig(attention_backend="triton")`, or let
 `default_attention_backend(device)` choose: "triton" on CUDA when `triton` imports, else "torch".
 Install: `pip install triton==3.7.1` (the version torch 2.13.0's CUDA wheels pin). Per layer and
-step the backend launches (kernels in `reference_engine/kernels/paged_attention.py`):
+step the backend launches (kernels in `reference_engine/kernels/triton_paged_attention.py`):
 
 1. `store_kv_kernel`, grid `(cdiv(N, BLOCK_T),)`: each program copies BLOCK_T tokens' K and V
    (each `(Hkv, D)`, BLOCK_T*Hkv*D ~ 4096 elements) into the paged cache at `slot_mapping[t]`;
@@ -32,7 +32,7 @@ num_warps 4, Triton's default pipelining. Any cache block size works: each key's
 looked up individually.
 
 On CPU the kernels run in Triton's interpreter when TRITON_INTERPRET=1 is set before
-`reference_engine.kernels.paged_attention` is first imported; that is how CI checks them
+`reference_engine.kernels.triton_paged_attention` is first imported; that is how CI checks them
 against `TorchBackend` (tests/reference_engine/test_triton_attention.py).
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ def backend_class() -> type[TritonBackend]:
 def _kernels():
     if not triton_available():
         raise ImportError(INSTALL_HINT)
-    from reference_engine.kernels import paged_attention
+    from reference_engine.kernels import triton_paged_attention as paged_attention
     return paged_attention
 
 

@@ -1,7 +1,7 @@
 """Triton attention kernels vs the PyTorch backend, on CPU under Triton's interpreter.
 
 Triton decides interpreter vs compiler when `@triton.jit` decorates, i.e. when
-`reference_engine.kernels.paged_attention` is imported; the `kernels` fixture imports it with
+`reference_engine.kernels.triton_paged_attention` is imported; the `kernels` fixture imports it with
 TRITON_INTERPRET=1 (reloading it if an earlier test imported it compiled) and restores both the
 variable and the module afterwards, so nothing else in the session runs interpreted.
 """
@@ -22,7 +22,7 @@ from reference_engine.attention import AttentionMetadata, TorchBackend
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install 'triton==3.7.1')")
 from reference_engine import triton_attention as ta  # noqa: E402
 
-KERNELS = "reference_engine.kernels.paged_attention"
+KERNELS = "reference_engine.kernels.triton_paged_attention"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
