@@ -218,7 +218,7 @@ class ModelRunner:
     # ---- the step -------------------------------------------------------------------
     def prepare(self, seqs: list[ScheduledSeq]):
         """-> (query tokens, first position, block table) per sequence, decodes first; the logit rows;
-        the requests that sample and their scheduled drafts."""
+        the sequences that sample (their records) and their scheduled drafts."""
         order = sorted(seqs, key=lambda s: len(s.token_ids) != 1)  # stable: decodes first
         inputs, rows, samplers, drafts = [], [], [], []
         offset = 0
@@ -226,7 +226,7 @@ class ModelRunner:
             inputs.append((s.token_ids, s.start, s.block_table))
             offset += len(s.token_ids)
             if s.samples:  # sample, verifying any drafts
-                samplers.append(s.req)
+                samplers.append(s)
                 drafts.append(s.drafts)
                 rows.extend(range(offset - 1 - len(s.drafts), offset))
         return inputs, rows, samplers, drafts
@@ -234,7 +234,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, step: list[ScheduledSeq]) -> RunnerOutput:
         """One target forward for the whole step (+ the proposer's work with speculation on)."""
-        seqs, rows, samplers, drafts = self.prepare(step)
+        seqs, rows, sampling, drafts = self.prepare(step)
+        samplers = [s.req for s in sampling]  # the sampling rows' params, generators and histories
         spec = any(s.drafts for s in step)
         out = RunnerOutput(reqs=samplers)
         bucket = self.graph_bucket(len(seqs), rows, spec)
@@ -270,7 +271,8 @@ class ModelRunner:
             out.num_accepted = {r.request_id: len(t) - 1 for r, d, t in zip(samplers, drafts, out.token_ids) if d}
         if self.proposer:
             limits = [self._max_drafts(r, len(t)) for r, t in zip(samplers, out.token_ids)]
-            proposals = self.proposer.propose(samplers, out.token_ids, limits, self.default_gen)
+            proposals = self.proposer.propose(samplers, [s.block_table for s in sampling], out.token_ids, limits,
+                                              self.default_gen)
             out.drafts = {r.request_id: p for r, p in zip(samplers, proposals) if p.token_ids}
         return out
 

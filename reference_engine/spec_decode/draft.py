@@ -50,7 +50,7 @@ class DraftModelProposer(Proposer):
         self.model(input_ids, positions, self.backend, meta)  # only the KV writes matter
 
     @torch.inference_mode()
-    def propose(self, reqs, new_tokens, num_drafts, default_gen):
+    def propose(self, reqs, block_tables, new_tokens, num_drafts, default_gen):
         drafts = [Draft([]) for _ in reqs]
         rows = [i for i, k in enumerate(num_drafts) if k > 0]
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in rows}
@@ -58,7 +58,7 @@ class DraftModelProposer(Proposer):
         for step in range(max((num_drafts[i] for i in rows), default=0)):
             rows = [i for i in rows if num_drafts[i] > step]
             # (query, position, block table); position of the newest token + step
-            seqs = [([last[i]], reqs[i].num_tokens + len(new_tokens[i]) - 1 + step, reqs[i].block_table)
+            seqs = [([last[i]], reqs[i].num_tokens + len(new_tokens[i]) - 1 + step, block_tables[i])
                     for i in rows]
             b = make_batch(seqs, self.block_size, self.device)
             logits = self.model.logits(self.model(b.input_ids, b.positions, self.backend, b.meta))  # (R, V)

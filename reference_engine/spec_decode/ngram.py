@@ -27,7 +27,7 @@ def find_ngram(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
 
 
 class NgramProposer(Proposer):
-    def propose(self, reqs, new_tokens, num_drafts, default_gen):
+    def propose(self, reqs, block_tables, new_tokens, num_drafts, default_gen):
         lo, hi = self.spec.prompt_lookup_min, self.spec.prompt_lookup_max
         return [Draft(find_ngram(r.token_ids + new, lo, hi, k) if k > 0 else [])
                 for r, new, k in zip(reqs, new_tokens, num_drafts)]

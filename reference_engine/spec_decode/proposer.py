@@ -43,9 +43,10 @@ class Proposer(abc.ABC):
         """The target's step inputs, after its forward: a draft model computes its KV for them too."""
 
     @abc.abstractmethod
-    def propose(self, reqs: list, new_tokens: list[list[int]], num_drafts: list[int],
+    def propose(self, reqs: list, block_tables: list[list[int]], new_tokens: list[list[int]], num_drafts: list[int],
                 default_gen: torch.Generator) -> list[Draft]:
-        """Drafts per request; request i's context is its tokens + new_tokens[i]."""
+        """Drafts per request; request i's context is its tokens + new_tokens[i]. `block_tables`: the
+        step record's (a draft model writes its KV there); a request's own table is never read."""
 
 
 PROPOSERS = {"ngram": "reference_engine.spec_decode.ngram:NgramProposer",
