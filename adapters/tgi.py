@@ -151,6 +151,10 @@ def launch_dtype(dtype: str) -> str:
     return dtype if dtype in DTYPES else FALLBACK_DTYPE
 
 
+# /info `router` of TGI itself: env!("CARGO_PKG_NAME") of router/Cargo.toml (router/src/server.rs @ v3.3.7)
+TGI_ROUTER = "text-generation-router"
+
+
 class TGIEngine(ModalEngine):
     name = "tgi"
     IMPLS = {"server": "adapters.tgi:TGIServer", "attach": "adapters.tgi:TGIServer"}
@@ -271,7 +275,9 @@ class TGIServer(LaunchedServer, Engine):
             base = await self.connect()
             self.http = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             info = await self._info(base)
-            VERSIONS.row(str(info["version"]) if info.get("version") else None)  # refuses an unchecked version
+            if info.get("router", TGI_ROUTER) == TGI_ROUTER:  # TGI itself: refuse a version no row was checked for
+                VERSIONS.row(str(info["version"]) if info.get("version") else None)
+            # else another server speaking TGI's API (e.g. `inferlab serve`): TGI's table does not apply
             self.client = hub.AsyncInferenceClient(base_url=base)
             metrics = await prom.scrape(self.http, TGI.path)
             cap, _ = prom.kv_capacity(metrics, TGI)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 
 import httpx
 import pytest
@@ -123,11 +125,16 @@ async def test_real_vllm_in_process_reads_back_its_config(cyclic_llama, tmp_path
     need_vllm_venv()
     script = tmp_path / "in_process.py"
     script.write_text(IN_PROCESS)
-    (tmp_path / "tmp").mkdir()
+    # vLLM's ZMQ sockets live in TMPDIR and a socket path has at most 107 bytes: pytest's tmp_path
+    # under an xdist worker (.../popen-gw0/test_real_vllm_in_process_read0/tmp/<uuid>) is longer
+    short_tmp = tempfile.mkdtemp(prefix="vllm-")
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-           "TMPDIR": str(tmp_path / "tmp"), "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
-    out = subprocess.run([str(VENV / "bin" / "python"), str(script), str(cyclic_llama)], capture_output=True,
-                         text=True, timeout=600, env=env, cwd=tmp_path)
+           "TMPDIR": short_tmp, "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+    try:
+        out = subprocess.run([str(VENV / "bin" / "python"), str(script), str(cyclic_llama)], capture_output=True,
+                             text=True, timeout=600, env=env, cwd=tmp_path)
+    finally:
+        shutil.rmtree(short_tmp, ignore_errors=True)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     eff = got["effective"]
