@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.vllm  # runs vLLM too where .venv-vllm exists (CI): scheduled among the longest tests
 def test_quickstart_end_to_end(tmp_path):
     vllm = (REPO / ".venv-vllm" / "bin" / "python").exists()
     if vllm:  # the quickstart's optional vLLM run finds `.venv-vllm` in the working directory
