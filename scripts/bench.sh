@@ -12,7 +12,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 {
   echo "# make bench, $(date -u '+%F %H:%M UTC')"
   echo
-  echo "Commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo ' (with local changes)'); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs); load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo ' (with local changes)'); $(nproc --all) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs); load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo "Each verdict is a wall-clock measurement of this machine at this minute; the tests check the mechanisms"
   echo "behind them on simulated time and real servers without bounds."
   echo
