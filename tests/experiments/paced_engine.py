@@ -40,6 +40,11 @@ def schedule(start_ns: int, max_tokens: int, ttft_ms: float, period_ms: float, p
     return out
 
 
+def timing(options: dict[str, Any]) -> tuple[float, float, list[int]]:
+    """(ttft_ms, period_ms, pattern) from an engine's options, with the defaults above."""
+    return float(options.get("ttft_ms", 20)), float(options.get("period_ms", 2)), list(options.get("pattern", [1]))
+
+
 def token_ids(prompt: list[int], start: int, n: int) -> list[int]:
     return [(sum(prompt) + 7 * (start + i)) % 97 + 3 for i in range(n)]
 
@@ -52,9 +57,7 @@ class PacedEngine(Engine):
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
-        self.ttft_ms = float(self.options.get("ttft_ms", 20))
-        self.period_ms = float(self.options.get("period_ms", 2))
-        self.pattern = list(self.options.get("pattern", [1]))
+        self.ttft_ms, self.period_ms, self.pattern = timing(self.options)
         self.truth: dict[str, list[tuple[int, int]]] = {}
         self.proc: asyncio.subprocess.Process | None = None
         self.queues: dict[str, asyncio.Queue] = {}

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
 from experiments import clock
-from tests.experiments.paced_engine import schedule, token_ids
+from tests.experiments.paced_engine import schedule, timing, token_ids
 
 
 class SimEngine(Engine):
@@ -27,9 +27,7 @@ class SimEngine(Engine):
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
-        self.ttft_ms = float(self.options.get("ttft_ms", 20))
-        self.period_ms = float(self.options.get("period_ms", 2))
-        self.pattern = list(self.options.get("pattern", [1]))
+        self.ttft_ms, self.period_ms, self.pattern = timing(self.options)
         self.capacity = self.options.get("capacity")
         self.free_at: list[int] = []  # each server's scheduled finish (ns), with capacity
         self.sent: list[str] = []  # request ids in the order they reached the engine
