@@ -43,6 +43,12 @@ def _values(recs: list[dict], key: str) -> np.ndarray:
     return np.sort(np.asarray([v for v in vals if v == v], dtype=float))
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def latency_cdfs(runs: Runs, out: Path) -> list[Path]:
     paths, colour = [], colours(runs)
     for key, label in CDF_METRICS.items():
@@ -62,10 +68,7 @@ def latency_cdfs(runs: Runs, out: Path) -> list[Path]:
             ax.set_title(f"{label.split()[0]} CDF")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-            p = out / f"cdf_{key.removesuffix('_ms')}.png"
-            fig.tight_layout()
-            fig.savefig(p, dpi=100)
-            paths.append(p)
+            paths.append(_save(fig, out / f"cdf_{key.removesuffix('_ms')}.png"))
         plt.close(fig)
     return paths
 
@@ -118,11 +121,8 @@ def sweep(runs: Runs, out: Path) -> list[Path]:
     for key, ylabel, fname in (("output_throughput", "output tokens/s", "throughput"),
                                ("ttft_median", "median TTFT (ms)", "ttft")):
         fig, kind = sweep_figure(runs, key, ylabel)
-        p = out / f"{fname}_vs_{kind}.png"
-        fig.tight_layout()
-        fig.savefig(p, dpi=100)
+        paths.append(_save(fig, out / f"{fname}_vs_{kind}.png"))
         plt.close(fig)
-        paths.append(p)
     return paths
 
 
@@ -146,8 +146,6 @@ def search(runs: Runs, out: Path) -> list[Path]:
     ax.set_title("goodput vs rate (SLO search)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    p = out / "goodput_vs_rate.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=100)
+    p = _save(fig, out / "goodput_vs_rate.png")
     plt.close(fig)
     return [p]

@@ -102,11 +102,11 @@ class EngineConfig:
     This is data: it validates itself and imports no backend. A backend left None is chosen for the
     device by the module that implements it, when the runner resolves the config
     (`model_runner.with_default_backends`): `attention_backend` "triton" on CUDA (when triton
-    imports), "cpu" on CPU (when its C++ kernel builds), else "torch" (`triton_attention.py`);
+    imports), "cpu" on CPU (when its C++ kernel builds), else "torch" (`attention/triton_backend.py`);
     `linear_backend` "onednn" on CPU (weights prepacked for oneDNN; bf16 weights are multiplied as
-    fp32 where the CPU has no bf16 dot product), else "torch" (`cpu_linear.default_backend`);
+    fp32 where the CPU has no bf16 dot product), else "torch" (`packed_linear.default_backend`);
     `fused_ops` on, on CPU when the kernels build: the one-pass C++ RMSNorm, rotary and
-    SiLU-and-multiply (`cpu_ops.default_on`).
+    SiLU-and-multiply (`fused_ops.default_on`).
     CUDA graphs capture decode steps per batch size in `cuda_graph_sizes` (default: vLLM's, up to
     `max_num_seqs`); they are used only on CUDA, with a backend that supports them (triton), and
     `enforce_eager=True` turns them off. `load_format="dummy"` makes random weights on the device
@@ -125,7 +125,7 @@ class EngineConfig:
     record_steps: bool = False
     attention_backend: str | None = None  # None: "triton" on CUDA if it imports, "cpu" on CPU if it builds
     linear_backend: str | None = None  # None: "onednn" on CPU (when torch has oneDNN), else "torch"
-    fused_ops: bool | None = None  # None: the C++ element-wise kernels on CPU when they build (cpu_ops.py)
+    fused_ops: bool | None = None  # None: the C++ element-wise kernels on CPU when they build (fused_ops.py)
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (`serve`: cores - 1)
     seed: int = 0
     enable_prefix_caching: bool = True
@@ -209,16 +209,14 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
-        path = Path(model_dir) / "config.json"
         if not Path(model_dir).is_dir():
             raise FileNotFoundError(f"model directory not found: {model_dir}")
-        if not path.is_file():
-            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
         try:
-            raw = json.loads(path.read_text())
+            return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no config.json in model directory {model_dir}") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"malformed config.json in {model_dir}: {e}") from e
-        return cls.from_dict(raw)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":

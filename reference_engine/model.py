@@ -83,7 +83,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch
 
 
 class Rotary(nn.Module):
-    """`apply_rope` as a module, so a fused kernel can stand in for it (reference_engine/cpu_ops.py)."""
+    """`apply_rope` as a module, so a fused kernel can stand in for it (reference_engine/fused_ops.py)."""
 
     def forward(self, q, k, rope):
         return apply_rope(q, k, rope)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference_engine import cpu_linear, cpu_ops
+from reference_engine import fused_ops, packed_linear
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
 from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
@@ -44,7 +44,7 @@ from reference_engine.sampler import all_argmax, banned_ids, logprobs_of, make_b
 from reference_engine.core.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
-from reference_engine.triton_attention import default_attention_backend
+from reference_engine.attention import default_attention_backend
 
 
 @dataclass
@@ -62,8 +62,8 @@ def with_default_backends(cfg: EngineConfig) -> EngineConfig:
     A copy: the caller's config is left as given (it was validated when it was made)."""
     out = copy.copy(cfg)
     out.attention_backend = cfg.attention_backend or default_attention_backend(cfg.device)
-    out.linear_backend = cfg.linear_backend or cpu_linear.default_backend(cfg.device)
-    out.fused_ops = cpu_ops.default_on(cfg.device) if cfg.fused_ops is None else cfg.fused_ops
+    out.linear_backend = cfg.linear_backend or packed_linear.default_backend(cfg.device)
+    out.fused_ops = fused_ops.default_on(cfg.device) if cfg.fused_ops is None else cfg.fused_ops
     return out
 
 
@@ -83,11 +83,11 @@ class ModelRunner:
         load = dummy_model if cfg.load_format == "dummy" else load_model
         self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len)
         self.linear_compute_dtype = str(self.dtype).removeprefix("torch.")
-        if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (cpu_linear.py)
-            cpu_linear.pack(self.model)
-            self.linear_compute_dtype = cpu_linear.compute_dtype(self.model)
-        if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (cpu_ops.py)
-            cpu_ops.fuse(self.model)
+        if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (packed_linear.py)
+            packed_linear.pack(self.model)
+            self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
+        if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
+            fused_ops.fuse(self.model)
         spec = cfg.speculative
         self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
                                       self.max_model_len) if spec else None
@@ -207,7 +207,7 @@ class ModelRunner:
         out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
         if self.cfg.linear_backend == "onednn":
-            out["weights_packed"] = cpu_linear.packed_bytes(self.model)
+            out["weights_packed"] = packed_linear.packed_bytes(self.model)
         if self.activation_peak is not None:
             out["activation_peak"] = self.activation_peak
         if self.graph_pool_bytes is not None:

@@ -19,8 +19,7 @@ MAX_LINES = 400
 LINE_LIMITED = PACKAGES + ("tests", "scripts")  # folders whose .py files must stay under MAX_LINES
 
 # Model layers: what runs a forward pass. They never learn about scheduling, KV blocks or requests.
-MODEL_LAYERS = ("reference_engine.model", "reference_engine.attention", "reference_engine.cpu_attention",
-                "reference_engine.triton_attention", "reference_engine.cpu_ops", "reference_engine.cpu_linear",
+MODEL_LAYERS = ("reference_engine.model", "reference_engine.attention", "reference_engine.fused_ops", "reference_engine.packed_linear",
                 "reference_engine.kernels", "reference_engine.loader", "reference_engine.gguf_model")
 SCHEDULING_KV_REQUESTS = ("reference_engine.core", "reference_engine.engine", "reference_engine.async_engine")
 # The runner reads the scheduler's per-step record; it never holds the KV-cache manager or the pool.

@@ -17,7 +17,7 @@ from tests.reference_engine.helpers import random_prompts
 
 def decode_ops(model_dir, dtype: str) -> collections.Counter:
     # the plain PyTorch path (the one that mirrors HF's numerics); the CPU fast path's casts
-    # (bf16 GEMMs in fp32 where the CPU has no bf16 math, cpu_linear.py; fused kernels, cpu_ops.py)
+    # (bf16 GEMMs in fp32 where the CPU has no bf16 math, packed_linear.py; fused kernels, fused_ops.py)
     # are by design
     llm = LLM(str(model_dir), dtype=dtype, kv_cache_tokens=2048, attention_backend="torch", linear_backend="torch",
               fused_ops=False)

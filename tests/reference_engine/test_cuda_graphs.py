@@ -4,7 +4,7 @@ Capture itself needs CUDA (scripts/gpu_check.sh runs it). Everything around it r
 buckets are captured, which steps replay which bucket, and, with `EagerGraph` (a graph that re-runs
 its recorded function on replay, reading the same persistent buffers a CUDA graph reads), that
 padded replays give the tokens of eager steps. The Triton kernels run in Triton's interpreter (the
-backend a graph captures); the `kernels` fixture comes from test_triton_attention.
+backend a graph captures); the `kernels` fixture comes from test_triton_backend.
 """
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ def test_enforce_eager_and_sizes_are_config_fields():
         EngineConfig("m", cuda_graph_sizes=4)
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig("m", enforce_eager="yes")
-    from reference_engine import cpu_attention
+    from reference_engine.attention import cpu_backend
     # CPU default: the C++ kernel where it builds, else the PyTorch backend; "triton" on CUDA
     from reference_engine.model_runner import with_default_backends
-    assert with_default_backends(EngineConfig("m")).attention_backend == ("cpu" if cpu_attention.available() else "torch")
+    assert with_default_backends(EngineConfig("m")).attention_backend == ("cpu" if cpu_backend.available() else "torch")
     cuda = with_default_backends(EngineConfig("m", device="cuda"))
     assert cuda.attention_backend == "triton"  # (triton imports here)
     assert (cuda.linear_backend, cuda.fused_ops) == ("torch", False)  # the CPU kernels stay off on CUDA
@@ -80,7 +80,7 @@ def test_cpu_engine_never_captures(tiny_llama):
 
 
 # ---- padded replays vs eager steps, Triton kernels in the interpreter -------------------------
-from tests.reference_engine.test_triton_attention import kernels  # noqa: E402,F401  (module fixture)
+from tests.reference_engine.attention.test_triton_backend import kernels  # noqa: E402,F401  (module fixture)
 
 
 def _engine(model, **kw):

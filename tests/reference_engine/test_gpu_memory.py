@@ -66,7 +66,7 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     llm = LLM(str(tiny_llama), kv_cache_tokens=1024, block_size=16, max_num_seqs=4)
     e = llm.engine
     m = e.memory_report()
-    packed = {"weights_packed"} if e.cfg.linear_backend == "onednn" else set()  # oneDNN's copies (cpu_linear.py)
+    packed = {"weights_packed"} if e.cfg.linear_backend == "onednn" else set()  # oneDNN's copies (packed_linear.py)
     assert set(m) == {"weights", "kv_allocated", "kv_bytes_per_token", "kv_peak_used"} | packed  # no device readings
     per_tok = bytes_per_token(e.model_config, torch.float32)
     assert m["kv_bytes_per_token"] == per_tok
@@ -84,8 +84,8 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     assert EFFECTIVE_KEYS <= set(eff)
     assert eff["dtype"] == "float32" and eff["kv_capacity_tokens"] == 1024 and eff["kv_blocks"] == 64
     assert eff["cuda_graphs"] is False and eff["compile"] is False and eff["speculative"] is None
-    from reference_engine import cpu_attention
-    assert eff["attention_backend"] == ("cpu" if cpu_attention.available() else "torch")
+    from reference_engine.attention import cpu_backend
+    assert eff["attention_backend"] == ("cpu" if cpu_backend.available() else "torch")
     assert eff["tensor_parallel_size"] == 1
 
 

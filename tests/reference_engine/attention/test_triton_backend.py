@@ -1,7 +1,7 @@
 """Triton attention kernels vs the PyTorch backend, on CPU under Triton's interpreter.
 
 Triton decides interpreter vs compiler when `@triton.jit` decorates, i.e. when
-`reference_engine.kernels.triton_paged_attention` is imported; the `kernels` fixture imports it with
+`reference_engine.attention.triton_kernels` is imported; the `kernels` fixture imports it with
 TRITON_INTERPRET=1 (reloading it if an earlier test imported it compiled) and restores both the
 variable and the module afterwards, so nothing else in the session runs interpreted.
 """
@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from reference_engine import attention
+from reference_engine.attention import registry  # noqa: F401  (attention.registry below)
 from reference_engine.attention import AttentionMetadata, TorchBackend
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install 'triton==3.7.1')")
-from reference_engine import triton_attention as ta  # noqa: E402
+from reference_engine.attention import triton_backend as ta  # noqa: E402
 
-KERNELS = "reference_engine.kernels.triton_paged_attention"
+KERNELS = "reference_engine.attention.triton_kernels"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
@@ -215,18 +216,18 @@ def test_num_splits_heuristic(monkeypatch):
 
 def test_registered_and_default_picker():
     assert attention.get_backend("triton") is ta.TritonBackend
-    from reference_engine import cpu_attention
-    assert ta.default_attention_backend("cpu") == ("cpu" if cpu_attention.available() else "torch")
-    assert ta.default_attention_backend("cuda:0") == "triton"  # triton imports here
+    from reference_engine.attention import cpu_backend
+    assert attention.default_attention_backend("cpu") == ("cpu" if cpu_backend.available() else "torch")
+    assert attention.default_attention_backend("cuda:0") == "triton"  # triton imports here
 
 
 def test_missing_triton_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(ta, "triton_available", lambda: False)
-    monkeypatch.delitem(attention.BACKENDS, "triton", raising=False)
+    monkeypatch.delitem(attention.registry.BACKENDS, "triton", raising=False)
     with pytest.raises(ImportError) as e:
         attention.get_backend("triton")
     assert "\n" not in str(e.value) and "pip install 'triton==" in str(e.value)
-    assert ta.default_attention_backend("cuda") == "torch"
+    assert attention.default_attention_backend("cuda") == "torch"
 
 
 def test_engine_imports_without_triton():
@@ -235,7 +236,7 @@ def test_engine_imports_without_triton():
         "import sys; sys.modules['triton'] = None\n"
         "import reference_engine, reference_engine.model_runner\n"
         "from reference_engine.attention import get_backend\n"
-        "from reference_engine.triton_attention import default_attention_backend\n"
+        "from reference_engine.attention import default_attention_backend\n"
         "assert default_attention_backend('cuda') == 'torch'\n"
         "try:\n    get_backend('triton')\nexcept ImportError as e:\n    print(e)\n"
     )

@@ -5,7 +5,7 @@ For GPU users
 Pick it with `EngineConfig(attention_backend="triton")`, or let
 `default_attention_backend(device)` choose: "triton" on CUDA when `triton` imports, else "torch".
 Install: `pip install triton==3.7.1` (the version torch 2.13.0's CUDA wheels pin). Per layer and
-step the backend launches (kernels in `reference_engine/kernels/triton_paged_attention.py`):
+step the backend launches (kernels in `reference_engine/attention/triton_kernels.py`):
 
 1. `store_kv_kernel`, grid `(cdiv(N, BLOCK_T),)`: each program copies BLOCK_T tokens' K and V
    (each `(Hkv, D)`, BLOCK_T*Hkv*D ~ 4096 elements) into the paged cache at `slot_mapping[t]`;
@@ -32,8 +32,8 @@ num_warps 4, Triton's default pipelining. Any cache block size works: each key's
 looked up individually.
 
 On CPU the kernels run in Triton's interpreter when TRITON_INTERPRET=1 is set before
-`reference_engine.kernels.triton_paged_attention` is first imported; that is how CI checks them
-against `TorchBackend` (tests/reference_engine/test_triton_attention.py).
+`reference_engine.attention.triton_kernels` is first imported; that is how CI checks them
+against `TorchBackend` (tests/reference_engine/attention/test_triton_backend.py).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_engine.attention import AttentionBackend, AttentionMetadata
+from reference_engine.attention.interface import AttentionBackend, AttentionMetadata
 
 TRITON_REQUIREMENT = "triton==3.7.1"
 INSTALL_HINT = (f"attention backend 'triton' needs the triton package: pip install '{TRITON_REQUIREMENT}' "
@@ -66,23 +66,6 @@ def triton_available() -> bool:
     return True
 
 
-def default_attention_backend(device: str | torch.device | None = None) -> str:
-    """"triton" when the engine runs on CUDA and triton imports, "cpu" on CPU when its C++ decode
-    kernel builds (`cpu_attention.py`), else "torch".
-
-    `device` is the engine's device; None means CUDA if torch sees one."""
-    if device is None:
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        dev = torch.device(device)
-    if dev.type == "cuda":
-        return "triton" if triton_available() else "torch"
-    if dev.type == "cpu":
-        from reference_engine import cpu_attention
-        return "cpu" if cpu_attention.available() else "torch"
-    return "torch"
-
-
 def backend_class() -> type[TritonBackend]:
     """What `attention.get_backend("triton")` returns; a one-line ImportError without triton."""
     _kernels()
@@ -92,7 +75,7 @@ def backend_class() -> type[TritonBackend]:
 def _kernels():
     if not triton_available():
         raise ImportError(INSTALL_HINT)
-    from reference_engine.kernels import triton_paged_attention as paged_attention
+    from reference_engine.attention import triton_kernels as paged_attention
     return paged_attention
 
 

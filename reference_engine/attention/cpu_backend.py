@@ -2,7 +2,7 @@
 
 `TorchBackend` gathers every decoding sequence's whole context into a fresh tensor each layer and
 step, then runs SDPA on it; at batch 128 that copy moves more bytes than the weights. Here the
-decode batch goes to `kernels/cpp_attention.py`, which reads keys and values in place through
+decode batch goes to `attention/cpp_kernel.py`, which reads keys and values in place through
 the block table (one task per sequence, or per sequence and kv-head range when sequences are
 fewer than threads), so each cached row is read once per layer and nothing is allocated.
 Prefill chunks go to the kernel's prefill, which reads context (prefix-cached blocks, earlier
@@ -11,7 +11,7 @@ Writing the step's K/V into the cache is `TorchBackend`'s code.
 
 Picked by default on CPU when the kernel builds (`default_attention_backend`); float32 and
 bfloat16 caches (bf16 is widened to fp32 as it is read, scores and sums in fp32). Other dtypes
-fall back to `TorchBackend`. tests/reference_engine/test_cpu_attention.py checks it
+fall back to `TorchBackend`. tests/reference_engine/attention/test_cpu_backend.py checks it
 against `TorchBackend`.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import functools
 
 import torch
 
-from reference_engine.attention import TorchBackend
-from reference_engine.kernels import cpp_attention as kernel
+from reference_engine.attention.torch_backend import TorchBackend
+from reference_engine.attention import cpp_kernel as kernel
 from reference_engine.kernels import cpu_build
 
 DTYPES = (torch.float32, torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Triton kernels for attention over the paged KV cache; launched by `reference_engine.triton_attention`.
+"""Triton kernels for attention over the paged KV cache; launched by `reference_engine.attention.triton_backend`.
 
 Layouts (every stride is passed, so views such as slices of a fused qkv projection work):
   q             (N, H, D)        this step's query tokens, sequences back to back

@@ -1,4 +1,4 @@
-"""The fused CPU element-wise modules (cpu_ops.py) against the PyTorch modules they replace."""
+"""The fused CPU element-wise modules (fused_ops.py) against the PyTorch modules they replace."""
 from __future__ import annotations
 
 import os
@@ -6,11 +6,11 @@ import os
 import pytest
 import torch
 
-from reference_engine import cpu_ops
+from reference_engine import fused_ops
 from reference_engine.config import EngineConfig
 from reference_engine.model import RMSNorm, Rotary, SiluAndMul
 
-if not cpu_ops.available():
+if not fused_ops.available():
     if os.environ.get("CI"):  # `make setup` builds it there: its absence is a failure, not a skip
         pytest.fail("the CPU element-wise kernels did not build although `make setup` builds them", pytrace=False)
     pytest.skip("the CPU kernels do not build here (no C++ compiler with OpenMP)", allow_module_level=True)
@@ -28,8 +28,8 @@ def test_rms_norm(rows, hidden, dtype):
     g = torch.Generator().manual_seed(rows)
     ref = RMSNorm(hidden, 1e-6)
     ref.weight.data = torch.randn(hidden, generator=g).to(dtype)
-    fused = cpu_ops.fuse(torch.nn.Sequential(ref))[0]
-    assert type(fused) is cpu_ops.FusedRMSNorm and fused.weight is ref.weight  # the same parameter
+    fused = fused_ops.fuse(torch.nn.Sequential(ref))[0]
+    assert type(fused) is fused_ops.FusedRMSNorm and fused.weight is ref.weight  # the same parameter
     wide = torch.randn(rows, hidden + 24, generator=g).to(dtype) * 3
     x = wide[:, 5:5 + hidden]  # rows with a stride, as a slice of a wider activation
     out = fused(x)
@@ -40,7 +40,7 @@ def test_rms_norm(rows, hidden, dtype):
 @DTYPES
 def test_rms_norm_falls_back_for_per_head_views(dtype):
     """Qwen3's q/k norms normalise a (N, heads, D) view: the PyTorch code serves, same result."""
-    norm = cpu_ops.fuse(torch.nn.Sequential(RMSNorm(32, 1e-6)))[0]
+    norm = fused_ops.fuse(torch.nn.Sequential(RMSNorm(32, 1e-6)))[0]
     x = torch.randn(5, 4, 32).to(dtype)
     assert torch.equal(norm(x), RMSNorm.forward(norm, x))
 
@@ -49,7 +49,7 @@ def test_rms_norm_falls_back_for_per_head_views(dtype):
 @pytest.mark.parametrize("rows, inter", [(1, 64), (9, 100), (130, 2048)])
 def test_silu_and_mul(rows, inter, dtype):
     gu = (torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 6).to(dtype)  # both tails
-    out = cpu_ops.FusedSiluAndMul()(gu)
+    out = fused_ops.FusedSiluAndMul()(gu)
     ref = SiluAndMul()(gu)
     assert out.dtype == dtype and out.shape == ref.shape
     assert rel(out, ref) < (1e-6 if dtype == torch.float32 else 8e-3)
@@ -71,7 +71,7 @@ def test_rotary_in_place_on_qkv_views_is_bit_identical(heads, kv_heads, d, dtype
     q_ref, k_ref = Rotary()(*views(qkv.clone())[:2], (cos, sin))
     q, k, v = views(qkv)
     v_before = v.clone()
-    q2, k2 = cpu_ops.FusedRotary()(q, k, (cos, sin))
+    q2, k2 = fused_ops.FusedRotary()(q, k, (cos, sin))
     assert q2.data_ptr() == q.data_ptr()  # written in place into the qkv buffer
     assert torch.equal(q2, q_ref) and torch.equal(k2, k_ref)
     assert torch.equal(v, v_before)  # v, between and beside them, untouched
@@ -79,7 +79,7 @@ def test_rotary_in_place_on_qkv_views_is_bit_identical(heads, kv_heads, d, dtype
 
 def test_other_dtypes_fall_back():
     gu = torch.randn(3, 16, dtype=torch.float16)
-    assert torch.equal(cpu_ops.FusedSiluAndMul()(gu), SiluAndMul()(gu))
+    assert torch.equal(fused_ops.FusedSiluAndMul()(gu), SiluAndMul()(gu))
 
 
 def test_on_by_default_on_cpu_and_off_with_one_setting(tmp_path):

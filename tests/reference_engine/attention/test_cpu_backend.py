@@ -13,10 +13,10 @@ import torch
 
 from reference_engine import attention
 from reference_engine.config import EngineConfig
-from tests.reference_engine.test_triton_attention import MIXED, against_torch, make_case
-from tests.reference_engine.test_triton_attention import assert_close as triton_close
+from tests.reference_engine.attention.test_triton_backend import MIXED, against_torch, make_case
+from tests.reference_engine.attention.test_triton_backend import assert_close as triton_close
 
-ca = pytest.importorskip("reference_engine.cpu_attention")
+ca = pytest.importorskip("reference_engine.attention.cpu_backend")
 if not ca.available():
     if os.environ.get("CI"):  # `make setup` builds it there: its absence is a failure, not a skip
         pytest.fail("the CPU attention kernel did not build although `make setup` builds it", pytrace=False)
