@@ -25,6 +25,8 @@ for i in range(3):
     reqs[rid] = eng.requests[rid]
 
 seen = {rid: [r.status.value] for rid, r in reqs.items()}
+held_at_preemption = {}  # rid -> tokens it had when preempted
+readmits = []  # (rid, step, tokens it had, tokens found in the prefix cache)
 print("step | " + " | ".join(f"{rid}: status   computed/tokens  blocks" for rid in reqs))
 while eng.has_unfinished():
     eng.step()
@@ -35,8 +37,19 @@ while eng.has_unfinished():
             seen[rid].append(r.status.value)
         cells.append(f"{rid}: {r.status.value:9} {r.num_computed_tokens:2}/{r.num_tokens:2}  {r.block_table}")
     note = f"  preempted {rec.preempted}" if rec.preempted else ""
+    for rid in rec.preempted:
+        held_at_preemption[rid] = reqs[rid].num_tokens
+    for rid, hit in rec.prefix_hits.items():
+        if rid in held_at_preemption:  # a re-admission: how much of its own KV survived?
+            readmits.append((rid, rec.step, held_at_preemption.pop(rid), hit))
+            note += f"  {rid} re-admitted: {hit} tokens hit"
     print(f"{rec.step:4} | " + " | ".join(cells) + note)
 
 for rid, path in seen.items():
     print(f"{rid}: {' -> '.join(path)} ({reqs[rid].num_preemptions} preemption(s), finish: {reqs[rid].finish_reason})")
 assert any("preempted" in p for p in seen.values()), "expected a preemption with this small pool"
+# The conclusion comes from the counts above: blocks are freed tail-first and handed out oldest-first,
+# so a preempted request's last block is often the next one another request gets.
+for rid, step, held, hit in readmits:
+    print(f"{rid}: preempted with {held} tokens, re-admitted at step {step} with {hit} of them found in the "
+          f"prefix cache ({hit // eng.scheduler.stats().block_size} blocks); it recomputes {held - hit}")
