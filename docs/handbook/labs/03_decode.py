@@ -8,6 +8,7 @@ against a full recompute of the whole sequence, and time both.
     python docs/handbook/labs/03_decode.py [--model DIR] [--steps N]
 """
 import argparse
+import statistics
 import time
 
 import torch
@@ -44,6 +45,7 @@ seq = Tokenizer(model_dir).encode("Once upon a time, in a small village,")
 tok, b = forward(seq, 0, cache=True)  # prefill: N = prompt length, KV for all of it written
 print(f"prefill: input_ids {tuple(b.input_ids.shape)}, writes {len(seq)} KV slots")
 seq.append(tok)
+ratios = []  # recompute time / decode time, per step
 for step in range(args.steps):
     t0 = time.perf_counter()
     tok, b = forward([seq[-1]], len(seq) - 1, cache=True)  # decode: ONE new token
@@ -55,7 +57,18 @@ for step in range(args.steps):
     print(f"decode step {step}: input_ids {tuple(b.input_ids.shape)} at position {len(seq) - 1}, "
           f"context {int(b.meta.seq_lens[0])} -> token {tok}; {t_dec * 1e3:.1f} ms vs {t_full * 1e3:.1f} ms "
           f"recomputing all {len(seq)} tokens")
+    ratios.append(t_full / t_dec)
     seq.append(tok)
+
+# The conclusion from the timings: the median ratio, against the spread of the ratios (the noise).
+mid, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+if lo <= 1 <= hi or len(ratios) < 3:
+    print(f"recompute / decode time ratio {mid:.2f} (range {lo:.2f}-{hi:.2f} over {len(ratios)} steps): "
+          f"inconclusive on this machine at this context length; the tokens agree at every step")
+else:
+    faster = "decode with the cache" if mid > 1 else "the full recompute"
+    print(f"{faster} was faster at every step: recompute / decode = {mid:.2f}x median "
+          f"(range {lo:.2f}-{hi:.2f}) at a context of ~{len(seq)} tokens; the tokens agree at every step")
 
 # Why a decode step leaves a GPU idle: per step every weight is read once for ONE token.
 params = sum(p.numel() for n, p in model.named_parameters() if "layers" in n)
