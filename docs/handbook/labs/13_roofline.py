@@ -40,7 +40,8 @@ def last_level_cache() -> int | None:
     return max(sizes) if sizes else None
 
 
-cores = sorted(os.sched_getaffinity(0))[:args.threads]
+saved = os.sched_getaffinity(0), torch.get_num_threads()  # restored after timing (the tests run labs in-process)
+cores = sorted(saved[0])[:args.threads]
 os.sched_setaffinity(0, cores)  # one core each: no migration between repeats
 torch.set_num_threads(args.threads)
 llc = last_level_cache()
@@ -70,6 +71,9 @@ for b in (1, 2, 4, 8, 16, 32, 64, 128):
     rows.append((b, t, spread, flops, bytes_))
     print(f"{b:>6} {t * 1e3:8.2f} {spread:+7.0%} {t * 1e3 / b:8.3f} {flops / t / 1e9:9.1f} {bytes_ / t / 1e9:7.1f} "
           f"{flops / bytes_:10.1f}")
+
+os.sched_setaffinity(0, saved[0])
+torch.set_num_threads(saved[1])
 
 # Conclusions, computed from the fastest passes; noise = how far the median pass is above the fastest.
 NOISY = 0.5
