@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments import bandwidth, plots
-from experiments.report import observer, sections, settings, verdict, workload
+from experiments.report import answers, observer, sections, settings, verdict, workload
 from experiments.report.md import fmt
 from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, group, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
@@ -50,6 +50,8 @@ def build(dirs: list[Path], out: Path) -> Path:
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
            "## Workload", ""] + workload.section(runs) + ["",
            "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + (settings.fairness_flags(runs) + sections.flags(runs) or ["- none"])
+    shown = answers.section(runs)
+    md += ["", "## Answers, side by side", ""] + shown if shown else []
     md += ["", "## Effective settings, read back", ""] + settings.settings_section(runs)
     md += ["", "## Metric definitions", "", DEFINITIONS, ""]
     md += ["## Who is faster", "", verdict.basis(runs), ""] + verdict.lines(runs) + [""]

