@@ -4,8 +4,12 @@ Per step: the scheduled requests (prefill / decode tokens, drafts), the model's 
 each running request's block table (blocks reused through a prefix-cache hit marked `*`,
 blocks held by several requests marked `xN`), KV blocks used / free / cached and their bytes,
 prefix-cache lookups and hits, speculative tokens proposed and accepted, each emitted token
-with its top-k probabilities, and request state transitions. `--json` prints one document
-(`{"config", "steps", "summary"}`) for tools.
+with its top-k probabilities, every request's state (and computed / total tokens) with the
+running and waiting counts, the block-table width the step used (the buffer is wider), a memory
+line (weights, KV allocated / used) and state transitions. After the steps, a note when step
+times vary more than `NOISY`x around their median (a shared machine: read them as indicative).
+A first run that has to compile the C++ CPU kernels says so on stderr before it goes quiet for
+a minute. `--json` prints one document (`{"config", "steps", "summary"}`) for tools.
 
 With `--requests K` the K prompts are the given prompt plus a different suffix each, so they
 share the prompt's full blocks. A block is cached only once its KV is computed (vLLM's rule),
@@ -17,8 +21,10 @@ token deltas (`SamplingParams(logprobs=k)` gives the top-k), and the engine's ow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +35,7 @@ from reference_engine.sampling_params import SamplingParams
 
 DEFAULT_MODEL = Path("models/tiny-llama")  # relative to the working directory, as the quickstart's
 DEFAULT_PROMPT = "The quick brown fox jumps over the lazy dog, and the lazy dog sleeps."
+NOISY = 2.0  # step times more than this factor from the median of their kind get a noise note
 SUFFIXES = [" Then the cat", " Later a bird", " Soon the rain", " After that the sun", " Next the wind"]
 
 
@@ -50,6 +57,27 @@ def resolve_model(model: str | None, note=print) -> str:
     return str(DEFAULT_MODEL)
 
 
+@contextlib.contextmanager
+def announce_kernel_builds(note):
+    """Say so when the C++ CPU kernels are compiled (a kernel-cache miss: about a minute of silence
+    otherwise). The build goes through torch's `load_inline`; a cached kernel never calls it."""
+    from torch.utils import cpp_extension
+
+    real, said = cpp_extension.load_inline, []
+
+    def load_inline(*a, **kw):
+        if not said:
+            note("building the CPU kernels (once; cached afterwards, about a minute on 2 cores) ...")
+            said.append(True)
+        return real(*a, **kw)
+
+    cpp_extension.load_inline = load_inline
+    try:
+        yield
+    finally:
+        cpp_extension.load_inline = real
+
+
 def build_engine(args) -> LLMEngine:
     spec = None
     if args.speculative == "ngram":
@@ -61,10 +89,16 @@ def build_engine(args) -> LLMEngine:
         speculative_config=spec, record_steps=True, seed=args.seed, device=args.device))
 
 
-def run_trace(args) -> dict:
+def run_trace(args, note=print) -> dict:
     """Run the trace; return {"config", "steps", "summary"} (plain JSON types)."""
-    eng = build_engine(args)
+    with announce_kernel_builds(note):  # the kernels build at the engine's start or its first step
+        eng = build_engine(args)
+        return _run(eng, args)
+
+
+def _run(eng: LLMEngine, args) -> dict:
     tok, mc, kv = eng.tokenizer, eng.model_config, eng.scheduler.stats()
+    mem = eng.memory_report()
     per_tok = bytes_per_token(mc, eng.runner.dtype)
     block_bytes = per_tok * kv.block_size
     texts = [args.prompt] if args.requests == 1 else [args.prompt + suffix(i) for i in range(args.requests)]
@@ -78,6 +112,8 @@ def run_trace(args) -> dict:
         "num_blocks": kv.kv_total_blocks, "max_num_batched_tokens": args.max_num_batched_tokens,
         "prefix_caching": args.prefix_cache, "speculative": args.speculative, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "top_logprobs": args.top,
+        "memory": {k: v for k, v in mem.items() if k in ("weights", "weights_packed", "kv_allocated",
+                                                          "activation_peak", "graph_pool")},
         "requests": [{"id": str(i), "text": t, "num_tokens": len(p)} for i, (t, p) in enumerate(zip(texts, prompts))],
     }
     reqs, status = {}, {}
@@ -99,6 +135,7 @@ def run_trace(args) -> dict:
         deltas = eng.step()
         rec = eng.step_records[-1]
         now = {rid: r.status.value for rid, r in reqs.items()}
+        scheduled = {rid for rid, _, _ in rec.scheduled}
         tokens = {}
         for d in deltas:
             outputs[d.request_id] += d.new_token_ids
@@ -111,6 +148,15 @@ def run_trace(args) -> dict:
                           for rid, n, kind in rec.scheduled],
             "num_prefill_tokens": rec.num_prefill_tokens, "num_decode_tokens": rec.num_decode_tokens,
             "input_shapes": {k: list(v) for k, v in rec.input_shapes.items()},
+            # the widest block table among this step's sequences: the columns the kernels read
+            "block_table_width_used": max((len(rec.block_tables[r]) if r in rec.block_tables else  # finished: freed
+                                           -(-reqs[r].num_computed_tokens // kv.block_size) for r in scheduled), default=0),
+            "requests": {str(i): ({"state": now[str(i)], "computed": reqs[str(i)].num_computed_tokens,
+                                   "tokens": reqs[str(i)].num_tokens} if str(i) in reqs else
+                                  {"state": "not added yet", "computed": 0, "tokens": len(prompts[i])})
+                         for i in range(args.requests)},
+            "memory": {"weights": mem["weights"], "kv_allocated": mem["kv_allocated"],
+                       "kv_used": rec.kv_blocks_used * block_bytes},
             "cuda_graph_bucket": rec.cuda_graph_bucket,
             "kv": {"blocks_used": rec.kv_blocks_used, "blocks_free": rec.kv_blocks_free,
                    "blocks_cached": rec.kv_blocks_cached, "bytes_used": rec.kv_blocks_used * block_bytes,
@@ -136,6 +182,7 @@ def run_trace(args) -> dict:
         s["prefix_cache"]["queries_total"], s["prefix_cache"]["hits_total"] = q, h
     st = eng.stats()
     summary = {
+        "noise": noise(steps),
         "steps": len(steps), "prefix_cache_queries": st.prefix_cache_queries,
         "prefix_cache_hits": st.prefix_cache_hits, "preemptions": st.num_preemptions_total,
         "spec_draft_tokens": st.spec_decode_num_draft_tokens,
@@ -143,6 +190,21 @@ def run_trace(args) -> dict:
         "outputs": {rid: {"token_ids": ids, "text": tok.decode(ids)} for rid, ids in outputs.items()},
     }
     return {"config": config, "steps": steps, "summary": summary}
+
+
+def noise(steps: list[dict]) -> dict | None:
+    """Steps of the same shape (prefill or decode only, same token count) should take about the same
+    time; if any is more than NOISY x from its group's median, return the spread, else None."""
+    groups: dict[tuple, list[float]] = {}
+    for s in steps:
+        groups.setdefault((s["num_prefill_tokens"] > 0, s["num_prefill_tokens"] + s["num_decode_tokens"]),
+                          []).append(s["duration_ms"])
+    ratios = [max(d / statistics.median(g), statistics.median(g) / max(d, 1e-9))
+              for g in groups.values() if len(g) >= 3 for d in g]
+    if not ratios or max(ratios) <= NOISY:
+        return None
+    times = [s["duration_ms"] for s in steps]
+    return {"min_ms": min(times), "max_ms": max(times), "worst_ratio": round(max(ratios), 2), "threshold": NOISY}
 
 
 def _token(tok, token_id: int, lp) -> dict:
@@ -156,6 +218,10 @@ def _token(tok, token_id: int, lp) -> dict:
 # ---- terminal rendering ---------------------------------------------------------------------
 def _kib(n: int) -> str:
     return f"{n / 1024:,.1f} KiB"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
 
 
 def render(doc: dict, console=None) -> None:
@@ -173,6 +239,9 @@ def render(doc: dict, console=None) -> None:
         f"{c['kv_bytes_per_token']:,} B; block = {c['block_size']} tokens = {_kib(c['block_bytes'])}; "
         f"pool = {c['num_blocks']} blocks\nprefix caching {'on' if c['prefix_caching'] else 'off'}, "
         f"speculation {c['speculative'] or 'off'}, token budget {c['max_num_batched_tokens']}/step\n"
+        f"memory: weights {_mib(c['memory']['weights'])}, KV allocated {_mib(c['memory']['kv_allocated'])}"
+        + "".join(f", {k} {_mib(v)}" for k, v in c["memory"].items() if k not in ("weights", "kv_allocated"))
+        + " (activations are measured on CUDA only)\n"
         "block tables: * = block reused through a prefix-cache hit, xN = held by N requests"))
     for r in c["requests"]:
         con.print(Text(f"request {r['id']}: {r['num_tokens']} prompt tokens  {r['text']!r}"))
@@ -185,10 +254,16 @@ def render(doc: dict, console=None) -> None:
             f"req {x['request']} {x['kind']} {x['tokens']}" + (f" (1 + {x['drafts']} drafts)" if x["drafts"] else "")
             for x in s["scheduled"]) + f"   [prefill {s['num_prefill_tokens']}, decode {s['num_decode_tokens']}]")
         graph = f"  (CUDA graph: replayed at batch {s['cuda_graph_bucket']})" if s["cuda_graph_bucket"] else ""
-        g.add_row("inputs", "  ".join(f"{k} {tuple(v)}" for k, v in s["input_shapes"].items()) + graph)
+        g.add_row("inputs", "  ".join(f"{k} {tuple(v)}" for k, v in s["input_shapes"].items()) + graph
+                  + f"  (block tables: {s['block_table_width_used']} columns used)")
+        g.add_row("requests", f"running {s['num_running']}, waiting {s['num_waiting']}: " + ", ".join(
+            f"req {r} {x['state']} {x['computed']}/{x['tokens']}" for r, x in s["requests"].items()))
         k = s["kv"]
         g.add_row("KV blocks", f"used {k['blocks_used']} ({_kib(k['bytes_used'])})  free {k['blocks_free']} "
                                f"({_kib(k['bytes_free'])})  cached {k['blocks_cached']} ({_kib(k['bytes_cached'])})")
+        m = s["memory"]
+        g.add_row("memory", f"weights {_mib(m['weights'])}, KV allocated {_mib(m['kv_allocated'])}, "
+                            f"KV used {_mib(m['kv_used'])} ({m['kv_used'] / max(m['kv_allocated'], 1):.0%})")
         p = s["prefix_cache"]
         hits = "".join(f"; req {r} hit {n} tokens" for r, n in p["hit_tokens"].items())
         g.add_row("prefix cache", f"queries {p['queries']} hits {p['hits']} (total {p['queries_total']} / "
@@ -214,6 +289,11 @@ def render(doc: dict, console=None) -> None:
                    f"{sm['spec_draft_tokens']} drafts verified, {sm['spec_accepted_tokens']} accepted"))
     for rid, o in sm["outputs"].items():
         con.print(Text(f"request {rid} output: {o['text']!r}"))
+    if sm["noise"]:
+        n = sm["noise"]
+        con.print(Text(f"note: step times ranged {n['min_ms']:.1f}-{n['max_ms']:.1f} ms, and a step took up to "
+                       f"{n['worst_ratio']}x the median of steps of its shape (threshold {n['threshold']}x): "
+                       "the machine is busy or noisy; read the durations as indicative only"))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -247,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     args.model = resolve_model(args.model, note=lambda m: print(m, file=sys.stderr))
     try:
-        doc = run_trace(args)
+        doc = run_trace(args, note=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:
         print(f"inferlab trace: error: {e}", file=sys.stderr)
         return 2

@@ -172,3 +172,60 @@ def test_numbers_the_handbook_quotes_from_traces_are_current(tiny_llama, capsys,
     quoted = (f"24 tokens take {sm['steps']} steps instead of 24: {sm['spec_draft_tokens']} drafts verified, "
               f"{sm['spec_accepted_tokens']} accepted")
     assert quoted in text("11-speculative-decoding.md")
+
+
+def test_every_request_has_a_state_each_step_with_counts_width_and_memory(tiny_llama, capsys, monkeypatch):
+    """Not only transitions: each step lists every request's state and computed/total tokens, the running
+    and waiting counts, the block-table columns the step used and the KV bytes in use."""
+    argv = ["--model", str(tiny_llama), "--requests", "3", "--max-tokens", "8", "--kv-tokens", "76",
+            "--no-prefix-cache"]
+    d = doc(capsys, monkeypatch, *argv)
+    c = d["config"]
+    assert c["memory"]["weights"] > 0 and c["memory"]["kv_allocated"] == c["num_blocks"] * c["block_bytes"]
+    states = set()
+    for s in d["steps"]:
+        assert set(s["requests"]) == {"0", "1", "2"}
+        live = [x["state"] for x in s["requests"].values()]
+        states.update(live)
+        # the waiting queue holds new and preempted requests alike
+        assert s["num_running"] == live.count("running")
+        assert s["num_waiting"] == live.count("waiting") + live.count("preempted")
+        for t in s["transitions"]:
+            assert s["requests"][t["request"]]["state"] == t["to"]
+        tables = [s["block_tables"][x["request"]]["blocks"] for x in s["scheduled"] if x["request"] in s["block_tables"]]
+        assert max(map(len, tables), default=0) <= s["block_table_width_used"] < s["input_shapes"]["block_tables"][1]
+        assert s["memory"]["kv_used"] == s["kv"]["bytes_used"] and s["memory"]["kv_allocated"] == c["memory"]["kv_allocated"]
+    assert {"running", "preempted", "finished"} <= states
+    # a preempted request is listed at every step while it waits, not just when it moves
+    out = run(capsys, monkeypatch, *argv)
+    steps_text = re.split(r"\n(?=─* ?step \d+ )", out)[1:]
+    rows = [re.search(r"requests\s+running (\d+), waiting (\d+): (.*)", st) for st in steps_text]
+    assert len(rows) == len(d["steps"]) and all(rows)
+    assert all(len(re.findall(r"req \d (running|waiting|preempted|finished|not added yet) \d+/\d+", r.group(3))) == 3
+               for r in rows)
+    assert sum("preempted" in r.group(3) for r in rows) > sum(bool(s["preempted"]) for s in d["steps"])
+    assert re.search(r"block tables: \d+ columns used", out) and re.search(r"memory\s+weights [\d.]+ MiB", out)
+
+
+def test_noise_note_only_when_same_shape_steps_vary():
+    def step(ms, prefill=0, decode=1):
+        return {"duration_ms": ms, "num_prefill_tokens": prefill, "num_decode_tokens": decode}
+
+    quiet = [step(30, 10, 0)] + [step(m) for m in (5, 6, 5, 7)]  # the prefill step is its own group
+    assert trace.noise(quiet) is None
+    busy = quiet + [step(40)]
+    n = trace.noise(busy)
+    assert n and n["worst_ratio"] > trace.NOISY and (n["min_ms"], n["max_ms"]) == (5, 40)
+
+
+def test_a_kernel_build_is_announced(capsys):
+    """The trace wraps torch's load_inline, the one call a kernel-cache miss makes: the note comes first."""
+    from torch.utils import cpp_extension
+
+    real, notes = cpp_extension.load_inline, []
+    with trace.announce_kernel_builds(notes.append):
+        assert cpp_extension.load_inline is not real
+        with pytest.raises(TypeError):
+            cpp_extension.load_inline(not_an_argument=1)  # fails inside torch, after the note
+    assert cpp_extension.load_inline is real and notes == ["building the CPU kernels (once; cached afterwards, "
+                                                            "about a minute on 2 cores) ..."]
