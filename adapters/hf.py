@@ -37,12 +37,12 @@ NO_PREFIX_CACHE = "the HF baseline keeps no KV cache across requests (each gener
 NO_SPECULATION = "the HF baseline runs plain generate(); transformers' assisted generation is not used"
 
 
-def read_back(model: Any, max_batch_size: int) -> tuple[dict[str, Any], dict[str, int]]:
+def read_back(model: Any, max_batch_size: int, max_len: int | None) -> tuple[dict[str, Any], dict[str, int]]:
     """EngineInfo.effective and .memory of the loaded model and this baseline's batcher."""
     rb, src = ReadBack(), "the loaded model"
     params = list(model.parameters())
     rb.put("dtype", str(params[0].dtype).removeprefix("torch.") if params else None, src + " (parameter dtype)")
-    rb.put("max_model_len", getattr(model.config, "max_position_embeddings", None),
+    rb.put("max_model_len", max_len, "the adapter's request limit: max_model_len, capped by "
            "model.config.max_position_embeddings")
     rb.put("max_num_seqs", max_batch_size, "the adapter's static batcher (max_batch_size)")
     what_it_is = "HF generate() with static batches (adapters/hf.py)"
@@ -64,7 +64,10 @@ def read_back(model: Any, max_batch_size: int) -> tuple[dict[str, Any], dict[str
 
 class HFEngine(Engine):
     name = "hf"
-    OPTIONS = frozenset({"max_batch_size", "device", "attn_implementation", "kv_cache_tokens", *features.OPTIONS})
+    # max_model_len: the longest prompt + output a request may have (the harness gives every engine the
+    # run's one length; requests beyond it are refused, as vLLM refuses them), capped by the model's context
+    OPTIONS = frozenset({"max_batch_size", "device", "attn_implementation", "kv_cache_tokens", "max_model_len",
+                         *features.OPTIONS})
 
     in_process = True  # generate() runs in a thread of this interpreter
 
@@ -107,14 +110,16 @@ class HFEngine(Engine):
         gc.eos_token_id = None
         cfg = self._model.config
         self._vocab = cfg.vocab_size
-        self._max_len = getattr(cfg, "max_position_embeddings", None)
+        context = getattr(cfg, "max_position_embeddings", None)
+        asked = self.options.get("max_model_len")
+        self._max_len = min(x for x in (asked, context) if x) if (asked or context) else None
         self._streamer_cls, self._criteria_cls = make_classes()
         self._task = asyncio.create_task(self._batcher())
         knobs = {"baseline": "naive static batching (HF generate)", "max_batch_size": self.max_batch_size,
                  "device": device, "attn_implementation": cfg._attn_implementation}
         if "kv_cache_tokens" in self.options:
             knobs["kv_cache_tokens"] = "ignored: HF allocates KV per batch"
-        effective, memory = read_back(self._model, self.max_batch_size)
+        effective, memory = read_back(self._model, self.max_batch_size, self._max_len)
         unhonoured = {}
         if self.options.get("enable_prefix_caching"):
             unhonoured["enable_prefix_caching"] = NO_PREFIX_CACHE
@@ -150,7 +155,7 @@ class HFEngine(Engine):
             raise ValueError(f"request {rid}: max_tokens must be >= 1, got {s.max_tokens}")
         if self._max_len is not None and len(ids) + s.max_tokens > self._max_len:
             raise ValueError(f"request {rid}: prompt ({len(ids)}) + max_tokens ({s.max_tokens}) exceeds the "
-                             f"model's context ({self._max_len})")
+                             f"max_model_len ({self._max_len})")
         if s.stop:
             raise ValueError(f"request {rid}: engine 'hf' does not support stop strings")
         if rid in self._rows:

@@ -185,6 +185,24 @@ async def test_effective_is_what_the_baseline_is_and_features_are_unhonoured(tin
     assert "plain generate()" in info.unhonoured["speculative_config"]
 
 
+async def test_the_runs_max_model_len_is_its_limit_and_read_back(tiny_llama):
+    """The harness gives every engine one context length; the baseline refuses beyond it, as vLLM does."""
+    engine = await started(tiny_llama, max_model_len=40)
+    try:
+        assert engine.info.effective["max_model_len"] == 40
+        ok = [ev async for ev in engine.generate(GenerationRequest("fits", [5] * 30, SamplingConfig(max_tokens=10)))]
+        assert ok[-1].finished and len([t for ev in ok for t in ev.token_ids]) == 10
+        with pytest.raises(ValueError, match=r"prompt \(31\) \+ max_tokens \(10\) exceeds the max_model_len \(40\)"):
+            await anext(engine.generate(GenerationRequest("long", [5] * 31, SamplingConfig(max_tokens=10))))
+    finally:
+        await engine.stop()
+    engine = await started(tiny_llama, max_model_len=10**6)  # capped by the model's context
+    try:
+        assert engine.info.effective["max_model_len"] == 2048
+    finally:
+        await engine.stop()
+
+
 async def test_prefix_caching_off_is_honoured_trivially(tiny_llama):
     engine = await started(tiny_llama, enable_prefix_caching=False)
     try:
