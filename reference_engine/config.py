@@ -110,7 +110,10 @@ class EngineConfig:
     CUDA graphs capture decode steps per batch size in `cuda_graph_sizes` (default: vLLM's, up to
     `max_num_seqs`); they are used only on CUDA, with a backend that supports them (triton), and
     `enforce_eager=True` turns them off. `load_format="dummy"` makes random weights on the device
-    instead of reading the safetensors files (benchmarks of a model's shape; as vLLM's)."""
+    instead of reading the safetensors files (benchmarks of a model's shape; as vLLM's).
+    `tensor_parallel_size` N > 1: N processes, each holding 1/N of the heads and MLP columns
+    (`reference_engine/distributed/`); `num_threads` is then per rank (default: cores // N); one such
+    engine per process at a time (torch.distributed has one default group)."""
 
     model: str
     dtype: str = "float32"
@@ -134,6 +137,7 @@ class EngineConfig:
     cuda_graph_sizes: list[int] | None = None  # decode batch sizes captured; None: vLLM's default list
     gpu_memory_utilization: float | None = None  # (0, 1]: KV sized from device memory (CUDA only)
     load_format: str = "auto"  # "auto": the safetensors files; "dummy": random weights, nothing read
+    tensor_parallel_size: int = 1  # ranks, one process each (reference_engine/distributed/)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -178,6 +182,12 @@ class EngineConfig:
             raise ValueError(f"fused_ops runs on CPU only (device is {self.device!r})")
         if self.linear_backend is not None and self.linear_backend not in LINEAR_BACKENDS:
             raise ValueError(f"linear_backend must be one of {LINEAR_BACKENDS}, got {self.linear_backend!r}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if tp > 1 and self.speculative_config and self.speculative.method == "draft_model":
+            raise ValueError("speculative method 'draft_model' is not supported with tensor_parallel_size > 1 "
+                             "(the draft model is not sharded); use 'ngram'")
         if self.linear_backend == "onednn" and torch.device(self.device).type != "cpu":
             raise ValueError(f"linear_backend 'onednn' runs on CPU only (device is {self.device!r})")
 

@@ -142,6 +142,15 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def failure(self) -> str | None:
+        """Why this engine can no longer step (a tensor-parallel rank died), or None while it can."""
+        return self.runner.tp.failure if self.runner.tp else None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; the engine cannot step afterwards)."""
+        self.runner.close()
+
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[TokenDelta]:
         t0 = time.perf_counter()
@@ -229,7 +238,7 @@ class LLMEngine:
             "prefix_caching": kv.prefix_caching, "cuda_graphs": r.graphs is not None,
             "cuda_graph_sizes": list(r.graphs.sizes) if r.graphs is not None else [], "compile": False,
             "speculative": dict(cfg.speculative_config) if cfg.speculative_config else None,
-            "tensor_parallel_size": 1, "attention_backend": cfg.attention_backend, "device": str(r.device),
+            "tensor_parallel_size": r.tp.size if r.tp else 1, "attention_backend": cfg.attention_backend, "device": str(r.device),
             "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
             "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),

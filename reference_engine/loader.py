@@ -2,6 +2,10 @@
 
 Weights are copied by name; names our layers don't have (e.g. old checkpoints' rotary
 `inv_freq` buffers) are ignored, names we need but the files lack are an error.
+
+With a shard plan (tensor parallelism, `distributed/sharding.py`) the model is reshaped to the rank's
+shard before any weight exists, and each sharded tensor is read as the rank's slice only
+(`safe_open(...).get_slice(name)[a:b]`): no rank ever holds the whole model.
 """
 from __future__ import annotations
 
@@ -59,13 +63,26 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def read(handle, name: str, shard) -> torch.Tensor:
+    """The checkpoint tensor `name`, or only the slice `shard.spec(name)` names (dim 0 or 1)."""
+    spec = shard.spec(name) if shard is not None else None
+    if spec is None:
+        return handle.get_tensor(name)
+    dim, a, b = spec
+    part = handle.get_slice(name)
+    return part[a:b] if dim == 0 else part[:, a:b]
+
+
 def load_model(model_dir: str | Path, dtype: torch.dtype, device: str | torch.device,
-               max_len: int) -> tuple[CausalLM, ModelConfig]:
+               max_len: int, shard=None) -> tuple[CausalLM, ModelConfig]:
+    """`shard`: a `distributed.sharding.ShardPlan` (this rank's part of the weights), or None: all."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_dir(model_dir)
     files = safetensors_files(model_dir)
     with torch.device("meta"):
         model = CausalLM(cfg, max_len)
+        if shard is not None:
+            shard.apply(model)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -84,7 +101,7 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str | torch.de
                 if target not in params:
                     raise ValueError(f"{f.name} holds {name!r}, which a {cfg.architecture} does not have")
                 dest = params[target] if rows is None else params[target][rows[0]:rows[1]]
-                t = handle.get_tensor(name)
+                t = read(handle, name, shard)
                 if t.shape != dest.shape:
                     raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)} != expected {tuple(dest.shape)}")
                 with torch.no_grad():

@@ -21,10 +21,14 @@ KV-cache manager, and never changes a block table. It sizes and allocates the KV
 With speculation, the proposer runs here too, after verification: a draft model
 writes KV into the same block ids (its own tensors), n-gram lookup only reads tokens.
 Device and dtype are explicit (`cfg.device`): one runner drives one device.
+With `tensor_parallel_size` N > 1 the runner is rank 0 of N (`distributed/`): it starts the workers,
+holds its shard of the weights and KV heads, and broadcasts each step's `(seqs, rows)` before its own
+forward; the workers run the same `forward` on the same record. Only rank 0 samples.
 """
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +36,9 @@ import torch
 from reference_engine import fused_ops, packed_linear
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
+from reference_engine.distributed import group as tp_group
+from reference_engine.distributed import layers as tp_layers
+from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
 from reference_engine.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
                                          kv_budget, param_bytes)
@@ -68,23 +75,41 @@ def with_default_backends(cfg: EngineConfig) -> EngineConfig:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, max_model_len: int | None = None):
+    def __init__(self, cfg: EngineConfig, max_model_len: int | None = None, tp: tp_group.Group | None = None):
+        """`tp`: a worker's group (`distributed/worker.py`); rank 0 starts its own when the config asks."""
         cfg = self.cfg = with_default_backends(cfg)
-        self.device = torch.device(cfg.device)
+        mcfg = ModelConfig.from_dir(cfg.model)
+        size = cfg.tensor_parallel_size
+        if size > 1 and tp is None:
+            ShardPlan(mcfg, 0, size)  # a shape that cannot be split fails here, before any process starts
+            tp = tp_group.start(cfg)
+        self.tp = tp
+        try:
+            self._build(cfg, mcfg)
+        except BaseException:
+            if tp is not None and tp.rank == 0:
+                tp.close(graceful=False)  # the workers may be inside a collective: no stop message
+            raise
+
+    def _build(self, cfg: EngineConfig, mcfg: ModelConfig) -> None:
+        tp = self.tp
+        self.rank = tp.rank if tp else 0
+        self.device = tp.device if tp else torch.device(cfg.device)
         self.dtype = parse_dtype(cfg.dtype)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        if cfg.num_threads or tp:  # ranks share the cores: cores // N torch threads each by default
+            torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
         self.mem = DeviceMemory(self.device)
         start = self.mem.snapshot()  # None off CUDA
-        mcfg = ModelConfig.from_dir(cfg.model)
+        self.plan = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None
         # Within a sliding window, sliding attention equals full attention: cap the context there.
         limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         load = dummy_model if cfg.load_format == "dummy" else load_model
-        self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len)
+        self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len, shard=self.plan)
         self.linear_compute_dtype = str(self.dtype).removeprefix("torch.")
         if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (packed_linear.py)
             packed_linear.pack(self.model)
+            tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
             self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
@@ -94,10 +119,12 @@ class ModelRunner:
         self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
         extra = self.proposer.kv_bytes_per_token if self.proposer else 0
         self.draft_observes = extra > 0  # a draft model runs on every step's inputs: no graphs then
-        self.kv_bytes_per_token = bytes_per_token(self.model_config, self.dtype) + extra
+        kv_cfg = self.plan.kv_config() if self.plan else self.model_config  # this rank's kv heads
+        self.kv_bytes_per_token = bytes_per_token(kv_cfg, self.dtype) + extra
         self.weights_bytes = param_bytes(self.model, getattr(self.proposer, "model", None))
         self.backend_cls = get_backend(cfg.attention_backend)
-        self.use_graphs = graphs_wanted(self.device, cfg.enforce_eager, self.backend_cls.graph_safe)
+        # No CUDA graphs with TP: a captured step would have to capture the all-reduces as well.
+        self.use_graphs = graphs_wanted(self.device, cfg.enforce_eager, self.backend_cls.graph_safe) and not tp
         self.activation_peak = self.profile() if self.mem.cuda else None
         budget = None
         if cfg.gpu_memory_utilization is not None:
@@ -107,9 +134,12 @@ class ModelRunner:
             self.num_blocks = budget // (self.kv_bytes_per_token * cfg.block_size)
         else:
             self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
+        if tp:  # every rank indexes the same block ids: the smallest cache decides
+            self.num_blocks = tp.min(self.num_blocks)
+        self.rank_weights = tp.gather(self.weights_bytes) if tp else [self.weights_bytes]  # bytes, per rank
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
-        self.kv_cache = allocate_kv_cache(self.model_config, self.num_blocks, cfg.block_size, self.dtype,
+        self.kv_cache = allocate_kv_cache(kv_cfg, self.num_blocks, cfg.block_size, self.dtype,
                                           self.device)
         if self.proposer:
             self.proposer.allocate_kv(self.num_blocks)
@@ -206,6 +236,8 @@ class ModelRunner:
         and the device's readings (`DeviceMemory.report`) on CUDA."""
         out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
+        if self.tp:  # each rank's shard (rank 0's is `weights`)
+            out.update({f"weights_rank{r}": b for r, b in enumerate(self.rank_weights)})
         if self.cfg.linear_backend == "onednn":
             out["weights_packed"] = packed_linear.packed_bytes(self.model)
         if self.activation_peak is not None:
@@ -243,8 +275,9 @@ class ModelRunner:
             self.inputs.fill(seqs, pad_to=bucket)
             hidden = self.graphs.replay(bucket, len(seqs))  # (n, hidden)
         else:
-            batch = self.inputs.fill(seqs, rows)
-            hidden = self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # (N, hidden)
+            if self.tp:
+                self.tp.send_step((seqs, rows))
+            batch, hidden = self.forward(seqs, rows)  # (N, hidden)
             if self.proposer:
                 self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
             if not samplers:
@@ -276,6 +309,19 @@ class ModelRunner:
             out.drafts = {r.request_id: p for r, p in zip(samplers, proposals) if p.token_ids}
         return out
 
+    @torch.inference_mode()
+    def forward(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int]):
+        """The model over one step's `prepare`d sequences -> (batch, hidden `(N, hidden)`); on every
+        rank, with the same record. A rank that dies meanwhile raises `RankFailure`."""
+        batch = self.inputs.fill(seqs, rows)
+        run = lambda: self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # noqa: E731
+        return batch, (self.tp.wrap(run) if self.tp else run())
+
+    def close(self) -> None:
+        """Stop the worker ranks (rank 0 with TP; nothing otherwise)."""
+        if self.tp is not None and self.rank == 0:
+            self.tp.close()
+
     def _max_drafts(self, req: Request, num_new: int) -> int:
         """Drafts worth proposing: the next step emits at most drafts + 1 tokens, within max_tokens."""
         left = req.num_tokens_left - num_new
@@ -292,12 +338,14 @@ class ModelRunner:
 
 
 def dummy_model(model_dir: str, dtype: torch.dtype, device: torch.device, max_len: int,
-                seed: int = 0) -> tuple[CausalLM, ModelConfig]:
+                seed: int = 0, shard: ShardPlan | None = None) -> tuple[CausalLM, ModelConfig]:
     """`load_format="dummy"`: the model's shape with random weights made on the device, no file read
     (as `AutoModelForCausalLM.from_config` initialises them: N(0, 0.02), norms 1, biases 0)."""
     cfg = ModelConfig.from_dir(model_dir)
     with torch.device("meta"):
         model = CausalLM(cfg, max_len).to(dtype)
+        if shard is not None:
+            shard.apply(model).to(dtype)
     model = model.to_empty(device=device)
     if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
         model.lm_head.weight = model.model.embed_tokens.weight
