@@ -248,25 +248,37 @@ class AsyncEngine:
                     pass
 
     def _apply(self, ops: list[AddRequest | AbortRequest]) -> list[tuple[str, TokenDelta | BaseException]]:
-        out: list[tuple[str, TokenDelta | BaseException]] = []
-        for op in ops:
-            if isinstance(op, AddRequest):
-                try:  # validated on the event loop already (add_request): queue it
-                    self.core.enqueue(op.prompt_token_ids, op.params, op.request_id, cache_salt=op.cache_salt)
-                except Exception as e:  # anything that still fails ends this stream alone
-                    out.append((op.request_id, e))
-            else:
-                delta = self.core.abort(op.request_id)
-                out.append((op.request_id, delta or TokenDelta(op.request_id, [], "", finished=True,
-                                                               finish_reason="abort")))
-        return out
+        return apply_ops(self.core, ops)
 
     def _step(self) -> list[tuple[str, TokenDelta | BaseException]]:
-        try:
-            return [(d.request_id, d) for d in self.core.step()]
-        except Exception as e:  # a bug in a step: fail the in-flight requests, keep serving
-            failed = []
-            for rid in list(self.core.requests):
-                self.core.abort(rid)
-                failed.append((rid, RuntimeError(f"engine step failed: {e!r}")))
-            return failed
+        return step_or_fail(self.core)
+
+
+def apply_ops(core: LLMEngine, ops: list[AddRequest | AbortRequest]) -> list[tuple[str, TokenDelta | BaseException]]:
+    """Queue the adds (validated already, by `AsyncEngine.add_request`) and apply the aborts, between
+    two steps; -> the deltas they end streams with (an abort's final delta, an add that still failed)."""
+    out: list[tuple[str, TokenDelta | BaseException]] = []
+    for op in ops:
+        if isinstance(op, AddRequest):
+            try:
+                core.enqueue(op.prompt_token_ids, op.params, op.request_id, cache_salt=op.cache_salt)
+            except Exception as e:  # anything that still fails ends this stream alone
+                out.append((op.request_id, e))
+        else:
+            delta = core.abort(op.request_id)
+            out.append((op.request_id, delta or TokenDelta(op.request_id, [], "", finished=True,
+                                                           finish_reason="abort")))
+    return out
+
+
+def step_or_fail(core: LLMEngine) -> list[tuple[str, TokenDelta | BaseException]]:
+    """One step's deltas; a step that raises fails the in-flight requests (aborted, blocks freed) and
+    the engine keeps serving."""
+    try:
+        return [(d.request_id, d) for d in core.step()]
+    except Exception as e:  # a bug in a step
+        failed = []
+        for rid in list(core.requests):
+            core.abort(rid)
+            failed.append((rid, RuntimeError(f"engine step failed: {e!r}")))
+        return failed

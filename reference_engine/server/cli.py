@@ -78,6 +78,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "(chat_template.jinja, else tokenizer_config.json's chat_template), as vLLM's flag")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in a process of its own, as vLLM's EngineCore (default); "
+                        "--no-engine-process runs it in a thread of the server's process "
+                        "(docs/perf/2026-12-02-served-decode-profile.md compares the two)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _engine_flags(p.add_argument_group("engine (EngineConfig fields; defaults are EngineConfig's)"))
     return p.parse_args(argv)
@@ -95,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from reference_engine import AsyncEngine
+    from reference_engine.engine_process import ProcessAsyncEngine
 
     from .app import build_app
 
     try:
-        app = build_app(AsyncEngine(engine_config(args)), api_key=args.api_key, max_waiting=args.max_waiting,
+        engine = (ProcessAsyncEngine if args.engine_process else AsyncEngine)(engine_config(args))
+        app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
                         served_model_name=args.served_model_name, chat_template=args.chat_template)
     except ValueError as err:
         print(f"inferlab serve: {err}", file=sys.stderr)

@@ -1,0 +1,71 @@
+"""The engine core in a process of its own (`ProcessAsyncEngine`): the same streams as offline, aborts
+free blocks, calls between steps, and a core that dies ends the open streams and `is_alive`."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from reference_engine import LLM, EngineConfig, SamplingParams
+from reference_engine.engine_process import ProcessAsyncEngine
+from tests.reference_engine.helpers import random_prompts
+
+
+async def test_streams_match_offline_aborts_free_blocks_and_calls_run_between_steps(tiny_llama):
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(tiny_llama), kv_cache_tokens=2048)
+    prompts = random_prompts(llm.engine.model_config.vocab_size, 4, 3, 30, seed=7)
+    offline = llm.generate(prompts, params)
+    engine = await ProcessAsyncEngine(EngineConfig(str(tiny_llama), kv_cache_tokens=2048)).start()
+    try:
+        assert engine.is_alive and engine.core_pid != os.getpid()
+        assert engine.effective_config()["engine_process"] is True and engine.max_model_len == llm.engine.max_model_len
+        with pytest.raises(ValueError, match="outside the vocabulary"):  # validated in the front end, at once
+            engine.add_request([10 ** 9], params)
+
+        async def collect(p):
+            deltas = [d async for d in engine.generate(p, params)]
+            return [t for d in deltas for t in d.new_token_ids], "".join(d.text_delta for d in deltas), deltas[-1]
+
+        for (toks, text, last), off in zip(await asyncio.gather(*(collect(p) for p in prompts)), offline):
+            assert toks == off.token_ids and text == off.text and last.finished and last.finish_reason == "length"
+        assert engine.stats().generation_tokens_total == 4 * 12 and engine.stats().num_running == 0
+        assert engine.memory_report()["kv_allocated"] > 0
+
+        long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+        streams = [engine.add_request(p, long) for p in prompts]
+        assert (await streams[0].__anext__()).new_token_ids
+        assert engine.reset_prefix_cache() is False  # the streams hold blocks
+        for s in streams:
+            engine.abort(s.request_id)
+        for s in streams:
+            assert [d async for d in s][-1].finish_reason == "abort"
+        assert engine.stats().kv_used_blocks == 0 and engine.reset_prefix_cache() is True
+    finally:
+        await engine.shutdown()
+    assert not engine.is_alive
+
+
+async def test_a_core_that_dies_ends_the_streams_and_is_alive(tiny_llama):
+    engine = await ProcessAsyncEngine(EngineConfig(str(tiny_llama), kv_cache_tokens=2048)).start()
+    try:
+        stream = engine.add_request([5, 6, 7], SamplingParams(max_tokens=100000 // 100, temperature=0.0,
+                                                              ignore_eos=True))
+        await stream.__anext__()
+        os.kill(engine.core_pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="engine process died"):
+            async for _ in stream:
+                pass
+        assert not engine.is_alive
+        with pytest.raises(RuntimeError):
+            engine.add_request([5, 6, 7], SamplingParams(max_tokens=4))
+    finally:
+        await engine.shutdown()
+
+
+async def test_a_core_that_cannot_start_raises_in_start(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')  # fields missing
+    with pytest.raises(ValueError, match="lacks required field"):
+        await ProcessAsyncEngine(EngineConfig(str(tmp_path))).start()
