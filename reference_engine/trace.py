@@ -78,6 +78,25 @@ def announce_kernel_builds(note):
         cpp_extension.load_inline = real
 
 
+REAL_MODEL = Path("models/smollm2-135m-instruct")
+
+
+def resolve_real_model(model: str | None, note=print) -> str:
+    """The real model's directory for the labs that teach better on real text: as given, or
+    `models/smollm2-135m-instruct` under the working directory, made if absent (the download and
+    the conversion are cached under ~/.cache/inferlab, as `inferlab make-model --preset` does)."""
+    if model:
+        return model
+    if not (REAL_MODEL / "config.json").is_file():
+        from reference_engine.gguf_model import make_real_model
+
+        note(f"no --model given: making SmolLM2-135M-Instruct in {REAL_MODEL} (once; cached conversion)")
+        make_real_model(REAL_MODEL, "smollm2-135m-instruct")
+    else:
+        note(f"no --model given: using {REAL_MODEL}")
+    return str(REAL_MODEL)
+
+
 def build_engine(args) -> LLMEngine:
     spec = None
     if args.speculative == "ngram":

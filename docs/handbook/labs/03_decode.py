@@ -74,4 +74,4 @@ else:
 params = sum(p.numel() for n, p in model.named_parameters() if "layers" in n)
 flops, bytes_ = 2 * params, 4 * params  # float32: 4 bytes per weight, 2 FLOPs (multiply + add) per weight
 print(f"per decode token: {flops:,} FLOPs over {bytes_:,} weight bytes = {flops / bytes_:.2f} FLOP/byte; "
-      f"a GPU needs ~200 FLOP/byte to be compute-bound (chapter 13)")
+      f"a GPU needs ~200 FLOP/byte to be compute-bound (chapter 14)")

@@ -1,11 +1,11 @@
-"""Lab 14 — the engines compared: one interface over every engine, and the metrics it measures.
+"""Lab 15 — the engines compared: one interface over every engine, and the metrics it measures.
 
 Smallest working piece: the harness's `Engine` protocol (`adapters/base.py`). `start()` returns what the
 engine says about itself (`EngineInfo`), `generate()` streams `TokenEvent`s stamped on arrival. Every
 engine — vLLM, SGLang, TensorRT-LLM, TGI, ours — is driven through exactly this, so TTFT and TPOT are
 computed the same way for all of them. Here: the reference engine's in-process adapter, one request.
 
-    python docs/handbook/labs/14_engines.py [--model DIR]
+    python docs/handbook/labs/15_engines.py [--model DIR]
 """
 import argparse
 import asyncio

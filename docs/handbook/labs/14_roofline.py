@@ -1,4 +1,4 @@
-"""Lab 13 — why GPUs idle in decode: arithmetic intensity and the roofline.
+"""Lab 14 — why GPUs idle in decode: arithmetic intensity and the roofline.
 
 Smallest working piece: one matmul y = x @ W.T, the op that dominates a transformer step. Reading W
 costs the same whatever the batch; the FLOPs grow with it. So at small batch the time is set by bytes
@@ -9,7 +9,7 @@ the closing sentences are computed from the medians and their spread, and say "i
 this machine" when the spread is larger than the effect. Then the same arithmetic on an H200 and
 our own GPU check's numbers.
 
-    python docs/handbook/labs/13_roofline.py [--repeats 7] [--threads 1]
+    python docs/handbook/labs/14_roofline.py [--repeats 7] [--threads 1]
 """
 import argparse
 import importlib.util
