@@ -110,6 +110,7 @@ class AsyncEngine:
         if self.core is not None:  # the engine thread has ended: free what the streams held
             for rid in list(self.core.requests):
                 self.core.abort(rid)
+            self.core.close()  # the tensor-parallel workers, if any
         for rid, stream in list(self._streams.items()):
             stream.queue.put_nowait(TokenDelta(rid, [], "", finished=True, finish_reason="abort"))
         self._streams.clear()
@@ -238,6 +239,8 @@ class AsyncEngine:
                 out = self._apply(ops)
                 if core.has_unfinished():
                     out += self._step()
+            if core.failure:  # a tensor-parallel rank died: stop stepping; /health turns 503
+                self._stop = True
             if out:
                 # Wait until the event loop has taken them, so that it gets the GIL once per step
                 # (as with one to_thread call per step); without this, back-to-back steps of a

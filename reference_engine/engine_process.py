@@ -104,6 +104,7 @@ def core_main(cfg: EngineConfig, inbox, outbox, front_ends: tuple) -> None:
                 out += step_or_fail(core)
             outbox.send(TurnOutput([(r, _portable(d) if isinstance(d, BaseException) else d) for r, d in out],
                                    core.stats(), applied, replies, getattr(core, "failure", None)))
+            running = running and not getattr(core, "failure", None)  # a dead TP rank: nothing left to step
     except (EOFError, OSError):
         pass  # the front end is gone
     finally:

@@ -82,7 +82,8 @@ def child_params(params, j: int):
 class Batch:
     """`len(prompts) * n` engine requests; choice index = prompt_index * n + j (vLLM's order).
 
-    Raises APIError (400) if the engine rejects any of them; the ones already added are aborted.
+    Raises APIError (400) if the engine rejects any of them; the ones already added are aborted;
+    (503) if the engine's loop is no longer running.
     """
 
     def __init__(self, state, prompts: list[list[int]], params, n: int = 1, prefix: str = "cmpl",
@@ -92,6 +93,9 @@ class Batch:
         self.num_prompt_tokens = sum(len(p) for p in prompts)  # usage counts each prompt once
         self.choices: list[Choice] = []
         total = len(prompts) * n
+        if not state.engine.is_alive:  # its step loop died (e.g. a tensor-parallel rank was killed)
+            raise APIError("the engine is not running; this server cannot serve requests any more", 503,
+                           code="engine_dead")
         state.gate.reserve(total)
         try:
             for p, ids in enumerate(prompts):
