@@ -52,7 +52,8 @@ def engine_config(args: argparse.Namespace):
              if f.name not in ENGINE_SKIP and getattr(args, f.name) is not None}
     # Like vLLM's CPU backend, leave one core to the HTTP front end (and a client on the same
     # machine): on 2 cores, 2 torch threads + a busy client made decode ~1.6x slower than 1 thread.
-    given.setdefault("num_threads", serving_threads())
+    # With tensor parallelism `num_threads` is per rank: the ranks share those cores.
+    given.setdefault("num_threads", max(1, serving_threads() // given.get("tensor_parallel_size", 1)))
     return EngineConfig(model=args.model, **given)
 
 
