@@ -118,15 +118,27 @@ def run_in_process(argv: list[str]) -> int:
     raise AssertionError(f"runnable commands are 'python docs/handbook/...' or 'inferlab ...', got {argv}")
 
 
+OUTPUTS: dict[tuple[str, ...], str] = {}  # argv -> stdout; the module is one xdist group, so one cache
+
+
+def output(argv: list[str], workdir, monkeypatch, capsys) -> str:
+    """A runnable command's stdout, run once per session (the quote checks reuse the run's output)."""
+    key = tuple(argv)
+    if key not in OUTPUTS:
+        monkeypatch.chdir(workdir)
+        monkeypatch.setenv("COLUMNS", "160")
+        capsys.readouterr()
+        rc = run_in_process(argv)
+        out = capsys.readouterr()
+        assert rc == 0, f"{' '.join(argv)} exited {rc}\n{out.out[-2000:]}\n{out.err[-2000:]}"
+        OUTPUTS[key] = out.out
+    return OUTPUTS[key]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page,argv", hb.all_commands(), ids=lambda x: x if isinstance(x, str) else " ".join(x)[:60])
 def test_runnable_command_runs(page, argv, workdir, monkeypatch, capsys):
-    monkeypatch.chdir(workdir)
-    monkeypatch.setenv("COLUMNS", "160")
-    rc = run_in_process(argv)
-    out = capsys.readouterr()
-    assert rc == 0, f"{page}: {' '.join(argv)} exited {rc}\n{out.out[-2000:]}\n{out.err[-2000:]}"
-    assert out.out.strip(), "printed nothing"
+    assert output(argv, workdir, monkeypatch, capsys).strip(), f"{page}: printed nothing"
 
 
 @pytest.mark.slow
@@ -136,3 +148,25 @@ def test_a_lab_runs_as_a_script_from_the_repository(tiny_llama):
                        cwd=hb.REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "131,072 B/token" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", hb.CHAPTERS, ids=lambda p: p.stem)
+def test_numbers_a_chapter_quotes_match_its_lab(chapter, workdir, monkeypatch, capsys):
+    """Every lab runs, and what its chapter quotes from it is what it printed (tests/docs/lab_quotes.py)."""
+    from tests.docs.lab_quotes import CHECKS
+
+    check = CHECKS[chapter.stem[:2]]
+    runnable = {" ".join(argv) for argv in hb.commands(chapter)}
+
+    def run(command: str) -> str:
+        assert command in runnable, f"{command!r} is not a runnable command of {chapter.name}"
+        return output(command.split(), workdir, monkeypatch, capsys)
+
+    check(run, " ".join(chapter.read_text().split()))
+
+
+def test_every_chapter_has_a_quote_check():
+    from tests.docs.lab_quotes import CHECKS
+
+    assert sorted(CHECKS) == [c.stem[:2] for c in hb.CHAPTERS]

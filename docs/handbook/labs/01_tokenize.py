@@ -3,15 +3,16 @@
 Smallest working piece: one `Tokenizer.encode` call. Then the pieces a server needs: the character
 span of every token, and an incremental detokenizer that never emits half a character.
 
-    python docs/handbook/labs/01_tokenize.py [--model DIR] [--text "..."]
+    python docs/handbook/labs/01_tokenize.py [--model DIR] [--real-model DIR] [--text "..."]
 """
 import argparse
 
 from reference_engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from reference_engine.trace import resolve_model
+from reference_engine.trace import resolve_model, resolve_real_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
+ap.add_argument("--real-model", help="a real model directory (default: models/smollm2-135m-instruct, made if absent)")
 ap.add_argument("--text", default="Paged KV caches don't waste memory: naïve ones do.")
 args = ap.parse_args()
 tok = Tokenizer(resolve_model(args.model))
@@ -36,3 +37,18 @@ deltas = [detok.add([t]) for t in body] + [detok.flush()]
 print("stream deltas:", deltas)
 print("naive per-token decode:", [tok.decode([t]) for t in body])
 assert "".join(deltas) == args.text
+
+# 4. A real vocabulary and a chat template: SmolLM2-135M-Instruct's BPE (trained on far more text) merges
+#    more, and an instruct model reads its messages wrapped in special tokens by its chat template.
+real = Tokenizer(resolve_real_model(args.real_model))
+rids = real.encode(args.text, add_special_tokens=False)
+print(f"SmolLM2-135M-Instruct (vocabulary of {real.vocab_size:,}): {len(rids)} text tokens, "
+      f"{len(args.text) / len(rids):.1f} characters per token (the tiny vocabulary: {len(body)}, "
+      f"{len(args.text) / len(body):.1f})")
+print("  pieces:", [real.decode([t]) for t in rids])
+prompt = real.apply_chat_template([{"role": "user", "content": args.text}], add_generation_prompt=True)
+pids = real.encode(prompt, add_special_tokens=False)
+specials = [real.id_to_token(t) for t in pids if real.is_special(t)]
+print(f"chat template -> {prompt!r}")
+print(f"  {len(pids)} tokens for a {len(rids)}-token message: {len(pids) - len(rids)} added by the template, "
+      f"special tokens {specials}")

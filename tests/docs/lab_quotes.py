@@ -1,0 +1,152 @@
+"""What each chapter quotes from its lab, checked against the lab's own output.
+
+`CHECKS[chapter]` is a function `(run, text)`: `run("python docs/handbook/labs/NN.py")` is that command's
+stdout (run once per session), `text` the chapter with its whitespace collapsed. Each check reads the
+numbers from the output and asserts the chapter states exactly those; prose and labs cannot drift.
+Numbers quoted from the tiny model are deterministic; machine-dependent timings are checked only for
+their form (a computed verdict, or "inconclusive on this machine"), never for their value.
+"""
+from __future__ import annotations
+
+import re
+
+
+def num(pattern: str, out: str, cast=int):
+    m = re.search(pattern, out)
+    assert m, f"lab output has no match for {pattern!r}"
+    return cast(m.group(1).replace(",", ""))
+
+
+def quoted(text: str, *phrases: str) -> None:
+    missing = [p for p in phrases if p not in text]
+    assert not missing, f"the chapter does not say {missing}"
+
+
+def ch01(run, text):
+    out = run("python docs/handbook/labs/01_tokenize.py")
+    chars, toks = num(r"\((\d+) chars", out), num(r"\((\d+) tokens; vocabulary", out) - 1  # minus BOS
+    quoted(text, f"is {chars} characters and {toks} text tokens ({chars / toks:.1f} characters per token)")
+    real, vocab = num(r"SmolLM2.*?\): (\d+) text tokens", out), num(r"vocabulary of ([\d,]+)", out)
+    quoted(text, f"the real model's {vocab:,}-token BPE splits it into {real} "
+                 f"({chars / real:.1f} characters per token)")
+    total, added = re.search(r"(\d+) tokens for a \d+-token message: (\d+) added by the template", out).groups()
+    quoted(text, f"wraps the same message in {total} tokens: {added} added by the template")
+
+
+def ch02(run, text):
+    flops = num(r"params x tokens = ([\d,]+)", run("python docs/handbook/labs/02_prefill.py"))
+    quoted(text, f"is {round(flops / 1e6)} MFLOPs of layer matmuls")
+
+
+def ch03(run, text):
+    out = run("python docs/handbook/labs/03_decode.py --steps 4")
+    intensity = num(r"= ([\d.]+) FLOP/byte", out, float)
+    quoted(text, f"({intensity:.1f} in float32)")
+    assert re.search(r"was faster at every step: recompute / decode = [\d.]+x median|inconclusive on this machine", out)
+
+
+def ch04(run, text):
+    out = run("python docs/handbook/labs/04_kv_cache.py")
+    table = re.search(r"block table (\[[\d, ]+\])", out).group(1)
+    big, tiny = num(r"= ([\d,]+) B/token", out), num(r"x 4 B = ([\d,]+) B", out)
+    quoted(text, f"the block table `{table}`", f"{big:,} bytes = 128 KiB per token", f"= {tiny:,} bytes per token")
+
+
+def ch05(run, text):
+    out = run("python docs/handbook/labs/05_sample.py")
+    p = re.search(r"softmax\(logits\)\s+the:([\d.]+) a:([\d.]+)", out).groups()
+    t = re.search(r"temperature 0.5 \(sharper\)\s+the:([\d.]+) a:([\d.]+)", out).groups()
+    top_p = re.search(r"top-p 0.8\s+(.*)", out).group(1)
+    order = re.search(r"min-p 0.4 then top-p 0.75\s+(.*)", out).group(1).split()
+    quoted(text, f"({p[0]} vs {p[1]})", f"({t[0]} vs {t[1]})",
+           "renormalised to " + ", ".join(x.split(":")[1] for x in top_p.split()),
+           "[" + ", ".join(v if float(v) else "0" for v in order) + "]")
+
+
+def ch06(run, text):
+    out = run("python docs/handbook/labs/06_request_state.py")
+    r1 = re.search(r"r1: preempted with (\d+) tokens, re-admitted at step (\d+) with (\d+) of them .* it recomputes (\d+)", out)
+    r2 = re.search(r"r2: preempted with (\d+) tokens, re-admitted at step \d+ with (\d+) of them", out)
+    held, step, hit, redo = r1.groups()
+    quoted(text, f"`r1` is preempted with {held} tokens", f"re-admitted at step {step}, {hit} of its {held}",
+           f"it recomputes {redo}", f"finds {r2.group(2)} of its {r2.group(1)}")
+
+
+def ch07(run, text):
+    out = run("python docs/handbook/labs/07_schedule.py")
+    chunks = [m for m in re.findall(r"long prefill (\d+)", out)]
+    first_all_decode = next(int(m.group(1)) for m in re.finditer(r"step (\d+): .*", out)
+                            if "prefill" not in m.group(0) and m.group(0).count("decode") == 3)
+    quoted(text, "takes " + " + ".join(chunks), f"from step {first_all_decode} everyone decodes")
+
+
+def ch08(run, text):
+    out = run("python docs/handbook/labs/08_continuous_batching.py")
+    c = re.search(r"continuous: (\d+) steps, seats busy (\d+)/(\d+) \((\d+)%\)", out).groups()
+    s = re.search(r"static:\s+(\d+) steps, seats busy (\d+)/(\d+) \((\d+)%\)", out).groups()
+    quoted(text, f"**{s[0]} steps** with {s[1]} of {s[2]} seat-steps busy ({s[3]}%)",
+           f"**{c[0]} steps** at {c[1]} of {c[2]} ({c[3]}%)")
+
+
+def ch09(run, text):
+    out = run("python docs/handbook/labs/09_paged_memory.py")
+    m = re.search(r"tokens stored (\d+), slots held (\d+) \((\d+)%.*would hold (\d+) slots for them \((\d+)%\)", out)
+    stored, held, pct, reserved, rpct = m.groups()
+    quoted(text, f"{stored} tokens of five requests occupy {held} slots ({pct}% used)",
+           f"would hold {int(reserved):,} slots ({rpct}% used)", f"only {num(r'only (.) fit', out)} such")
+
+
+def ch10(run, text):
+    out = run("python docs/handbook/labs/10_prefix_cache.py")
+    q, h, pct = re.search(r"total: (\d+) tokens looked up, (\d+) found cached \((\d+)%\)", out).groups()
+    hit1 = num(r"admitted: \{.1.: (\d+)", out)
+    quoted(text, f"**{q} tokens queried, {h} hit ({pct}%)**", f"`hit {hit1} tokens`")
+
+
+def ch11(run, text):
+    out = run("python docs/handbook/labs/11_speculative.py")
+    steps, n, drafts, acc = re.search(r"(\d+) steps for (\d+) tokens; drafts verified (\d+), accepted (\d+)", out).groups()
+    quoted(text, f"{n} tokens take {steps} steps instead of {n}: {drafts} drafts verified, {acc} accepted")
+
+
+def ch12(run, text):
+    out = run("python docs/handbook/labs/12_serving.py")
+    assert re.search(r"refused with HTTP 503: .*'Retry-After': '1'", out)
+    quoted(text, "refuses the third with HTTP 503 and `Retry-After: 1`")
+
+
+def ch13(run, text):
+    mem = run("python docs/handbook/labs/13_memory.py")
+    w, kv, used = re.search(r"are (\d+)% and the KV pool (\d+)%; this workload used at most (\d+)% of the pool", mem).groups()
+    quoted(text, f"the weights take {w} % of what is allocated, the pool {kv} %, and the workload uses at most "
+                 f"{used} % of the pool")
+    assert "every block is free again" in mem
+    out = run("python docs/handbook/labs/13_measure.py")
+    for var in ("prompt tokens", "output tokens", "concurrency"):  # one computed verdict per sweep
+        assert re.search(rf"^{var} \d+ -> \d+: (moved \(intervals apart\)|nothing moved)", out, re.M), var
+
+
+def ch14(run, text):
+    out = run("python docs/handbook/labs/14_roofline.py")
+    w_mib = num(r"float32 = (\d+) MiB", out)
+    llc = re.search(r"last-level cache (\d+) MiB", out)
+    assert not llc or w_mib >= 2 * int(llc.group(1))  # W is at least twice the detected last-level cache
+    assert re.search(r"^(inconclusive on this machine|time per doubling of the batch)", out, re.M)
+    best, rate = num(r"TB/s = ([\d.]+) ms", out, float), num(r"at most (\d+) tokens/s", out)
+    step, floor = num(r"~([\d.]+) ms per step", out, float), num(r"floor ([\d.]+) ms", out, float)
+    quoted(text, f"= **{best:.2f} ms per token at best, ~{rate} tokens/s**", f"~{round(step)} ms per step",
+           f"**{floor:.2f} ms**")
+    prof = run("python docs/handbook/labs/14_profile.py")
+    calls = num(r"(\d+) operator calls", prof)
+    assert 100 <= calls < 1000, calls
+    quoted(text, "several hundred operator calls")
+    assert re.search(r"inside the operators [\d.]+ ms = \d+%", prof) and "Chrome trace written to" in prof
+
+
+def ch15(run, text):
+    out = run("python docs/handbook/labs/15_engines.py")
+    assert re.search(r"TPOT \(E2E - TTFT\) / \(tokens - 1\) = \([\d.]+ - [\d.]+\) / \d+ = [\d.]+ ms", out)
+    quoted(text, "computes TTFT and TPOT from them exactly as the report does")
+
+
+CHECKS = {f"{int(name[2:]):02d}": fn for name, fn in dict(globals()).items() if re.fullmatch(r"ch\d\d", name)}
