@@ -248,7 +248,8 @@ def join(rank: int, size: int, port: int, device: str) -> Group:
 
 def join_torchrun(rank: int, size: int, device: str) -> Group:
     """Any rank under torchrun: the store at MASTER_ADDR:MASTER_PORT, hosted by rank 0."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=rank == 0,
+    host = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"  # else torchrun's agent hosts it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=host,
                           timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
     return Group(store, rank, size, device_of(device, rank))
 

@@ -51,3 +51,11 @@ def test_rank_slices_put_back_together_are_the_checkpoint(make_tiny, family):
     m0, m1, mf = (m.model.layers[1].mlp for m in (*ranks, full))
     assert torch.equal(torch.cat([m0.down_proj.weight, m1.down_proj.weight], dim=1), mf.down_proj.weight)
     assert torch.equal(ranks[1].model.embed_tokens.weight, full.model.embed_tokens.weight)  # replicated
+
+
+def test_torchrun_entry_refuses_to_start_outside_torchrun(monkeypatch, capsys):
+    from reference_engine.distributed import torchrun
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert torchrun.main(["/nonexistent"]) == 2
+    assert "start it with torchrun" in capsys.readouterr().err
