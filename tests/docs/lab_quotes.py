@@ -101,12 +101,20 @@ def ch10(run, text):
     q, h, pct = re.search(r"total: (\d+) tokens looked up, (\d+) found cached \((\d+)%\)", out).groups()
     hit1 = num(r"admitted: \{.1.: (\d+)", out)
     quoted(text, f"**{q} tokens queried, {h} hit ({pct}%)**", f"`hit {hit1} tokens`")
+    p1, a1, t2, same, hits = re.search(r"turn 1 = (\d+) prompt \+ (\d+) answer tokens; turn 2 = (\d+) tokens, of which "
+                                       r"the first (\d+) repeat .*; (\d+) found cached", out).groups()
+    quoted(text, f"turn 1 is {p1} prompt + {a1} answer tokens", f"is {t2} tokens, of which the first {same} repeat "
+                 f"turn 1's tokens exactly, and {hits} are found cached", f"the {int(same) - int(hits)} tokens of turn 1's")
 
 
 def ch11(run, text):
     out = run("python docs/handbook/labs/11_speculative.py")
     steps, n, drafts, acc = re.search(r"(\d+) steps for (\d+) tokens; drafts verified (\d+), accepted (\d+)", out).groups()
     quoted(text, f"{n} tokens take {steps} steps instead of {n}: {drafts} drafts verified, {acc} accepted")
+    (q_steps, q_d, q_a, q_rate), (f_steps, f_d, f_a, _) = re.findall(
+        r"real text, .*?: 24 tokens in (\d+) steps; drafts verified (\d+), accepted (\d+) \((\d+)%\)", out)
+    quoted(text, f"24 tokens in {q_steps} steps with {q_a} of {q_d} drafts accepted ({q_rate}%)",
+           f"24 tokens in {f_steps} steps with {f_a} of {f_d} drafts accepted")
 
 
 def ch12(run, text):

@@ -4,7 +4,7 @@ Smallest working piece: `hash_block(parent, tokens)`. Equal hashes mean equal *p
 block's hash includes its parent's. Then the real thing: `inferlab trace`'s engine run with three
 requests that share a prompt, showing which blocks are reused and the hit counters.
 
-    python docs/handbook/labs/10_prefix_cache.py [--model DIR]
+    python docs/handbook/labs/10_prefix_cache.py [--model DIR] [--real-model DIR]
 """
 import argparse
 
@@ -13,6 +13,7 @@ from reference_engine.trace import parse, resolve_model, run_trace
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
+ap.add_argument("--real-model", help="a real model directory (default: models/smollm2-135m-instruct, made if absent)")
 args = ap.parse_args()
 BS = 4
 
@@ -47,3 +48,31 @@ sm = doc["summary"]
 print(f"total: {sm['prefix_cache_queries']} tokens looked up, {sm['prefix_cache_hits']} found cached "
       f"({sm['prefix_cache_hits'] / sm['prefix_cache_queries']:.0%}); * = reused through a hit")
 assert sm["prefix_cache_hits"] > 0
+
+# A real conversation on the real model: turn 2's prompt is turn 1's conversation (system prompt, question,
+# the model's answer) plus a new question, rendered by the chat template. How much of it is found cached?
+from reference_engine.config import EngineConfig  # noqa: E402
+from reference_engine.engine import LLMEngine  # noqa: E402
+from reference_engine.sampling_params import SamplingParams  # noqa: E402
+from reference_engine.trace import resolve_real_model  # noqa: E402
+
+eng = LLMEngine(EngineConfig(model=resolve_real_model(args.real_model), block_size=16, kv_cache_tokens=1024))
+tok = eng.tokenizer
+chat = [{"role": "user", "content": "What does a KV cache store?"}]
+turn1 = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+eng.add_request(turn1, SamplingParams(max_tokens=24, temperature=0.0), request_id="turn1")
+answer = []
+while eng.has_unfinished():
+    for d in eng.step():
+        answer += d.new_token_ids
+chat += [{"role": "assistant", "content": tok.decode(answer)}, {"role": "user", "content": "And why is it paged?"}]
+turn2 = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
+same = next((i for i, (x, y) in enumerate(zip(turn1 + answer, turn2)) if x != y), min(len(turn1 + answer), len(turn2)))
+before = eng.stats()
+eng.add_request(turn2, SamplingParams(max_tokens=1, temperature=0.0), request_id="turn2")
+while eng.has_unfinished():
+    eng.step()
+hits = eng.stats().prefix_cache_hits - before.prefix_cache_hits
+print(f"real conversation (SmolLM2-135M-Instruct, 16-token blocks): turn 1 = {len(turn1)} prompt + {len(answer)} "
+      f"answer tokens; turn 2 = {len(turn2)} tokens, of which the first {same} repeat turn 1's tokens exactly; "
+      f"{hits} found cached ({hits // 16} full blocks, {hits / len(turn2):.0%} of turn 2)")

@@ -5,7 +5,7 @@ tail appeared), `greedy_verify` (keep drafts while they equal the target's argma
 own token) and `rejection_sample` (the sampling rule that keeps the target's distribution exact).
 Then the engine with n-gram speculation through `inferlab trace`'s runner.
 
-    python docs/handbook/labs/11_speculative.py [--model DIR]
+    python docs/handbook/labs/11_speculative.py [--model DIR] [--real-model DIR]
 """
 import argparse
 
@@ -17,6 +17,7 @@ from reference_engine.trace import parse, resolve_model, run_trace
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
+ap.add_argument("--real-model", help="a real model directory (default: models/smollm2-135m-instruct, made if absent)")
 args = ap.parse_args()
 
 ctx = [1, 2, 3, 4, 9, 9, 1, 2, 3]
@@ -45,3 +46,30 @@ for s in doc["steps"]:
 sm = doc["summary"]
 print(f"{sm['steps']} steps for 24 tokens; drafts verified {sm['spec_draft_tokens']}, "
       f"accepted {sm['spec_accepted_tokens']}")
+
+# Real text on the real model: prompt lookup helps where the answer quotes the prompt, little elsewhere.
+from reference_engine.config import EngineConfig  # noqa: E402
+from reference_engine.engine import LLMEngine  # noqa: E402
+from reference_engine.sampling_params import SamplingParams  # noqa: E402
+from reference_engine.trace import resolve_real_model  # noqa: E402
+
+real = resolve_real_model(args.real_model)
+ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}
+QUESTIONS = {
+    "quotes its prompt": "Repeat this sentence exactly: The cache stores the keys and values of every earlier "
+                         "token, so a decode step reads them instead of computing them again.",
+    "free answer": "Name three uses of a hash table.",
+}
+for kind, question in QUESTIONS.items():
+    eng = LLMEngine(EngineConfig(model=real, speculative_config=ngram, kv_cache_tokens=1024))
+    tok = eng.tokenizer
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]), add_special_tokens=False)
+    eng.add_request(ids, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), request_id="q")
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+    st = eng.stats()
+    rate = st.spec_decode_num_accepted_tokens / max(st.spec_decode_num_draft_tokens, 1)
+    print(f"real text, {kind} (SmolLM2-135M-Instruct, n-gram k=3): 24 tokens in {steps} steps; drafts verified "
+          f"{st.spec_decode_num_draft_tokens}, accepted {st.spec_decode_num_accepted_tokens} ({rate:.0%})")
