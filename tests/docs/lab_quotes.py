@@ -155,6 +155,11 @@ def ch15(run, text):
     out = run("python docs/handbook/labs/15_engines.py")
     assert re.search(r"TPOT \(E2E - TTFT\) / \(tokens - 1\) = \([\d.]+ - [\d.]+\) / \d+ = [\d.]+ ms", out)
     quoted(text, "computes TTFT and TPOT from them exactly as the report does")
+    # the prose that chooses engines quotes the measured tables above it: every decimal it cites is in them
+    prose = re.search(r"## When to choose which (.*?) ## Lab", text).group(1)
+    tables = " ".join(re.findall(r"<!-- table: .*? -->(.*?)<!-- /table", text))
+    cited = re.findall(r"\d+\.\d+(?:–\d+\.\d+)?", prose)
+    assert cited and all(c in tables for c in cited), [c for c in cited if c not in tables]
 
 
 CHECKS = {f"{int(name[2:]):02d}": fn for name, fn in dict(globals()).items() if re.fullmatch(r"ch\d\d", name)}
