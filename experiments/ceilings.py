@@ -7,6 +7,8 @@ Prefill is compute-bound and decode bandwidth-bound, so each level gets two frac
                                 ([256 tokens x hidden] @ [hidden x (q+k+v), hidden, 2 x intermediate,
                                 intermediate]) in the run's dtype on the run's device
     decode GB/s (achieved)    = experiments/bandwidth.py, against the measured copy bandwidth
+    bandwidth floor (ms)      = bytes per decode step / copy bandwidth (read + write, the same run's);
+                                TPOT ÷ floor is how many floors one output token took
 
 P is the non-embedding parameter count (the matmul weights every token passes through).
 TTFT includes queueing and the first decode, so under concurrency the prefill figure is a
@@ -98,10 +100,15 @@ def fractions(s: dict[str, Any], params: int | None, compute: dict[str, Any], co
         out["prefill_gflops"] = 2 * params * (s["prompt_tokens"] / n) / (ttft / 1e3) / 1e9
         if compute.get("gflops"):
             out["prefill_of_ceiling"] = out["prefill_gflops"] / compute["gflops"]
-    gbps = (s.get("bandwidth") or {}).get("achieved_gbps")
+    bw = s.get("bandwidth") or {}
+    gbps = bw.get("achieved_gbps")
     peak = copy.get("gpu_gbps") if compute.get("device") == "cuda" else copy.get("cpu_gbps")
     if gbps and peak:
         out["decode_of_ceiling"] = gbps / peak
+    if peak and bw.get("step_bytes"):  # the step's bytes at the copy bandwidth: no decode step is faster
+        out["floor_ms"] = bw["step_bytes"] / (peak * 1e9) * 1e3
+        if bw.get("tpot_ms"):
+            out["tpot_over_floor"] = bw["tpot_ms"] / out["floor_ms"]
     return out
 
 

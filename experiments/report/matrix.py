@@ -20,7 +20,10 @@ from experiments.report.rows import cell
 from experiments.summary import agreement, load_runs, summarize
 
 HEADLINE = (("output tok/s", "output_throughput", "f1", True), ("TTFT p50 (ms)", "ttft_ms.median", "f1", False),
-            ("TPOT p50 (ms)", "tpot_ms.median", "f2", False))
+            ("TPOT p50 (ms)", "tpot_ms.median", "f2", False),
+            # the copy bandwidth measured in this run: bytes per decode step / GB/s (no ratio: one machine)
+            ("bandwidth floor per step (ms)", "ceilings.floor_ms", "f2", None),
+            ("TPOT p50 ÷ bandwidth floor", "ceilings.tpot_over_floor", "f2", False))
 
 
 def speed_ratio(ref: float | None, other: float | None, higher_better: bool) -> float | None:
@@ -30,7 +33,8 @@ def speed_ratio(ref: float | None, other: float | None, higher_better: bool) -> 
     return ref / other if higher_better else other / ref
 
 
-def _rows(cell_name: str, cfg: dict[str, Any], runs, base: str) -> list[list[str]]:
+def _rows(cell_name: str, cfg: dict[str, Any], runs, base: str, own: frozenset = frozenset()) -> list[list[str]]:
+    """`own`: variants of `base` (the same adapter, other settings): shown, never the 'best other'."""
     engines = [e for e in runs.engines if e.summary]
     agree = agreement(runs)
     rows = []
@@ -38,9 +42,11 @@ def _rows(cell_name: str, cfg: dict[str, Any], runs, base: str) -> list[list[str
         for label, path, unit, higher in HEADLINE:
             vals = {e.label: get(e.summary[level], path) if level in e.summary else None for e in engines}
             cells = {e.label: cell(e.summary[level], path, unit) if level in e.summary else "–" for e in engines}
-            others = [v for k, v in vals.items() if k != base and v is not None]
+            others = [v for k, v in vals.items() if k != base and k not in own and v is not None]
             best = (max if higher else min)(others) if others else None
-            r = speed_ratio(vals.get(base), best, higher)
+            if path.startswith("ceilings.") and all(v is None for v in vals.values()):
+                continue  # no bandwidth measured in this run
+            r = speed_ratio(vals.get(base), best, higher) if higher is not None else None
             rows.append([cell_name, cfg["dtype"], level, label, " · ".join(f"{k} {c}" for k, c in cells.items()),
                          "–" if r is None else f"**{r:.2f}**"])
         agr = [f"{k} {fmt(v[level]['exact'], 3)} of {v[level]['requests']}" for k, v in agree.items() if level in v]
@@ -62,14 +68,16 @@ def build(root: Path, whole, command: str) -> Path:
             continue
         runs = load_runs([d])
         summarize(runs)
-        body += _rows(c.name, {"dtype": c.dtype}, runs, base)
+        own = frozenset(n for n in c.all_engines() if n != base and c.adapter(n) == c.adapter(base))
+        body += _rows(c.name, {"dtype": c.dtype}, runs, base, own)
         links.append(f"- `{c.name}`: model `{c.model}`, {c.dtype} — [full report]({c.name}/report.md)")
     md = [f"# inferlab matrix report: {whole.name}", "",
           f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by `{command}`.", "",
           "One row per cell, load level and headline metric; every engine's value (median, with its 95 % "
           f"interval where the cell's report has one) and {base}'s speed relative to the best "
           f"other engine in the same cell (**> 1: {base} better**; throughput {base} ÷ other, latency "
-          f"other ÷ {base}). The cells ran one after another in one invocation; each cell's report has the "
+          f"other ÷ {base}; a variant of {base} with other settings is shown but never the 'other'). "
+          "The cells ran one after another in one invocation; each cell's report has the "
           "effective settings, memory and fairness flags.", "",
           *table(["cell", "dtype", "level", "metric", "engines", f"{base} ÷ best other"], body), "",
           "## Cells", "", *links, ""]

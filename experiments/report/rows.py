@@ -72,6 +72,8 @@ BANDWIDTH: list[Row] = [
     ("median TPOT (ms)", "bandwidth.tpot_ms", "f2"),
     ("achieved GB/s (estimate)", "bandwidth.achieved_gbps", "f2"),
     ("decode: share of the copy bandwidth", "ceilings.decode_of_ceiling", "pct"),
+    ("bandwidth floor per step (ms): bytes ÷ copy GB/s", "ceilings.floor_ms", "f2"),
+    ("median TPOT ÷ bandwidth floor", "ceilings.tpot_over_floor", "f2"),
     ("prefill GFLOP/s (estimate)", "ceilings.prefill_gflops", "f2"),
     ("prefill: share of the matmul ceiling", "ceilings.prefill_of_ceiling", "pct"),
 ]

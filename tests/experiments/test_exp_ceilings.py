@@ -31,4 +31,7 @@ def test_fractions():
     f = ceilings.fractions(s, 1_000_000, {"gflops": 10.0, "device": "cpu"}, {"cpu_gbps": 20.0})
     assert f["prefill_gflops"] == pytest.approx(2 * 1e6 * 100 / 0.1 / 1e9)  # 2 GFLOP/s
     assert f["prefill_of_ceiling"] == pytest.approx(0.2) and f["decode_of_ceiling"] == pytest.approx(0.25)
+    s["bandwidth"] = {"step_bytes": 500e6, "tpot_ms": 50.0, "achieved_gbps": 10.0}
+    f = ceilings.fractions(s, 1_000_000, {"gflops": 10.0, "device": "cpu"}, {"cpu_gbps": 20.0})
+    assert f["floor_ms"] == pytest.approx(25.0) and f["tpot_over_floor"] == pytest.approx(2.0)  # 500 MB at 20 GB/s
     assert ceilings.fractions({}, None, {}, {}) == {}

@@ -48,8 +48,17 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     cfg.pop("make_model")
     assert [(c["name"], c.get("dtype", "float32")) for c in cfg["cells"][:4]] == [
         ("tiny-fp32", "float32"), ("tiny-bf16", "bfloat16"), ("small-fp32", "float32"), ("small-bf16", "bfloat16")]
-    assert [(c["name"], c["engines"]) for c in cfg["cells"][4:]] == [  # HF under the same Poisson loads
+    assert [(c["name"], c["engines"]) for c in cfg["cells"][4:6]] == [  # HF under the same Poisson loads
         ("tiny-fp32-hf", ["reference", "hf"]), ("small-fp32-hf", ["reference", "hf"])]
+    real = {c["name"]: c for c in cfg["cells"][6:]}  # the real model (issue 28): offline, served at 1, 4, 8
+    assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-bf16-served"]
+    assert all(c["make_model"] == {"preset": "smollm2-135m-instruct"} for c in real.values())
+    assert real["smollm2-fp32-offline"]["load"]["rate"] == ["inf"]
+    assert real["smollm2-fp32-served"]["engines"] == ["reference", "reference-1t", "vllm"]  # 2 threads and 1
+    assert cfg["engine_options"]["reference-1t"] == {"adapter": "reference", "mode": "server", "max_num_seqs": 128,
+                                                     "num_threads": 1}
+    assert real["smollm2-fp32-served"]["load"] == real["smollm2-bf16-served"]["load"] == {
+        "mode": "closed", "concurrency": [1, 4, 8], "warmup": 2}
     assert cfg["cells"][0] == {"name": "tiny-fp32"}  # the base config as written: the model set above
     cfg["cells"] = cfg["cells"][:1]
     cfg["workload"].update(num_requests=6, input_len=16, output_len=8)
@@ -60,6 +69,7 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     assert run_main([str(tmp_path / "c.toml"), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     page = (tmp_path / "res/cpu_vs_vllm/report.md").read_text()
     assert "| tiny-fp32 | float32 | rate=inf | output tok/s | reference " in page and "reference ÷ best other" in page
+    assert "| tiny-fp32 | float32 | rate=inf | TPOT p50 ÷ bandwidth floor | reference " in page  # the same run's floor
     run = tmp_path / "res/cpu_vs_vllm/tiny-fp32"
     report = (run / "report.md").read_text()
     for level in ("rate=inf", "rate=50"):
