@@ -132,6 +132,13 @@ def ch13(run, text):
     out = run("python docs/handbook/labs/13_measure.py")
     for var in ("prompt tokens", "output tokens", "concurrency"):  # one computed verdict per sweep
         assert re.search(rf"^{var} \d+ -> \d+: (moved \(intervals apart\)|nothing moved)", out, re.M), var
+    # the full run is recorded in the chapter, not rerun: its reading must quote its own verdict lines
+    ttft = num(r"prompt tokens 16 -> 1024: moved \(intervals apart\): TTFT ([\d.]+)x", text, float)
+    e2el = num(r"output tokens 4 -> 128: moved \(intervals apart\): E2EL ([\d.]+)x", text, float)
+    c = re.search(r"concurrency 1 -> 8: moved \(intervals apart\): TTFT ([\d.]+)x, TPOT ([\d.]+)x.*"
+                  r"output tok/s ([\d.]+) -> ([\d.]+)", text).groups()
+    quoted(text, f"in TTFT ({round(ttft)}×", f"in E2EL alone ({round(e2el)}×", f"({c[3]} vs {c[2]})",
+           f"TTFT ({c[0]}×) and TPOT ({c[1]}×)")
 
 
 def ch14(run, text):

@@ -8,19 +8,23 @@ sweep prompt length, then output length, then concurrency, holding the other two
 the intervals which metric moved: a sentence is printed only where the intervals at the two ends do not
 overlap, "inconclusive on this machine" where they do.
 
-The default run is CI-sized (a few requests per point, SmolLM2-135M-Instruct on the CPU, the reference
-engine in this process); `--full` is the run whose numbers chapter 13 records.
+The engine runs in a process of its own (`experiments/isolate.py`, as in every report's latency run),
+so this client never holds its interpreter lock; `--same-process` runs it in this one instead, to see
+the observer effect. The default run is CI-sized (a few requests per point, SmolLM2-135M-Instruct on
+the CPU); `--full` is the run whose numbers chapter 13 records.
 
-    python docs/handbook/labs/13_measure.py [--model DIR] [--full]
+    python docs/handbook/labs/13_measure.py [--model DIR] [--full] [--same-process]
 """
 import argparse
 import asyncio
+from pathlib import Path
 
 import numpy as np
 
 from adapters import registry
 from experiments.config import Workload
 from experiments.intervals import overlap, request_ci
+from experiments.isolate import Isolated
 from experiments.load import LoadGenerator, chains
 from experiments.metrics import summarize
 from experiments.results import record
@@ -30,8 +34,9 @@ from reference_engine.trace import resolve_real_model
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/smollm2-135m-instruct, made if absent)")
 ap.add_argument("--full", action="store_true", help="more requests and wider sweeps (minutes, not seconds)")
+ap.add_argument("--same-process", action="store_true", help="the engine in this process (measures the observer too)")
 args = ap.parse_args()
-model = resolve_real_model(args.model)
+model = str(Path(resolve_real_model(args.model)).resolve())
 N = 8 if args.full else 3  # requests per point
 SWEEPS = {  # variable -> (values, fixed prompt, output, concurrency); one variable moves at a time
     "prompt tokens": ([16, 256, 1024] if args.full else [16, 192], None, 4 if args.full else 2, 1),
@@ -75,15 +80,17 @@ def verdict(var, lo_val, hi_val, lo, hi):
     said += ("moved (intervals apart): " + ", ".join(moved)) if moved else "nothing moved beyond its interval"
     if flat:
         said += "; inconclusive on this machine (intervals overlap): " + ", ".join(flat)
-    return said
+    return said + f"; output tok/s {lo['tok/s']:.1f} -> {hi['tok/s']:.1f} (one value per run: no interval)"
 
 
 async def main():
-    engine = registry.get("reference")(model, "float32", {"mode": "in_process", "kv_cache_tokens": 8192})
+    options = {"mode": "in_process", "kv_cache_tokens": 8192}
+    engine = (registry.get("reference")(model, "float32", options) if args.same_process else
+              Isolated(registry.ADAPTERS["reference"], model, "float32", options))
     info = await engine.start()
     tok = load_tokenizer(model)
     print(f"engine {info.engine} {info.version}, model {model}, {N} requests per point (x concurrency), greedy, "
-          f"fixed output length; harness and engine share this process (the report's runs isolate them)")
+          f"fixed output length; engine " + ("in this process" if args.same_process else f"in its own process (pid {info.pid})"))
     await level(engine, tok, 16, 2, 1, seed=99)  # warm-up, not measured
     print(f"{'sweep':<15}{'value':>7}{'TTFT ms [95% CI]':>24}{'TPOT ms [95% CI]':>22}{'E2EL ms':>10}{'tok/s':>8}")
     verdicts = []

@@ -16,7 +16,9 @@ so the launch overhead the graphs remove shows in the same table.
 """
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -29,7 +31,8 @@ from reference_engine.trace import resolve_model
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
 ap.add_argument("--device", default="cpu")
-ap.add_argument("--out", default="decode_step_trace.json", help="Chrome trace file (default %(default)s)")
+ap.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "inferlab-decode-step.json"),
+                help="Chrome trace file (default %(default)s)")
 args = ap.parse_args()
 model = resolve_model(args.model)
 cuda = args.device.startswith("cuda")
