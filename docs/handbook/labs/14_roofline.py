@@ -130,5 +130,5 @@ steps, seqs, mean_ctx = 128, 64, 128 + 64  # 128 prompt + 128 output tokens: mea
 per_step = weights + seqs * mean_ctx * kv_tok
 print(f"our H200 run (reference, float32): {seconds} s for {seqs} x {steps} tokens -> ~{seconds / steps * 1e3:.1f} ms "
       f"per step; bytes per step {per_step / 1e6:.0f} MB -> floor {per_step / BW * 1e3:.3f} ms: "
-      f"the floor is ~{per_step / BW / (seconds / steps):.1%} of the measured step: "
-      f"the rest is overhead (Python, launches)")
+      f"the floor is ~{per_step / BW / (seconds / steps):.1%} of the measured step; the other "
+      f"~{1 - per_step / BW / (seconds / steps):.0%} is not bandwidth (the GPU check's reading: Python and launches)")
