@@ -124,6 +124,15 @@ def ch12(run, text):
 
 
 def ch13(run, text):
+    # the worked number, computed by the harness's own functions
+    from experiments.metrics import meets_slo, per_request
+
+    ms = 1_000_000
+    row = per_request({"request_id": "w", "send_ns": 0, "events": [[100 * ms, 1], [130 * ms, 1], [190 * ms, 2]],
+                       "output_token_ids": [1, 2, 3, 4], "prompt_token_ids": [0]})
+    quoted(text, f"**TTFT = {row['ttft_ms']:.0f} ms**", "the ITL values are " + ", ".join(f"{v:.0f}" for v in row["itl_ms"][:-1])
+           + f" and {row['itl_ms'][-1]:.0f} ms", f"**E2EL = {row['e2el_ms']:.0f} ms**", f"= {row['tpot_ms']:.0f} ms**")
+    assert meets_slo(row, {"ttft_ms": 500, "tpot_ms": 200}) and not meets_slo(row, {"ttft_ms": 80})
     mem = run("python docs/handbook/labs/13_memory.py")
     w, kv, used = re.search(r"are (\d+)% and the KV pool (\d+)%; this workload used at most (\d+)% of the pool", mem).groups()
     quoted(text, f"the weights take {w} % of what is allocated, the pool {kv} %, and the workload uses at most "
