@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator
 
+from adapters import parallel
+
 
 class EngineUnavailable(RuntimeError):
     """The engine's package or launcher is missing; the message says what to install."""
@@ -142,7 +144,8 @@ class Engine(abc.ABC):
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         self.model = model
         self.dtype = dtype
-        self.options = dict(options or {})
+        # `parallel` (the config's [parallel] block) becomes this engine's own options (adapters/parallel.py)
+        self.options = parallel.to_native(self.name, dict(options or {}))
 
     @abc.abstractmethod
     async def start(self) -> EngineInfo: ...

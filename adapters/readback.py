@@ -31,7 +31,7 @@ from adapters.prom import Metrics, as_int
 GIB = 1 << 30
 EFFECTIVE_KEYS = ("dtype", "kv_capacity_tokens", "kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "chunked_prefill", "prefix_caching", "cuda_graphs", "compile", "speculative",
-                  "tensor_parallel_size", "launch_command")
+                  "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "launch_command")
 MEMORY_KEYS = ("weights", "kv_allocated", "kv_peak_used", "device_total", "graph_pool", "kv_bytes_per_token")
 
 
@@ -131,7 +131,8 @@ def vllm_server_info(rb: ReadBack, cfg: dict[str, Any], source: str = "/server_i
         rb.put("compile", comp["mode"] not in (0, "NONE", None), source + " compilation_config.mode")
     if "speculative_config" in cfg:
         rb.put("speculative", vllm_speculative(cfg["speculative_config"]) or False, source + " speculative_config")
-    rb.put("tensor_parallel_size", as_int(par.get("tensor_parallel_size")), source + " parallel_config")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        rb.put(key, as_int(par.get(key)), source + " parallel_config")
     rb.mem("kv_allocated", as_int(cache.get("kv_cache_memory_bytes")), source + " cache_config.kv_cache_memory_bytes")
 
 
@@ -154,6 +155,8 @@ LOG_FIELDS = {  # key -> (pattern in the engine config line, converter)
     "dtype": (r"\bdtype=torch\.(\w+)", str),
     "max_model_len": (r"\bmax_seq_len=(\d+)", int),
     "tensor_parallel_size": (r"\btensor_parallel_size=(\d+)", int),
+    "pipeline_parallel_size": (r"\bpipeline_parallel_size=(\d+)", int),
+    "data_parallel_size": (r"\bdata_parallel_size=(\d+)", int),
     "prefix_caching": (r"\benable_prefix_caching=(True|False)", as_bool),
     "chunked_prefill": (r"\benable_chunked_prefill=(True|False)", as_bool),
     "cuda_graphs": (r"'cudagraph_mode': <CUDAGraphMode\.(\w+)", lambda m: m != "NONE"),

@@ -65,7 +65,8 @@ INSTALL = (f"pip install 'sglang[all]==0.5.23' on a GPU host "
 KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests": ["--max-running-requests"],
          "chunked_prefill_size": ["--chunked-prefill-size"], "page_size": ["--page-size"],
          "disable_radix_cache": ["--disable-radix-cache"], "disable_cuda_graph": [],
-         "tp_size": ["--tp-size"], "attention_backend": ["--attention-backend"],
+         "tp_size": ["--tp-size"], "pp_size": ["--pp-size"], "dp_size": ["--dp-size"],
+         "attention_backend": ["--attention-backend"],
          "max_model_len": ["--context-length"]}  # the harness's one length for every engine (experiments/context.py)
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
     s = request.sampling

@@ -140,6 +140,8 @@ def read_back(si: dict[str, Any], argv: list[str] | None = None,
     rb.put("compile", as_bool(si.get("enable_torch_compile")), src + " enable_torch_compile")
     rb.put("speculative", sglang_speculative(si), src + " speculative_*")
     rb.put("tensor_parallel_size", si.get("tp_size"), src + " tp_size")
+    rb.put("pipeline_parallel_size", si.get("pp_size"), src + " pp_size")
+    rb.put("data_parallel_size", si.get("dp_size"), src + " dp_size")
     rb.put("launch_command", launch_command(argv), "the argv this adapter launched")
     mem = state.get("memory_usage") or {}
     where = src + " internal_states[0].memory_usage.{} (GiB, 0.001 resolution)"

@@ -95,6 +95,8 @@ LOG_GRAPHS = re.compile(r"Cuda Graphs are enabled for sizes (\[[\d, ]*\])")
 LOG_MODEL_LOADED = re.compile(r"KV-cache blocks: |Setting max batch total tokens")  # the shard got past model setup
 DTYPE_NAMES = {"Float16": "float16", "BFloat16": "bfloat16"}
 LOG_PROMETHEUS_PORT = re.compile(r"\bprometheus_port: (\d+)")
+# the launcher's resolved shard count (find_num_shards: --num-shard, else the visible GPUs), logged when > 1
+LOG_SHARDS = re.compile(r"Sharding model on (\d+) processes")
 LAUNCHER_VERSION = re.compile(r"text-generation-launcher (\S+)")
 # 2.0.3: the recorded router log and stream; 3.3.x: the source of each tag (fixtures/tgi/SOURCE.md)
 VERSIONS = VersionTable("tgi", (Row("2.0.3", "2.0.3", ("2.0.3",), {"metrics": TGI}),
@@ -110,6 +112,10 @@ def log_read_back(rb: ReadBack, text: str, source: str) -> None:
     if m := last(LOG_DTYPE):  # the launcher echoes the --dtype it was given
         rb.put("dtype", DTYPE_NAMES.get(m.group(1), m.group(1).lower()),
                f"{AS_REQUESTED} ({source}: the launcher's Args print, the --dtype it was given)")
+    if m := last(LOG_SHARDS):
+        rb.put("tensor_parallel_size", int(m.group(1)), source + ": Sharding model on N processes line")
+    elif LOG_MODEL_LOADED.search(text):
+        rb.put("tensor_parallel_size", 1, source + ": no 'Sharding model' line before the model was set up (one shard)")
     if m := last(LOG_PREFIX):
         rb.put("prefix_caching", (m.group(1) or m.group(2)).lower() in ("true", "1"), source + ": prefix caching line")
     if m := last(LOG_BLOCKS):

@@ -64,7 +64,7 @@ INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus
            "`apt-get install libopenmpi-dev && pip install tensorrt_llm==1.3.0rc24` (the PyPI wheel is the full "
            "package)")
 # trtllm-serve flags passed through: option name == --flag (underscores, as trtllm-serve spells them).
-FLAGS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "backend")
+FLAGS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "pp_size", "backend")
 KV_HOW = "kv_cache_config.max_tokens (an upper bound: TRT-LLM takes the minimum with the free-memory fraction)"
 CAPACITY_WAIT_S = 10.0  # the KV gauges are iteration stats: they appear after the first iterations
 NGRAM_MIN = ("TRT-LLM's NGram drafter tries every match length from max_matching_ngram_size down to 1; "
@@ -151,7 +151,8 @@ def metrics_read_back(rb: ReadBack, m: prom.Metrics | None, source: str) -> None
     rb.put("max_model_len", prom.as_int(model.get("max_model_len")), source + " trtllm_model_config_info")
     par = m.labels(PARALLEL_INFO)
     if par is not None:
-        rb.put("tensor_parallel_size", prom.as_int(par.get("tensor_parallel_size")), source + " " + PARALLEL_INFO)
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            rb.put(key, prom.as_int(par.get(key)), source + " " + PARALLEL_INFO)
         spec = m.labels(SPEC_INFO)  # logged in the same call as the parallel one, only with speculation on
         if spec is None:
             rb.put("speculative", False, source + f" no {SPEC_INFO} beside {PARALLEL_INFO}")
@@ -278,6 +279,8 @@ class TRTLLMInProcess(HeldEngine):
 
         opts = llm_api_options(self.options, self.dtype)
         kw = {k: self.options[k] for k in ("max_batch_size", "max_num_tokens", "max_seq_len") if k in self.options}
+        kw.update({arg: self.options[k] for k, arg in (("tp_size", "tensor_parallel_size"),
+                                                        ("pp_size", "pipeline_parallel_size")) if k in self.options})
         if "speculative_config" in opts:  # the LLM API takes the same dict the options file holds
             kw["speculative_config"] = opts["speculative_config"]
         kw["enable_chunked_prefill"] = opts["enable_chunked_prefill"]

@@ -58,7 +58,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # `--speculative-config '<json>'`.
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "enable_prefix_caching",
          "enable_chunked_prefill", "enforce_eager", "gpu_memory_utilization", "kv_cache_memory_bytes",
-         "tensor_parallel_size", "seed", "speculative_config")
+         "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "seed", "speculative_config")
 
 
 def engine_args(model: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:

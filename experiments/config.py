@@ -183,6 +183,15 @@ class Observer(_Strict):
     server_view: bool = True  # scrape the engine's /metrics before and after each level
 
 
+class Parallel(_Strict):
+    """`[parallel]`: devices per engine as tensor x pipeline x data (replicas). Every adapter maps it
+    to its engine's own flags or refuses in one line what its engine cannot do (adapters/parallel.py)."""
+
+    tensor: int = Field(1, ge=1)
+    pipeline: int = Field(1, ge=1)
+    data: int = Field(1, ge=1)
+
+
 class KV(_Strict):
     tokens: int | None = Field(None, ge=1)  # the pinned KV budget, passed as option kv_cache_tokens
 
@@ -207,6 +216,7 @@ class Config(_Strict):
     sampling: Sampling = Sampling()
     slo: SLO = SLO()
     kv: KV = KV()
+    parallel: Parallel | None = None  # None: each engine's default (one device)
     # one longest sequence for every engine (experiments/context.py); default: the workload's longest
     # request rounded up to the engines' largest block size, capped by the model's context
     max_model_len: int | None = Field(None, ge=1)

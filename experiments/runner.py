@@ -58,6 +58,8 @@ def build_engine(cfg: Config, name: str, engine_dir: Path,
     if isinstance(spec, dict) and spec.get("model") and Path(spec["model"]).exists():
         # a draft model folder, absolute: a server may run from another working directory
         opts["speculative_config"] = {**spec, "model": str(Path(spec["model"]).resolve())}
+    if cfg.parallel is not None and "parallel" not in opts:  # not offered: an engine that cannot is a config error
+        opts["parallel"] = cfg.parallel.model_dump()
     offered: dict[str, Any] = {}
     if cfg.kv.tokens is not None and "kv_cache_tokens" not in opts:
         offered["kv_cache_tokens"] = cfg.kv.tokens

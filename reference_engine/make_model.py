@@ -33,6 +33,11 @@ PRESETS = {
     "small": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                   num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
                   rope_theta=500000.0, tie_word_embeddings=True),
+    # ~130 M parameters whose heads (16), KV heads (8) and MLP (2816) split evenly over 1, 2, 4 and 8
+    # devices, as every engine's tensor parallelism requires (experiments/configs/gpu_parallel.toml)
+    "parallel": dict(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=4096,
+                     rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 

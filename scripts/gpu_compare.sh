@@ -3,6 +3,7 @@
 # gpu_compare.toml) through every engine found here, one report.
 #
 #   bash scripts/gpu_compare.sh [--dry-run] [OUT_DIR]   (default: results/gpu_compare-<date>)
+#   CONFIG=experiments/configs/gpu_parallel.toml bash scripts/gpu_compare.sh   (TP 1/2/4/8 on a multi-GPU host)
 #
 # An engine is found when its package or server command is installed for this python, or, for
 # the server engines, when its pinned docker image is on this host (pulls are not made for you; the
@@ -66,10 +67,13 @@ else why[tgi]="text-generation-launcher is not on PATH and $TGI_IMAGE is not on 
 } | tee "$OUT/engines.txt"
 
 # The config copy: the engines found, each engine's launcher, and MODEL / DTYPE when given.
-CFG="$OUT/gpu_compare.toml"
-list=$(printf '"%s", ' "${found[@]}"); list="[${list%, }]"
-sed -e "s|^engines = .*|engines = $list|" -e 's|^optional_engines = .*|optional_engines = []|' \
-    experiments/configs/gpu_compare.toml > "$CFG"
+SRC="${CONFIG:-experiments/configs/gpu_compare.toml}"
+NAME=$(sed -n 's/^name = "\(.*\)".*/\1/p' "$SRC" | head -1)
+CFG="$OUT/$(basename "$SRC")"
+# an engine the config does not list stays out (gpu_parallel.toml has no hf: it runs on one device)
+keep=$(sed -n 's/^\(optional_\)\?engines = \[\(.*\)\].*/\2/p' "$SRC" | tr -d ' "' | tr ',' '\n' | sort -u)
+list=$(printf '"%s", ' $(for e in "${found[@]}"; do grep -qx "$e" <<<"$keep" && echo "$e"; done)); list="[${list%, }]"
+sed -e "s|^engines = .*|engines = $list|" -e 's|^optional_engines = .*|optional_engines = []|' "$SRC" > "$CFG"
 if [ -n "${MODEL:-}" ]; then
   sed -i -e "s|^model = .*|model = \"$(realpath "$MODEL")\"|" -e '/^make_model = /d' "$CFG"
 fi
@@ -81,5 +85,5 @@ done
 
 [ "$DRY" = 1 ] && { echo "config: $CFG (dry run: nothing started)"; exit 0; }
 "$PY" -m experiments.cli run "$CFG" --out "$OUT"; rc=$?
-echo "report: $OUT/gpu_compare/report.md (engines: $OUT/engines.txt)"
+echo "report: $OUT/$NAME/report.md (engines: $OUT/engines.txt)"
 exit $rc

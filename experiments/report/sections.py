@@ -2,6 +2,7 @@
 the flags, and the greedy-token agreement."""
 from __future__ import annotations
 
+from adapters import parallel
 from experiments.report import observer
 from experiments.report.md import fmt, table
 from experiments.summary import Runs, agreement
@@ -30,11 +31,15 @@ def engines(runs: Runs) -> list[str]:
         m, info = e.manifest, e.manifest.get("info") or {}
         mode = info.get("mode", "–") + (" (same interpreter)" if m.get("same_process") else "")
         label = e.label + (" (naive baseline)" if e.name == "hf" else "")
-        rows.append([label, m.get("status", "–"), mode, info.get("version", "–"), info.get("dtype", "–"),
+        per_engine, per_replica = parallel.gpus(info.get("effective") or {})
+        devices = "–" if per_engine is None else f"{per_engine} / {per_replica}"
+        rows.append([label, m.get("status", "–"), mode, info.get("version", "–"), info.get("dtype", "–"), devices,
                      fmt(info.get("kv_capacity_tokens")), fmt(m.get("kv_pinned")), _runs(m),
                      (m.get("reason") or "").replace("|", "/").replace("\n", " ")[:300]])
-    return table(["engine", "status", "mode", "version", "dtype", "KV capacity (tokens)", "KV pinned",
-                   "repeats (sessions)", "reason"], rows)
+    return table(["engine", "status", "mode", "version", "dtype", "devices (engine / replica)",
+                  "KV capacity (tokens)", "KV pinned", "repeats (sessions)", "reason"], rows) + [
+        "", "Devices: tensor x pipeline x data-parallel sizes as each engine reports them (per replica: tensor x "
+        "pipeline); on CPU a \"device\" is one process's share of the cores."]
 
 
 def _runs(m: dict) -> str:

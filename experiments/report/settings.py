@@ -23,11 +23,14 @@ SETTINGS = (("dtype", "dtype"), ("kv_capacity_tokens", "KV capacity (tokens)"), 
             ("max_num_batched_tokens", "max batched tokens"), ("max_model_len", "max model length"),
             ("chunked_prefill", "chunked prefill"), ("prefix_caching", "prefix caching"),
             ("cuda_graphs", "CUDA graphs"), ("compile", "compiled (torch.compile / engine build)"),
-            ("speculative", "speculative decoding"), ("tensor_parallel_size", "tensor parallel size"))
+            ("speculative", "speculative decoding"), ("tensor_parallel_size", "tensor parallel size"),
+            ("pipeline_parallel_size", "pipeline parallel size"), ("data_parallel_size", "data parallel size (replicas)"))
 # Settings whose difference breaks a fairness rule, and why.
 FAIRNESS = {"dtype": "engines ran in different dtypes", "prefix_caching": "prefix caching differs between engines",
             "speculative": "speculative decoding differs between engines",
-            "tensor_parallel_size": "engines ran on different numbers of devices"}
+            "tensor_parallel_size": "engines ran on different numbers of devices",
+            "pipeline_parallel_size": "engines split their layers over different numbers of devices",
+            "data_parallel_size": "engines ran different numbers of replicas"}
 
 
 def _effective(e) -> dict[str, Any]:
@@ -142,10 +145,18 @@ def memory_section(runs: Runs) -> list[str]:
         other = peak - w - kv if None not in (peak, w, kv) else None
         rows.append([e.label, mib(w), mib(kv), mib(_kv_peak_used(e)), mib(m.get("activation_peak")),
                      mib(m.get("graph_pool")), mib(other), f"{mib(peak)} ({where})" if peak is not None else "–"])
+    per_rank = []
+    for e in runs.engines:  # engines that report each rank's (GPU's) share: the reference engine's weights_rank{r}
+        m = (e.manifest.get("info") or {}).get("memory") or {}
+        ranks = sorted((int(k.removeprefix("weights_rank")), v) for k, v in m.items() if k.startswith("weights_rank"))
+        if len(ranks) > 1:
+            per_rank.append(f"- {e.label}: weights per rank (device) " + ", ".join(f"rank {r} {mib(v)}" for r, v in ranks)
+                            + " MiB (each rank's shard plus the replicated embedding, LM head and norms)")
+    tail = ["", "Memory per device, where an engine reports it:", ""] + per_rank if per_rank else []
     return ["The same split for every engine, in MiB: weights, KV, activation peak and CUDA graph pool as the "
             "engine reports them, the peak as sampled (GPU memory where there is a GPU, else the RSS of the "
             "engine's process tree), and activations/other = peak − weights − KV allocated (activations and "
             "graph pool included; the interpreter and libraries too on CPU). "
             "A dash where an engine does not expose a part.", ""] + \
         table(["engine", "weights", "KV allocated", "KV peak used", "activation peak", "CUDA graph pool",
-               "activations / other", "peak"], rows)
+               "activations / other", "peak"], rows) + tail

@@ -37,7 +37,8 @@ def test_server_info_of_the_real_server():
     assert effective == {
         "dtype": "float32", "kv_capacity_tokens": 4096, "kv_blocks": 32, "block_size": 128, "max_num_seqs": 128,
         "max_num_batched_tokens": 2048, "max_model_len": 2048, "chunked_prefill": True, "prefix_caching": True,
-        "cuda_graphs": False, "compile": False, "speculative": NGRAM, "tensor_parallel_size": 1}
+        "cuda_graphs": False, "compile": False, "speculative": NGRAM, "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1, "data_parallel_size": 1}
     assert memory == {"kv_allocated": 8388608}  # --kv-cache-memory-bytes as vLLM resolved it
     assert set(sources) == set(effective) | {"memory.kv_allocated"}
     assert all(s.startswith("/server_info") for s in sources.values())
@@ -65,7 +66,7 @@ def test_startup_log_of_the_real_server():
     rb = ReadBack()
     vllm_log(rb, fixture("vllm", "startup_ngram.log").decode(), "log")
     assert rb.effective == {"dtype": "float32", "max_model_len": 2048, "tensor_parallel_size": 1,
-                            "prefix_caching": True, "chunked_prefill": True, "cuda_graphs": False, "compile": False,
+                            "pipeline_parallel_size": 1, "data_parallel_size": 1, "prefix_caching": True, "chunked_prefill": True, "cuda_graphs": False, "compile": False,
                             "speculative": {"method": "ngram", "num_speculative_tokens": 3},
                             "kv_capacity_tokens": 4096}
     # "Explicitly set (0.01/15.96) GiB for KV cache": 8 MiB at vLLM's 0.01 GiB resolution

@@ -26,7 +26,7 @@ SPEC_KEYS = ["speculative_algorithm", "speculative_num_draft_tokens", "speculati
 NAMESPACE_KEYS = ["model_path", "host", "port", "dtype", "enable_metrics", "log_level", "max_total_tokens",
                   "mem_fraction_static", "max_running_requests", "chunked_prefill_size", "page_size",
                   "disable_radix_cache", "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "tp_size",
-                  "attention_backend", "incremental_streaming_output", *SPEC_KEYS]
+                  "attention_backend", "incremental_streaming_output", "pp_size", "dp_size", *SPEC_KEYS]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/qwen-draft"}
 OPTION_SETS = [
@@ -37,6 +37,7 @@ OPTION_SETS = [
     ({"kv_cache_tokens": 1024}, "float16"),
     ({"enable_prefix_caching": False, "speculative_config": NGRAM}, "bfloat16"),
     ({"enable_prefix_caching": True, "speculative_config": DRAFT}, "float16"),
+    ({"parallel": {"tensor": 2, "pipeline": 3, "data": 4}}, "bfloat16"),  # the config's [parallel] block
 ]
 # what each feature option set must parse to (ServerArgs field -> value; None: left at its default)
 FEATURE_NAMESPACES = {
@@ -176,3 +177,11 @@ def test_cuda_graphs_are_read_from_the_resolved_record(report):
     assert report["resolved_dict_expands_records"] and "cuda_graph_config" in report["server_info_fields"]
     assert {"decode", "prefill"} <= set(report["cuda_graph_config_fields"])
     assert "backend" in report["cuda_graph_phase_fields"]
+
+
+def test_parallel_block_parses_to_sglangs_sizes(report):
+    """[parallel] tensor/pipeline/data (adapters/parallel.py) as SGLang's own parser reads --tp-size,
+    --pp-size and --dp-size (ServerArgs tp_size, pp_size, dp_size)."""
+    res = report["argv"][5]
+    assert res["ok"] and res["deprecated"] == [], res
+    assert (res["namespace"]["tp_size"], res["namespace"]["pp_size"], res["namespace"]["dp_size"]) == (2, 3, 4)

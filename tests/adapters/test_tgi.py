@@ -198,13 +198,15 @@ def test_launch_log_read_back():
     log_read_back(rb, built_launch_log(3, True), "log")
     assert rb.effective == {"dtype": "bfloat16", "prefix_caching": True, "kv_blocks": 15232, "block_size": 1,
                             "cuda_graphs": True, "kv_capacity_tokens": 15232,
-                            "speculative": {"method": "ngram", "num_speculative_tokens": 3}}
+                            "speculative": {"method": "ngram", "num_speculative_tokens": 3},
+                            "tensor_parallel_size": 1}  # no "Sharding model on N processes" line: one shard
     rb = ReadBack()
     log_read_back(rb, built_launch_log(None, False), "log")
     assert rb.effective["speculative"] is False and rb.effective["prefix_caching"] is False
     rb = ReadBack()  # the real 2.0.3 router lines alone: CUDA graphs and the capacity, nothing else
     log_read_back(rb, fixture("tgi", "launcher_2.0.3.log").decode(), "log")
-    assert rb.effective == {"cuda_graphs": True, "kv_capacity_tokens": 15232, "speculative": False}
+    assert rb.effective == {"cuda_graphs": True, "kv_capacity_tokens": 15232, "speculative": False,
+                            "tensor_parallel_size": 1}
 
 
 async def test_attached_server_cannot_take_features_and_info_gives_the_context():
@@ -241,7 +243,7 @@ def test_no_adapter_test_speaks_to_our_tgi_imitation():
         if "adapters.tgi" in imported:
             checked.append(f.name)
             assert not {m for m in imported if m.startswith(ours)}, (f.name, imported)
-    assert checked == ["test_tgi.py", "test_versions.py"]
+    assert checked == ["test_parallel.py", "test_tgi.py", "test_versions.py"]
 
 
 def test_max_model_len_gets_total_and_input_tokens_and_reads_them_back(tmp_path):
