@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+TP_COUNTERS = ("tp_decode_steps", "tp_decode_seconds", "tp_decode_allreduce_seconds", "tp_decode_allreduce_bytes")
+
+
 @dataclass(frozen=True)
 class MetricNames:
     engine: str
@@ -41,6 +44,11 @@ class MetricNames:
     spec_drafts: tuple[str, ...] = ()  # speculation rounds
     spec_draft_tokens: tuple[str, ...] = ()  # tokens proposed
     spec_accepted_tokens: tuple[str, ...] = ()  # tokens accepted
+    # tensor parallelism: plain decode steps, their seconds, and the all-reduce seconds and bytes inside them
+    tp_decode_steps: tuple[str, ...] = ()
+    tp_decode_seconds: tuple[str, ...] = ()
+    tp_decode_allreduce_seconds: tuple[str, ...] = ()
+    tp_decode_allreduce_bytes: tuple[str, ...] = ()
     # gauges for engines that export a rate instead of (or besides) the counters above; each is
     # the engine's own recent-window value, not a cumulative one (see the engine's row)
     prefix_hit_rate: tuple[str, ...] = ()  # fraction 0..1 of looked-up prompt tokens found cached
@@ -60,7 +68,7 @@ class MetricNames:
 
     def counters(self) -> dict[str, tuple[str, ...]]:
         names = ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "spec_drafts",
-                 "spec_draft_tokens", "spec_accepted_tokens")
+                 "spec_draft_tokens", "spec_accepted_tokens", *TP_COUNTERS)
         return {k: getattr(self, k) for k in names if getattr(self, k)}
 
     def rates(self) -> dict[str, tuple[str, ...]]:
@@ -99,8 +107,10 @@ VLLM = MetricNames(
     cache_info=("vllm:cache_config_info",),
 )
 
-# `inferlab serve` exports vLLM's names (reference_engine/server/metrics.py) minus per-request TPOT.
-REFERENCE = MetricNames(**{**VLLM.__dict__, "engine": "reference", "tpot": None})
+# `inferlab serve` exports vLLM's names (reference_engine/server/metrics.py) minus per-request TPOT,
+# plus its tensor-parallel decode counters (inferlab:tp_*, only with tensor_parallel_size > 1).
+REFERENCE = MetricNames(**{**VLLM.__dict__, "engine": "reference", "tpot": None,
+                           **{k: (f"inferlab:{k}_total",) for k in TP_COUNTERS}})
 
 # SGLang 0.5.22-0.5.23, python/sglang/srt/observability/metrics_collector.py (needs --enable-metrics);
 # checked against the installed package by tests/adapters/sglang_contract.py. Older releases register

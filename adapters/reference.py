@@ -34,7 +34,8 @@ SERVER_KNOBS = ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batche
                 "enable_prefix_caching", "speculative_config", "tensor_parallel_size")
 # EngineStats counters copied into snapshot().extra
 COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts",
-            "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+            "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "tp_decode_steps", "tp_decode_seconds",
+            "tp_decode_allreduce_seconds", "tp_decode_allreduce_bytes")
 
 
 def read_back(engine) -> tuple[dict, dict[str, int]]:

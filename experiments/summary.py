@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from adapters.base import UNKNOWN_TOKEN_ID
-from experiments import bandwidth, ceilings, intervals, metrics, observer, wire
+from experiments import bandwidth, ceilings, intervals, metrics, observer, tp_share, wire
 from experiments.results import EngineDir
 
 CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
@@ -139,6 +139,9 @@ def _one(e: EngineResult, level: str, repeat: int, recs: list[dict[str, Any]], c
         params = None
     s["ceilings"] = ceilings.fractions(s, params, e.manifest.get("compute_peak") or {},
                                        e.manifest.get("peak_bandwidth") or {})
+    info, copy = e.manifest.get("info") or {}, e.manifest.get("peak_bandwidth") or {}
+    link = copy.get("gpu_gbps") if (info.get("effective") or {}).get("device", "").startswith("cuda") else copy.get("cpu_gbps")
+    s["parallel"] = tp_share.summary(s, info.get("effective") or {}, s.get("engine_counters") or {}, link)
     cost = cfg.get("cost_per_hour")
     if cost and s.get("output_throughput"):  # the machine's price per hour over tokens per hour
         s["cost_per_m_output"] = cost / (s["output_throughput"] * 3600) * 1e6
@@ -205,7 +208,9 @@ def _observed(s: dict[str, Any], lv: dict[str, Any], recs: list[dict[str, Any]])
 # Counter names as an adapter's snapshot().extra carries them (engines without Prometheus metrics)
 EXTRA = {"prefix_queries": "prefix_cache_queries", "prefix_hits": "prefix_cache_hits",
          "spec_drafts": "spec_decode_num_drafts", "spec_draft_tokens": "spec_decode_num_draft_tokens",
-         "spec_accepted_tokens": "spec_decode_num_accepted_tokens"}
+         "spec_accepted_tokens": "spec_decode_num_accepted_tokens",
+         **{k: k for k in ("tp_decode_steps", "tp_decode_seconds", "tp_decode_allreduce_seconds",
+                           "tp_decode_allreduce_bytes")}}
 
 
 def _counters(view: dict[str, Any] | None, obs: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,11 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # index: draft position
+    # tensor parallelism (rank 0's plain decode steps: distributed/group.DecodeShare); 0 without TP
+    tp_decode_steps: int = 0
+    tp_decode_seconds: float = 0.0
+    tp_decode_allreduce_seconds: float = 0.0
+    tp_decode_allreduce_bytes: int = 0
 
 
 class LLMEngine:
@@ -273,7 +278,16 @@ class LLMEngine:
             spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos),
+            **self._tp_counters(),
         )
+
+    def _tp_counters(self) -> dict:
+        tp = self.runner.tp
+        if tp is None:
+            return {}
+        d = tp.decode
+        return {"tp_decode_steps": d.steps, "tp_decode_seconds": d.seconds,
+                "tp_decode_allreduce_seconds": d.allreduce_seconds, "tp_decode_allreduce_bytes": d.allreduce_bytes}
 
 
 def _eos_ids(model_dir: str, model_config, tokenizer: Tokenizer) -> set[int]:

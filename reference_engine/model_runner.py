@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -263,9 +264,20 @@ class ModelRunner:
                 rows.extend(range(offset - 1 - len(s.drafts), offset))
         return inputs, rows, samplers, drafts
 
-    @torch.inference_mode()
     def run(self, step: list[ScheduledSeq]) -> RunnerOutput:
-        """One target forward for the whole step (+ the proposer's work with speculation on)."""
+        """One target forward for the whole step (+ the proposer's work with speculation on). With TP,
+        a plain decode step's wall time and its all-reduces' time and bytes are counted (`tp.decode`)."""
+        if not self.tp:
+            return self._run(step)
+        ar, t0 = self.tp.all_reduce.stats, time.perf_counter()
+        s0, b0 = ar.seconds, ar.bytes
+        out = self._run(step)
+        if all(len(s.token_ids) == 1 for s in step):
+            self.tp.decode.add(time.perf_counter() - t0, ar.seconds - s0, ar.bytes - b0)
+        return out
+
+    @torch.inference_mode()
+    def _run(self, step: list[ScheduledSeq]) -> RunnerOutput:
         seqs, rows, sampling, drafts = self.prepare(step)
         samplers = [s.req for s in sampling]  # the sampling rows' params, generators and histories
         spec = any(s.drafts for s in step)

@@ -44,6 +44,7 @@ THROUGHPUT: list[Row] = [
     ("requests", "num_requests", "int"),
     ("wall time (s)", "duration_s", "f2"),
     ("output tokens/s", "output_throughput", "f2"),
+    ("output tokens/s per device (GPU, or TP rank on CPU)", "parallel.output_throughput_per_device", "f2"),
     ("total tokens/s", "total_throughput", "f2"),
     ("requests/s", "request_throughput", "f3"),
     ("goodput (req/s)", "goodput", "f3"),
@@ -76,6 +77,12 @@ BANDWIDTH: list[Row] = [
     ("median TPOT ÷ bandwidth floor", "ceilings.tpot_over_floor", "f2"),
     ("prefill GFLOP/s (estimate)", "ceilings.prefill_gflops", "f2"),
     ("prefill: share of the matmul ceiling", "ceilings.prefill_of_ceiling", "pct"),
+    ("tensor parallel: decode steps timed (engine's own)", "parallel.decode_steps", "int"),
+    ("tensor parallel: all-reduce share of a decode step (measured)", "parallel.allreduce_share", "pct"),
+    ("tensor parallel: all-reduce per decode step (ms, measured)", "parallel.allreduce_ms", "f2"),
+    ("tensor parallel: all-reduce bytes per decode step", "parallel.allreduce_bytes", "int"),
+    ("tensor parallel: estimate (ms): 2(N-1)/N x bytes ÷ link (copy) GB/s", "parallel.estimate_ms", "f3"),
+    ("tensor parallel: estimated share of a decode step", "parallel.estimate_share", "pct"),
 ]
 HARNESS: list[Row] = [
     ("harness CPU (s)", "harness.cpu_s", "f2"),

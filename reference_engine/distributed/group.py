@@ -56,6 +56,23 @@ class AllReduceStats:
         self.calls, self.seconds, self.bytes = 0, 0.0, 0
 
 
+@dataclasses.dataclass
+class DecodeShare:
+    """Rank 0's plain decode steps (every sequence one query token): their count, wall time, and the
+    time and bytes of the all-reduces inside them. The all-reduce share of a decode step is
+    `allreduce_seconds / seconds`; the report sets it beside bytes / link bandwidth."""
+    steps: int = 0
+    seconds: float = 0.0
+    allreduce_seconds: float = 0.0
+    allreduce_bytes: int = 0
+
+    def add(self, seconds: float, allreduce_seconds: float, allreduce_bytes: int) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        self.allreduce_seconds += allreduce_seconds
+        self.allreduce_bytes += allreduce_bytes
+
+
 class AllReduce:
     """The row-parallel layers' sum over ranks, timed. Called with each layer's partial output."""
 
@@ -89,6 +106,7 @@ class Group:
         else:
             self.device_group = self.cpu_group
         self.all_reduce = AllReduce(self.device_group, cuda)
+        self.decode = DecodeShare()
         self._closed = False
         if self.procs:
             atexit.register(self.close)

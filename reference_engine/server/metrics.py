@@ -76,6 +76,13 @@ class _EngineCollector:
             for pos, n in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
                 per_pos.add_metric([self.model, str(pos)], n)
             yield per_pos
+        if s.tp_decode_steps:  # tensor parallelism: rank 0's plain decode steps and their all-reduces
+            yield counter("inferlab:tp_decode_steps", "Plain decode steps (tensor parallel).", s.tp_decode_steps)
+            yield counter("inferlab:tp_decode_seconds", "Wall time of those steps, seconds.", s.tp_decode_seconds)
+            yield counter("inferlab:tp_decode_allreduce_seconds", "All-reduce time inside them, seconds.",
+                          s.tp_decode_allreduce_seconds)
+            yield counter("inferlab:tp_decode_allreduce_bytes", "All-reduce message bytes inside them.",
+                          s.tp_decode_allreduce_bytes)
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
                                  labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"])
         info.add_metric([str(s.block_size), str(s.kv_total_blocks), str(self.engine.config.enable_prefix_caching)],

@@ -64,6 +64,10 @@ def test_two_ranks_emit_the_tokens_of_one(make_tiny, llama_tp, family):
         assert eng.effective_config()["tensor_parallel_size"] == 2
         s = eng.stats()
         assert s.prefix_cache_hits > 0 and s.spec_decode_num_draft_tokens > 0  # both paths ran
+        # rank 0 timed its plain decode steps: each all-reduces (rows, hidden) fp32 twice per layer
+        mc = eng.model_config
+        assert s.tp_decode_steps > 0 and 0 < s.tp_decode_allreduce_seconds < s.tp_decode_seconds
+        assert s.tp_decode_allreduce_bytes > 0 and s.tp_decode_allreduce_bytes % (2 * mc.num_layers * mc.hidden_size * 4) == 0
         mem = eng.memory_report()
         per_rank = [mem["weights_rank0"], mem["weights_rank1"]]
         # 8 heads in 2 kv groups, intermediate 1024: an even split, so each rank holds exactly half of
