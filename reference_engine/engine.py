@@ -226,6 +226,7 @@ class LLMEngine:
                           "block_tables": (b, self.runner.inputs.max_blocks),
                           "seq_lens": (b,), "logits": (rows, self.model_config.vocab_size)},
             cuda_graph_bucket=bucket,
+            allreduces=list(self.runner.tp.all_reduce.log or []) if self.runner.tp else [],
         ))
 
     # ---- what ran, and its memory (adapters copy these into EngineInfo) --------------

@@ -271,6 +271,8 @@ class ModelRunner:
             return self._run(step)
         ar, t0 = self.tp.all_reduce.stats, time.perf_counter()
         s0, b0 = ar.seconds, ar.bytes
+        if self.cfg.record_steps:  # the step record lists this step's all-reduces (engine._record)
+            self.tp.all_reduce.log = []
         out = self._run(step)
         if all(len(s.token_ids) == 1 for s in step):
             self.tp.decode.add(time.perf_counter() - t0, ar.seconds - s0, ar.bytes - b0)

@@ -42,3 +42,5 @@ class StepRecord:
     # from a CUDA graph (CUDA only, cuda_graphs.py) runs padded to `cuda_graph_bucket` rows instead.
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     cuda_graph_bucket: int | None = None  # the captured batch size replayed for this step; None: eager
+    # tensor parallelism: rank 0's all-reduces in this step, in order: {"layer", "shape", "bytes", "ms"}
+    allreduces: list[dict] = field(default_factory=list)

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from reference_engine.config import EngineConfig
+from reference_engine.distributed.sharding import rank_shapes
 from reference_engine.engine import LLMEngine
 from reference_engine.gpu_memory import bytes_per_token
 from reference_engine.sampling_params import SamplingParams
@@ -105,7 +106,8 @@ def build_engine(args) -> LLMEngine:
     return LLMEngine(EngineConfig(
         model=args.model, block_size=args.block_size, kv_cache_tokens=args.kv_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.prefix_cache,
-        speculative_config=spec, record_steps=True, seed=args.seed, device=args.device))
+        speculative_config=spec, record_steps=True, seed=args.seed, device=args.device,
+        tensor_parallel_size=args.tensor_parallel_size))
 
 
 def run_trace(args, note=print) -> dict:
@@ -134,6 +136,7 @@ def _run(eng: LLMEngine, args) -> dict:
         "memory": {k: v for k, v in mem.items() if k in ("weights", "weights_packed", "kv_allocated",
                                                           "activation_peak", "graph_pool")},
         "requests": [{"id": str(i), "text": t, "num_tokens": len(p)} for i, (t, p) in enumerate(zip(texts, prompts))],
+        "tensor_parallel": rank_shapes(mc, args.tensor_parallel_size),
     }
     reqs, status = {}, {}
 
@@ -190,7 +193,7 @@ def _run(eng: LLMEngine, args) -> dict:
             "transitions": [{"request": rid, "from": before[rid], "to": now[rid]} for rid in reqs
                             if before[rid] != now[rid]],
             "preempted": rec.preempted, "finished": rec.finished,
-            "num_running": rec.num_running, "num_waiting": rec.num_waiting,
+            "num_running": rec.num_running, "num_waiting": rec.num_waiting, "allreduces": rec.allreduces,
         })
         status.update(now)
     # running totals of the prefix-cache counters (vLLM's prefix_cache_queries / _hits)
@@ -208,6 +211,7 @@ def _run(eng: LLMEngine, args) -> dict:
         "spec_accepted_tokens": st.spec_decode_num_accepted_tokens,
         "outputs": {rid: {"token_ids": ids, "text": tok.decode(ids)} for rid, ids in outputs.items()},
     }
+    eng.close()  # tensor-parallel workers, if any
     return {"config": config, "steps": steps, "summary": summary}
 
 
@@ -262,6 +266,8 @@ def render(doc: dict, console=None) -> None:
         + "".join(f", {k} {_mib(v)}" for k, v in c["memory"].items() if k not in ("weights", "kv_allocated"))
         + " (activations are measured on CUDA only)\n"
         "block tables: * = block reused through a prefix-cache hit, xN = held by N requests"))
+    for r, shapes in enumerate(c["tensor_parallel"] or []):  # each decoder layer's weights on each rank
+        con.print(Text(f"rank {r}: " + ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())))
     for r in c["requests"]:
         con.print(Text(f"request {r['id']}: {r['num_tokens']} prompt tokens  {r['text']!r}"))
     for s in doc["steps"]:
@@ -297,6 +303,11 @@ def render(doc: dict, console=None) -> None:
             for t in toks:
                 top = "  ".join(f"{x['text']!r} {x['prob']:.3f}" for x in t["top"])
                 g.add_row(f"token {rid}", Text(f"{t['text']!r} (id {t['id']}, p {t['prob']})  top: {top}"))
+        if s["allreduces"]:
+            a = s["allreduces"]
+            g.add_row("all-reduce", f"{len(a)} x {tuple(a[0]['shape'])} ({_kib(sum(x['bytes'] for x in a))}, "
+                                    f"{sum(x['ms'] for x in a):.2f} ms): " + ", ".join(x["layer"] for x in a[:4])
+                      + (", ..." if len(a) > 4 else ""))
         for tr in s["transitions"]:
             g.add_row("state", f"req {tr['request']}: {tr['from']} -> {tr['to']}")
         con.print(g)
@@ -335,6 +346,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kv-tokens", type=int, default=256, help="KV pool size in tokens (default 256)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="ranks (processes): shows each rank's weight shards and the all-reduces of each step")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the terminal view")
     args = ap.parse_args(argv)
     if args.requests < 1 or args.max_tokens < 1:

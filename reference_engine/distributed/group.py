@@ -79,15 +79,19 @@ class AllReduce:
     def __init__(self, group, cuda: bool):
         self.group, self.cuda = group, cuda
         self.stats = AllReduceStats()
+        self.log: list[dict] | None = None  # a list: each call is appended (per-step records, the trace)
 
-    def __call__(self, y: torch.Tensor) -> None:
+    def __call__(self, y: torch.Tensor, layer: str = "") -> None:
         t0 = time.perf_counter()
         self.group.allreduce(y, dist.ReduceOp.SUM, timeout=COLLECTIVE_TIMEOUT).wait()
         if self.cuda:
             torch.cuda.synchronize(y.device)
+        dt, n = time.perf_counter() - t0, y.numel() * y.element_size()
         self.stats.calls += 1
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.bytes += y.numel() * y.element_size()
+        self.stats.seconds += dt
+        self.stats.bytes += n
+        if self.log is not None:
+            self.log.append({"layer": layer, "shape": list(y.shape), "bytes": n, "ms": round(dt * 1e3, 3)})
 
 
 class Group:

@@ -27,12 +27,13 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = None
         self.all_reduce = all_reduce
+        self.name = ""  # the layer's place in the model ("layers.0.o_proj"), named by ShardPlan.apply
         self.mm: nn.Module | None = None  # a packed GEMM over `weight`, once `pack` ran
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight) if self.mm is None else self.mm(x)  # (N, out): this rank's partial sum
         if self.all_reduce is not None:
-            self.all_reduce(y)
+            self.all_reduce(y, self.name)
         return y
 
 

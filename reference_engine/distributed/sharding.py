@@ -85,7 +85,7 @@ class ShardPlan:
     def apply(self, model: nn.Module) -> nn.Module:
         """Reshape `model`'s layers (on meta) to this rank's shard, in place."""
         c, d = self.cfg, self.cfg.head_dim
-        for layer in model.model.layers:
+        for n, layer in enumerate(model.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             attn.h, attn.hkv = self.num_heads, self.num_kv_heads
             attn.sizes = [attn.h * d, attn.hkv * d, attn.hkv * d]
@@ -95,6 +95,7 @@ class ShardPlan:
             mlp.sizes = [i, i]
             mlp.gate_up_proj = nn.Linear(c.hidden_size, 2 * i, bias=False)
             mlp.down_proj = RowParallelLinear(i, c.hidden_size, self.all_reduce)
+            attn.o_proj.name, mlp.down_proj.name = f"layers.{n}.o_proj", f"layers.{n}.down_proj"
         return model
 
     def spec(self, name: str) -> tuple[int, int, int] | None:
@@ -111,8 +112,21 @@ class ShardPlan:
                 return 1, a, b
         return None
 
+    def shapes(self) -> dict[str, list[int]]:
+        """This rank's weight shapes in one decoder layer (the same in every layer), `[out, in]`."""
+        c, d = self.cfg, self.cfg.head_dim
+        i = self.i1 - self.i0
+        return {"qkv_proj": [(self.num_heads + 2 * self.num_kv_heads) * d, c.hidden_size],
+                "o_proj": [c.hidden_size, self.num_heads * d], "gate_up_proj": [2 * i, c.hidden_size],
+                "down_proj": [c.hidden_size, i]}
+
     def kv_config(self) -> ModelConfig:
         """The model config as this rank's KV cache sees it: its own query and kv heads."""
         import dataclasses
 
         return dataclasses.replace(self.cfg, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads)
+
+
+def rank_shapes(cfg: ModelConfig, size: int) -> list[dict[str, list[int]]] | None:
+    """Every rank's weight shapes in one decoder layer (`ShardPlan.shapes`), None for one rank."""
+    return [ShardPlan(cfg, r, size).shapes() for r in range(size)] if size > 1 else None

@@ -59,3 +59,14 @@ def test_torchrun_entry_refuses_to_start_outside_torchrun(monkeypatch, capsys):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert torchrun.main(["/nonexistent"]) == 2
     assert "start it with torchrun" in capsys.readouterr().err
+
+
+def test_the_shapes_the_trace_shows_are_the_loaded_ones(make_tiny):
+    d = make_tiny("qwen2")
+    cfg = ModelConfig.from_dir(d)
+    for r in range(2):
+        plan = ShardPlan(cfg, r, 2)
+        layer = load_model(d, torch.float32, "cpu", 64, shard=plan)[0].model.layers[2]
+        got = {"qkv_proj": layer.self_attn.qkv_proj.weight, "o_proj": layer.self_attn.o_proj.weight,
+               "gate_up_proj": layer.mlp.gate_up_proj.weight, "down_proj": layer.mlp.down_proj.weight}
+        assert {k: list(v.shape) for k, v in got.items()} == plan.shapes()
