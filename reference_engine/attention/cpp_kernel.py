@@ -14,6 +14,10 @@ Decode: one task per (sequence, kv head), spread over torch's intra-op threads (
 walks its sequence's blocks through the block table, reading each key and value row of its kv
 head once, for the H/Hkv query heads that share it (GQA), with an online softmax in float32; no
 context is copied. fp32 or bf16 q/cache (bf16 is widened to fp32 as it is read); out has q's dtype.
+The G query heads are register-blocked three at a time (`scores8`, `accumulate16`): each key and value
+chunk is loaded once for them, and every sum keeps the order of the one-head-at-a-time loops, so the
+results are bit-identical to them (SmolLM2, batch 8, context 170, one thread: 8.0 vs 9.0-12.9 ms per
+30 layers, docs/perf/2026-12-02-served-decode-profile.md).
 
 Built on first use by `cpu_build.load` (a C++ compiler with OpenMP; about 30 s the first time, then
 cached on disk per CPU vector ISA).
@@ -45,24 +49,67 @@ static inline float exp_shifted(float* x, int64_t n, float mx) {
 }
 
 // s[g * ld + r] = q_g . k_r for the G query rows q (G, D) and key rows k_r = k + r * stride, r < n.
+#ifdef VEC8
+// GN query rows against key rows r0 .. r0 + 7, four at a time: each key chunk is loaded once for the
+// GN rows (GN x 4 accumulators). Every sum adds the same terms in the same order as one row at a time.
+template <int GN, typename T>
+static inline void scores8(const float* q, const T* k, int64_t stride, int64_t r0, float* s, int64_t ld,
+                           int64_t D) {
+  __m256 a[GN][8];
+  for (int half = 0; half < 8; half += 4) {
+    for (int g = 0; g < GN; ++g)
+      for (int r = 0; r < 4; ++r) a[g][half + r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < D; c += 8) {
+      __m256 kv[4];
+      for (int r = 0; r < 4; ++r) kv[r] = load8(k + (r0 + half + r) * stride + c);
+      for (int g = 0; g < GN; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * D + c);
+        for (int r = 0; r < 4; ++r) a[g][half + r] = _mm256_fmadd_ps(qv, kv[r], a[g][half + r]);
+      }
+    }
+  }
+  for (int g = 0; g < GN; ++g) _mm256_storeu_ps(s + g * ld + r0, reduce8(a[g]));
+}
+
+// acc_g += sum_r p[g * ld + r] * v_r for GN rows, 16 columns from c: each value chunk is loaded once
+// for the GN rows; every element still sums its terms in row order.
+template <int GN, typename T>
+static inline void accumulate16(const float* p, int64_t ld, const T* v, int64_t stride, int64_t n, float* acc,
+                                int64_t D, int64_t c) {
+  __m256 a[GN][2];
+  for (int g = 0; g < GN; ++g) {
+    a[g][0] = _mm256_loadu_ps(acc + g * D + c);
+    a[g][1] = _mm256_loadu_ps(acc + g * D + c + 8);
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const __m256 v0 = load8(v + r * stride + c), v1 = load8(v + r * stride + c + 8);
+    for (int g = 0; g < GN; ++g) {
+      const __m256 pg = _mm256_set1_ps(p[g * ld + r]);
+      a[g][0] = _mm256_fmadd_ps(pg, v0, a[g][0]);
+      a[g][1] = _mm256_fmadd_ps(pg, v1, a[g][1]);
+    }
+  }
+  for (int g = 0; g < GN; ++g) {
+    _mm256_storeu_ps(acc + g * D + c, a[g][0]);
+    _mm256_storeu_ps(acc + g * D + c + 8, a[g][1]);
+  }
+}
+#endif
+
 template <typename T>
 static inline void scores(const float* q, const T* k, int64_t stride, int64_t n, float* s, int64_t ld,
                           int64_t G, int64_t D) {
   int64_t r0 = 0;
 #ifdef VEC8
   if (D % 8 == 0) {
-    for (; r0 + 8 <= n; r0 += 8) {  // 8 rows at once: one q load feeds 8 FMAs, one reduction for 8 sums
-      for (int64_t g = 0; g < G; ++g) {
-        __m256 a[8];
-        for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+    for (; r0 + 8 <= n; r0 += 8)  // query rows three at a time
+      for (int64_t g = 0; g < G; g += 3) {
         const float* qg = q + g * D;
-        for (int64_t c = 0; c < D; c += 8) {
-          const __m256 qv = _mm256_loadu_ps(qg + c);
-          for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, load8(k + (r0 + r) * stride + c), a[r]);
-        }
-        _mm256_storeu_ps(s + g * ld + r0, reduce8(a));
+        float* sg = s + g * ld;
+        if (G - g >= 3) scores8<3>(qg, k, stride, r0, sg, ld, D);
+        else if (G - g == 2) scores8<2>(qg, k, stride, r0, sg, ld, D);
+        else scores8<1>(qg, k, stride, r0, sg, ld, D);
       }
-    }
   }
 #endif
   for (int64_t r = r0; r < n; ++r)
@@ -78,6 +125,17 @@ template <typename T>
 static inline void accumulate(const float* p, int64_t ld, const T* v, int64_t stride, int64_t n, float* acc,
                               int64_t G, int64_t D) {
 #ifdef VEC8
+  if (D % 16 == 0) {
+    for (int64_t g = 0; g < G; g += 3)  // rows three at a time
+      for (int64_t c = 0; c < D; c += 16) {
+        const float* pg = p + g * ld;
+        float* ag = acc + g * D;
+        if (G - g >= 3) accumulate16<3>(pg, ld, v, stride, n, ag, D, c);
+        else if (G - g == 2) accumulate16<2>(pg, ld, v, stride, n, ag, D, c);
+        else accumulate16<1>(pg, ld, v, stride, n, ag, D, c);
+      }
+    return;
+  }
   if (D % 8 == 0) {
     for (int64_t g = 0; g < G; ++g)
       for (int64_t c = 0; c < D; c += 8) {
