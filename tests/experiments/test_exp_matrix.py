@@ -104,3 +104,14 @@ def test_one_cell_reruns_alone_and_unknown_cells_are_config_errors(tmp_path, exp
     assert run_main([str(path), "--cell", "nope", *out]) == 2
     plain = write_config(tmp_path / "p.toml", exp_model, 'engine = "paced"\n', name="p")
     assert run_main([str(plain), "--cell", "a", *out]) == 2
+
+
+def test_a_variant_of_the_base_engine_is_shown_but_never_the_best_other(tmp_path, exp_model, simulated):
+    variant = MATRIX.replace('engines = ["paced", "paced2"]', 'engines = ["paced", "paced-fast", "paced2"]').replace(
+        "[engine_options.paced2]", '[engine_options.paced-fast]\nadapter = "paced"\nttft_ms = 5\nperiod_ms = 1\n'
+        "[engine_options.paced2]")
+    path = write_config(tmp_path / "m.toml", exp_model, variant, name="m")
+    assert run_main([str(path), "--cell", "a", "--out", str(tmp_path / "res"), "--no-progress"]) == 0
+    row = next(r for r in (tmp_path / "res/m/report.md").read_text().splitlines()
+               if r.startswith("| a |") and "| concurrency=2 | TPOT p50 (ms) |" in r)
+    assert "paced-fast" in row and "**3.00**" in row  # paced (2 ms) vs paced2 (6 ms), not vs its own 1 ms variant
