@@ -37,12 +37,13 @@ NO_PREFIX_CACHE = "the HF baseline keeps no KV cache across requests (each gener
 NO_SPECULATION = "the HF baseline runs plain generate(); transformers' assisted generation is not used"
 
 
-def read_back(model: Any, max_batch_size: int, max_len: int | None) -> tuple[dict[str, Any], dict[str, int]]:
-    """EngineInfo.effective and .memory of the loaded model and this baseline's batcher."""
+def read_back(model: Any, max_batch_size: int, max_len: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """EngineInfo.effective and .memory of the loaded model and this baseline's batcher; `max_len`: the
+    adapter's request limit (None: the model's context)."""
     rb, src = ReadBack(), "the loaded model"
     params = list(model.parameters())
     rb.put("dtype", str(params[0].dtype).removeprefix("torch.") if params else None, src + " (parameter dtype)")
-    rb.put("max_model_len", max_len, "the adapter's request limit: max_model_len, capped by "
+    rb.put("max_model_len", max_len or getattr(model.config, "max_position_embeddings", None), "the adapter's request limit: max_model_len, capped by "
            "model.config.max_position_embeddings")
     rb.put("max_num_seqs", max_batch_size, "the adapter's static batcher (max_batch_size)")
     what_it_is = "HF generate() with static batches (adapters/hf.py)"

@@ -63,7 +63,7 @@ def test_quickstart_end_to_end(tmp_path):
         assert not psutil.pid_exists(v["info"]["pid"]) or psutil.Process(v["info"]["pid"]).status() == "zombie"
         for level in ("concurrency=1", "concurrency=4"):
             assert f"| vllm | {level} | 8 | 1.000 | 1.000 |" in report
-        assert "| vllm | ok | server | 0.32.0 | float32 | 4096 | yes |" in report
+        assert "| vllm | ok | server | 0.32.0 | float32 | 1 / 1 | 4096 | yes |" in report
         # the server's own view beside ours: vLLM's histograms counted exactly the measured requests
         for level in ("concurrency=1", "concurrency=4"):
             assert re.search(rf"\| vllm \| {level} \| TTFT \| [\d.,]+ \| [\d.,]+ \| .* \| 8 counted \|", report), level
