@@ -73,7 +73,7 @@ def test_n_choices_with_a_seed_get_seed_plus_index():
     from reference_engine.server.generation import Batch, Gate
 
     seen = []
-    engine = SimpleNamespace(add_request=lambda ids, p, **kw: seen.append(p.seed), abort=lambda rid: None)
+    engine = SimpleNamespace(add_request=lambda ids, p, **kw: seen.append(p.seed), abort=lambda rid: None, is_alive=True)
     state = SimpleNamespace(engine=engine, gate=Gate(16))
     Batch(state, [[1, 2], [3]], SamplingParams(seed=7, temperature=1.0), n=3)
     assert seen == [7, 8, 9, 7, 8, 9]  # vLLM: child j of every prompt gets seed + j
