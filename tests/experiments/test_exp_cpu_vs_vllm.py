@@ -54,11 +54,11 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-bf16-served"]
     assert all(c["make_model"] == {"preset": "smollm2-135m-instruct"} for c in real.values())
     assert real["smollm2-fp32-offline"]["load"]["rate"] == ["inf"]
-    assert real["smollm2-fp32-served"]["engines"] == ["reference", "reference-2t", "vllm"]  # 1 thread and 2
-    for name in ("smollm2-fp32-served", "smollm2-bf16-served"):
-        assert real[name]["engine_options"] == {"reference": {"num_threads": 1}}
-    assert cfg["engine_options"]["reference-2t"] == {"adapter": "reference", "mode": "server", "max_num_seqs": 128,
-                                                     "num_threads": 2}
+    assert real["smollm2-fp32-served"]["engines"] == ["reference", "reference-thread", "reference-1t", "vllm"]
+    assert real["smollm2-fp32-offline"]["engines"] == ["reference", "reference-thread", "vllm"]
+    server = {"adapter": "reference", "mode": "server", "max_num_seqs": 128}
+    assert cfg["engine_options"]["reference-thread"] == {**server, "num_threads": 2, "engine_process": False}
+    assert cfg["engine_options"]["reference-1t"] == {**server, "num_threads": 1}
     assert real["smollm2-fp32-served"]["load"] == real["smollm2-bf16-served"]["load"] == {
         "mode": "closed", "concurrency": [1, 4, 8], "warmup": 2}
     assert cfg["cells"][0] == {"name": "tiny-fp32"}  # the base config as written: the model set above
