@@ -12,7 +12,9 @@ each writing to a full pipe would deadlock).
 Why a process and not the thread of `AsyncEngine`: in one interpreter the engine thread must take
 the GIL back after every torch op (a decode step of SmolLM2 is ~2,000 of them), and each time the
 event loop holds it (writing SSE events, parsing requests) the step waits;
-docs/perf/2026-12-02-served-decode-profile.md measures both modes against each other.
+docs/perf/2026-12-02-served-decode-profile.md measures both modes against each other: the process
+wins with a core left to the front end (serve's default, cores - 1 threads); with every core given
+to the engine's threads, the thread was ~10 % ahead on a quiet machine (no handshake here yet).
 
 The child is forked from the server before the server has run any torch op (no OpenMP pool,
 no tokenizer threads to inherit), so it starts without re-importing torch; `INFERLAB_ENGINE_START`
