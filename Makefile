@@ -24,9 +24,9 @@ vllm:
 sglang:
 	bash scripts/setup_sglang_venv.sh
 
-# The quickstart compares against a real peer. The two venvs install side by side (make -j2; vLLM's
+# The quickstart asks the real model (SmolLM2-135M-Instruct) chat questions and compares against a real peer. The two venvs install side by side (make -j2; vLLM's
 # prints a progress line every 10 s), then reference, HF baseline and vLLM run one after another.
-# Fresh clone, 2 quiet cores: 3 min 51 s (docs/perf/2026-12-01-make-demo.md); more when others load the machine.
+# Fresh clone, cold caches, 2 quiet cores: 2 min 46 s on the real model (docs/perf/2026-12-02-make-demo.md).
 demo:
 	@$(MAKE) --no-print-directory -j2 setup vllm
 	$(BIN)/inferlab run $(QUICKSTART)
