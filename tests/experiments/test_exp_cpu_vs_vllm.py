@@ -50,8 +50,9 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
         ("tiny-fp32", "float32"), ("tiny-bf16", "bfloat16"), ("small-fp32", "float32"), ("small-bf16", "bfloat16")]
     assert [(c["name"], c["engines"]) for c in cfg["cells"][4:6]] == [  # HF under the same Poisson loads
         ("tiny-fp32-hf", ["reference", "hf"]), ("small-fp32-hf", ["reference", "hf"])]
-    real = {c["name"]: c for c in cfg["cells"][6:]}  # the real model (issue 28): offline, served at 1, 4, 8
-    assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-bf16-served"]
+    real = {c["name"]: c for c in cfg["cells"][6:]}  # the real model: offline, served at 1, 4, 8, Poisson
+    assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-bf16-served", "smollm2-fp32-poisson"]
+    assert real["smollm2-fp32-poisson"]["load"] == {"rate": [3.0]}  # the base's open loop, max_concurrency 8
     assert all(c["make_model"] == {"preset": "smollm2-135m-instruct"} for c in real.values())
     assert real["smollm2-fp32-offline"]["load"]["rate"] == ["inf"]
     assert real["smollm2-fp32-served"]["engines"] == ["reference", "reference-thread", "reference-1t", "vllm"]
