@@ -112,6 +112,9 @@ class ModelRunner:
             packed_linear.pack(self.model)
             tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
             self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
+        # which library multiplies fp32 prefill-sized GEMMs (packed_linear.prefill_gemm, measured once)
+        self.prefill_gemm = packed_linear.prefill_gemm() if cfg.linear_backend == "onednn" \
+            and self.dtype == torch.float32 else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
         spec = cfg.speculative

@@ -14,10 +14,14 @@ output to bf16, which is what a bf16 GEMM with fp32 accumulation returns (up to 
 order). Activations between layers stay bf16, the KV cache stays bf16; the engine reports
 `linear_compute_dtype = "float32"` in its effective settings.
 
-Large row counts (prefill chunks) go to MKL's sgemm instead, in float32: from about 512 rows on,
-it beat the packed oneDNN kernels on this machine (2048 rows of the small model's projections:
-~1.9 s against ~2.1 s), while oneDNN wins clearly below 128 rows (decode: 2x at 8 rows).
-`LARGE_M` is that crossover; it is a measurement, not a law, and another CPU may move it.
+Large row counts (prefill chunks) may go to MKL's sgemm instead, in float32: on an Intel AVX2
+machine it beat the packed oneDNN kernels from about 512 rows on (2048 rows of the small model's
+projections: ~1.9 s against ~2.1 s), while oneDNN wins clearly below 128 rows (decode: 2x at 8
+rows). On an AMD EPYC with AVX-512 the opposite held by far (2048 x 576 x 1536: MKL ~180, oneDNN
+~420 GFLOP/s on 2 threads: MKL does not take its AVX-512 path on AMD). So which library takes
+`LARGE_M` rows and more is measured once per process (`prefill_gemm`, ~0.1 s, when the first model
+is packed) and read back in the engine's effective settings; `INFERLAB_PREFILL_GEMM=mkl|onednn`
+pins it. `LARGE_M` is the crossover measured on the AVX2 machine, not a law.
 
 Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
 `weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
@@ -28,6 +32,10 @@ parameters (tied embeddings, `param_bytes`, the loader's names) and changes no o
 floating-point summation order.
 """
 from __future__ import annotations
+
+import functools
+import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -48,13 +56,38 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+@functools.cache
+def prefill_gemm() -> str:
+    """"mkl" or "onednn": the faster fp32 GEMM at prefill sizes on this CPU and thread count, measured
+    once per process (best of 3 alternating runs of a 1024 x 1024 x 1024 product each) unless
+    `INFERLAB_PREFILL_GEMM` names one."""
+    pinned = os.environ.get("INFERLAB_PREFILL_GEMM", "")
+    if pinned:
+        if pinned not in ("mkl", "onednn"):
+            raise ValueError(f"INFERLAB_PREFILL_GEMM={pinned!r}: expected 'mkl' or 'onednn'")
+        return pinned
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1024, 1024, generator=g), torch.randn(1024, 1024, generator=g)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w)
+    runs = {"mkl": lambda: F.linear(x, w),
+            "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(3):
+        for name, run in runs.items():
+            t = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return min(best, key=best.get)
+
+
 class PackedLinear(nn.Module):
     """`linear`'s forward over a oneDNN-packed copy of its weight (fp32, or bf16 where native);
-    float32 inputs of `LARGE_M` rows or more through `F.linear` on the weight as stored."""
+    float32 inputs of `LARGE_M` rows or more through `F.linear` on the weight as stored when
+    `large` is "mkl" (`prefill_gemm()` by default)."""
 
     LARGE_M = 512
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, large: str | None = None):
         super().__init__()
         w = linear.weight.detach()
         self.out_dtype = w.dtype
@@ -65,9 +98,10 @@ class PackedLinear(nn.Module):
         self.bias = None if b is None else b.detach().to(self.compute_dtype)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the parameter stays reachable (state, tied embeddings)
+        self.large_mkl = (large or prefill_gemm()) == "mkl" and w.dtype == torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= self.LARGE_M and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+        if self.large_mkl and x.shape[0] >= self.LARGE_M and x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
         return y.to(self.out_dtype)
