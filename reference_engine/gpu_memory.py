@@ -21,7 +21,9 @@ error, as in vLLM.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,22 @@ GiB = float(1 << 30)
 
 def gib(n: int | float) -> str:
     return f"{n / GiB:.2f} GiB"
+
+
+def keep_freed_cpu_memory() -> bool:
+    """CPU: make glibc's malloc keep freed blocks for reuse instead of returning them to the kernel.
+
+    By default glibc serves every block of 128 KiB and more (a prefill chunk's activations are MBs)
+    with a fresh mmap and unmaps it on free, so each layer's temporaries are page-faulted and
+    zeroed again: a 2048 x 576 fp32 add took 0.32 ms that way against 0.10 ms from a kept heap.
+    vLLM's CPU backend gets the same from tcmalloc (it asks for LD_PRELOAD); `mallopt` does it
+    from inside the process. Cost: freed memory stays in the process (RSS holds its peak). Returns
+    whether it was applied (glibc only)."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def param_bytes(*modules: torch.nn.Module | None) -> int:

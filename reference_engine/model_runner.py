@@ -42,7 +42,7 @@ from reference_engine.distributed import layers as tp_layers
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
 from reference_engine.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-                                         kv_budget, param_bytes)
+                                         keep_freed_cpu_memory, kv_budget, param_bytes)
 from reference_engine.input_batch import StepInputs, make_batch
 from reference_engine.loader import load_model
 from reference_engine.model import CausalLM, RotaryEmbedding
@@ -99,6 +99,8 @@ class ModelRunner:
         self.dtype = parse_dtype(cfg.dtype)
         if cfg.num_threads or tp:  # ranks share the cores: cores // N torch threads each by default
             torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
+        if self.device.type == "cpu":  # activations reuse the heap, not fresh page-faulted mmaps
+            keep_freed_cpu_memory()
         self.mem = DeviceMemory(self.device)
         start = self.mem.snapshot()  # None off CUDA
         self.plan = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None

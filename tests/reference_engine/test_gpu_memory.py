@@ -4,6 +4,8 @@ effective settings (the dicts adapters copy into EngineInfo)."""
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
 import sys
 
 import pytest
@@ -216,3 +218,27 @@ def test_nvml_falls_back_to_the_index_and_is_optional(monkeypatch):
     assert DeviceMemory("cuda:0").nvml() == {}  # NVML fails: no keys, never a guess
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: import fails
     assert DeviceMemory("cuda:0").nvml() == {}
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_kept_cpu_heap_stops_page_faults_on_every_activation():
+    """A 40 MiB temporary (a 4,096-token chunk's gate/up output is 48 MiB for SmolLM2) made and freed
+    5 times: above glibc's largest mmap threshold each is a fresh mmap whose ~10,000 pages fault in
+    again; after keep_freed_cpu_memory the heap keeps them: only the first round faults (run in a
+    child: mallopt is per process)."""
+    code = """
+import resource, torch
+from reference_engine.gpu_memory import keep_freed_cpu_memory
+x = torch.ones(10 << 20)
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        (x + 1).sum()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(faults(), keep_freed_cpu_memory(), faults())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    default, applied, kept = int(out[0]), out[1], int(out[2])
+    assert applied == "True"
+    pages = (40 << 20) // 4096
+    assert default >= 4 * pages and kept < 1.5 * pages, (default, kept)
