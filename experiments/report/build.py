@@ -74,8 +74,10 @@ def build(dirs: list[Path], out: Path) -> Path:
     md += ["## How far from the hardware (estimate)", "",
            f"Formula: {bandwidth.FORMULA}. Weights and KV bytes come from the model's safetensors headers and "
            "config.json; activations and overheads are ignored, so this is an estimate.", "",
-           f"Measured peak in this run (copy of {peak.get('size_mb', '?')} MB, read + write): "
-           f"CPU {fmt(peak.get('cpu_gbps'))} GB/s, GPU {fmt(peak.get('gpu_gbps'))} GB/s.", "",
+           f"Measured peak in this run (copy of {peak.get('size_mb', '?')} MB, read + write, best of "
+           f"{peak.get('repeats', 3)} on 1 thread and on {peak.get('cpu_threads', '?')}): "
+           f"CPU {fmt(peak.get('cpu_gbps'))} GB/s (1 thread {fmt(peak.get('cpu_gbps_1_thread'))}), "
+           f"GPU {fmt(peak.get('gpu_gbps'))} GB/s.", "",
            ceiling_line(runs), ""]
     md += group(runs, BANDWIDTH) + [""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + [""]

@@ -32,4 +32,17 @@ def test_decode_estimate_is_the_stated_formula():
 
 def test_peak_copy_is_measured():
     peak = peak_copy_gbps(size_mb=16, repeats=2)
-    assert 0.1 < peak["cpu_gbps"] < 10_000 and peak["size_mb"] == 16
+    assert 0.1 < peak["cpu_gbps"] < 10_000 and peak["size_mb"] == 16 and peak["repeats"] == 2
+    cores = peak["cpu_threads"]
+    assert peak["cpu_gbps"] == max(peak["cpu_gbps_1_thread"], peak[f"cpu_gbps_{cores}_threads"])
+
+
+def test_split_copy_copies_every_element():
+    import numpy as np
+
+    from experiments.bandwidth import _copy
+    src = np.arange(1001, dtype=np.float64)
+    for threads in (1, 2, 3):
+        dst = np.zeros_like(src)
+        _copy(dst, src, threads)
+        assert np.array_equal(dst, src)
