@@ -5,7 +5,10 @@ Prefill is compute-bound and decode bandwidth-bound, so each level gets two frac
     prefill FLOP/s (achieved) = 2 x P x mean prompt tokens / median TTFT
     compute ceiling           = best FLOP/s of the model's own projection matmuls
                                 ([256 tokens x hidden] @ [hidden x (q+k+v), hidden, 2 x intermediate,
-                                intermediate]) in the run's dtype on the run's device
+                                intermediate]) in the run's dtype on the run's device, through
+                                each GEMM library engines use there (CPU: MKL's matmul and oneDNN's
+                                prepacked linear, as vLLM-CPU and the reference engine call it; on an
+                                AMD EPYC with AVX-512 the two differed 2.3x) — the best one counts
     decode GB/s (achieved)    = experiments/bandwidth.py, against the measured copy bandwidth
     bandwidth floor (ms)      = bytes per decode step / copy bandwidth (read + write, the same run's);
                                 TPOT ÷ floor is how many floors one output token took
@@ -53,23 +56,35 @@ def measure(model_dir: str, dtype: str, repeats: int = 3) -> dict[str, Any]:
             for a, b in linear_shapes(cfg)]
     flops = sum(2 * TOKENS * w.shape[0] * w.shape[1] for _, w in mats)
 
-    def once(n: int) -> float:
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            for x, w in mats:
-                x @ w
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t
+    def timed(mm) -> float:
+        def once(n: int) -> float:
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                for x, w in mats:
+                    mm(x, w)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - t
 
-    n = 1
-    while once(n) < 0.05 and n < 1 << 16:  # warm-up, and enough calls that one timing is >= 50 ms
-        n *= 2
-    best = min(once(n) for _ in range(repeats)) / n
-    return {"gflops": flops / best / 1e9, "device": dev, "dtype": dtype, "threads": torch.get_num_threads(),
-            "shapes": [[TOKENS, a, b] for a, b in linear_shapes(cfg)]}
+        n = 1
+        while once(n) < 0.05 and n < 1 << 16:  # warm-up, and enough calls that one timing is >= 50 ms
+            n *= 2
+        return min(once(n) for _ in range(repeats)) / n
+
+    libraries = {"matmul": lambda x, w: x @ w}
+    if dev == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        try:
+            packed = {id(w): torch.ops.mkldnn._reorder_linear_weight(w.t().contiguous()) for _, w in mats}
+            libraries["onednn"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], None, "none", [], "")
+            libraries["onednn"](*mats[0])
+        except RuntimeError:  # this dtype has no oneDNN kernel on this CPU
+            libraries.pop("onednn")
+    gflops = {name: flops / timed(mm) / 1e9 for name, mm in libraries.items()}
+    best = max(gflops, key=gflops.get)
+    return {"gflops": gflops[best], "library": best, "by_library": gflops, "device": dev, "dtype": dtype,
+            "threads": torch.get_num_threads(), "shapes": [[TOKENS, a, b] for a, b in linear_shapes(cfg)]}
 
 
 def compute_peak(model_dir: str, dtype: str, timeout_s: float = 120) -> dict[str, Any]:

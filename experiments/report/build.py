@@ -28,8 +28,10 @@ def ceiling_line(runs) -> str:
     c = next((e.manifest.get("compute_peak") for e in runs.engines if e.manifest.get("compute_peak")), {})
     if not c.get("gflops"):
         return f"Compute ceiling: not measured ({c.get('error', 'no measurement in these runs')})."
+    libs = ", ".join(f"{k} {fmt(v)}" for k, v in (c.get("by_library") or {}).items())
     return (f"Compute ceiling measured in this run: {fmt(c['gflops'])} GFLOP/s ({c['dtype']} matmuls of the model's "
-            f"projection shapes, {c['shapes'][0][0]} tokens, on {c['device']} with {c['threads']} threads; "
+            f"projection shapes, {c['shapes'][0][0]} tokens, on {c['device']} with {c['threads']} threads"
+            + (f"; the best of {libs}" if libs else "") + "; "
             "experiments/ceilings.py). Prefill GFLOP/s = 2 x non-embedding params x mean prompt tokens / median TTFT "
             "(a lower bound under concurrency: TTFT includes queueing).")
 

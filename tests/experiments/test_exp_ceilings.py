@@ -22,6 +22,9 @@ def test_compute_peak_is_measured_in_a_child(exp_model):
     c = ceilings.compute_peak(str(exp_model), "float32")
     assert c["gflops"] > 0.1 and c["device"] == "cpu" and c["dtype"] == "float32"
     assert c["shapes"][0][0] == ceilings.TOKENS
+    # every GEMM library engines use on a CPU is timed, and the best one is the ceiling
+    assert set(c["by_library"]) == {"matmul", "onednn"} and c["gflops"] == max(c["by_library"].values())
+    assert c["library"] in c["by_library"]
     assert "error" in ceilings.compute_peak(str(exp_model / "missing"), "float32")
 
 
