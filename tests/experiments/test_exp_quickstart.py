@@ -18,21 +18,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.longest  # ~3 minutes: started first (tests/conftest.py)
 @pytest.mark.vllm  # runs vLLM too where .venv-vllm exists (CI): scheduled among the longest tests
 def test_quickstart_end_to_end(tmp_path):
     vllm = (REPO / ".venv-vllm" / "bin" / "python").exists()
     if vllm:  # the quickstart's optional vLLM run finds `.venv-vllm` in the working directory
         (tmp_path / ".venv-vllm").symlink_to(REPO / ".venv-vllm")
-    # VLLM_ENABLE_V1_MULTIPROCESSING=0 (inherited by the server the harness launches): vLLM's engine
-    # core runs its model worker in its own process instead of spawning one more, which re-imports
-    # torch and vLLM (measured on 2 cores: vLLM's start 44 -> 35 s, the test's process tree
-    # 155 -> 142 CPU-s). Everything the user's path touches stays: the config as written, the
-    # harness launching `.venv-vllm`'s OpenAI server, pinning its KV, reading it back, and stopping
-    # the whole process tree; only vLLM's internal process layout differs from `make demo`'s.
+    # vLLM in its default process layout (a model worker process of its own), as `make demo` runs it:
+    # the one test that launches it so, and checks that the whole process tree is gone after.
     p = subprocess.run([sys.executable, "-m", "experiments.cli", "run",
                         str(REPO / "experiments/configs/quickstart.toml"), "--no-progress"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr[-3000:]
     run = tmp_path / "results" / "quickstart"
     assert (tmp_path / "models/smollm2-135m-instruct/config.json").is_file()

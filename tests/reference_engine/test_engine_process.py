@@ -69,3 +69,17 @@ async def test_a_core_that_cannot_start_raises_in_start(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')  # fields missing
     with pytest.raises(ValueError, match="lacks required field"):
         await ProcessAsyncEngine(EngineConfig(str(tmp_path))).start()
+
+
+def test_an_idle_core_takes_a_burst_in_one_turn():
+    """Requests that arrive together reach an idle core as one turn's batch (`_burst`), not the first
+    alone: here all three are in the pipe before the core looks."""
+    import multiprocessing
+
+    from reference_engine.engine_process import _burst
+    r, w = multiprocessing.Pipe(duplex=False)
+    for i in range(3):
+        w.send([f"op{i}"])
+    assert _burst(r) == [["op0"], ["op1"], ["op2"]]
+    w.send(["later"])
+    assert _burst(r) == [["later"]]

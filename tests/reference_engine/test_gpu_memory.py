@@ -223,22 +223,23 @@ def test_nvml_falls_back_to_the_index_and_is_optional(monkeypatch):
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_kept_cpu_heap_stops_page_faults_on_every_activation():
     """A 40 MiB temporary (a 4,096-token chunk's gate/up output is 48 MiB for SmolLM2) made and freed
-    5 times: above glibc's largest mmap threshold each is a fresh mmap whose ~10,000 pages fault in
-    again; after keep_freed_cpu_memory the heap keeps them: only the first round faults (run in a
-    child: mallopt is per process)."""
+    10 times: above glibc's largest mmap threshold each is a fresh mmap whose ~10,000 pages fault in
+    again. After keep_freed_cpu_memory (and one warm-up round of 10, in which the heap grows: how
+    many of those fault varies with the heap's layout, 1 to 4 rounds seen) the heap keeps them: at
+    most a few of 10 rounds fault (0 or 1 seen). Run in a child: mallopt is per process."""
     code = """
 import resource, torch
 from reference_engine.gpu_memory import keep_freed_cpu_memory
 x = torch.ones(10 << 20)
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(5):
+    for _ in range(10):
         (x + 1).sum()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(faults(), keep_freed_cpu_memory(), faults())
+print(faults(), keep_freed_cpu_memory(), faults(), faults())
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    default, applied, kept = int(out[0]), out[1], int(out[2])
+    default, applied, kept = int(out[0]), out[1], int(out[3])
     assert applied == "True"
     pages = (40 << 20) // 4096
-    assert default >= 4 * pages and kept < 1.5 * pages, (default, kept)
+    assert default >= 8 * pages and kept <= 3 * pages, (default, kept)
