@@ -35,7 +35,9 @@ demo:
 # OpenMP threads of one process slow the others by an order of magnitude. Two pytest workers
 # (pytest-xdist); `loadgroup` keeps the tests of the one shared vLLM server on one worker.
 # No test bounds a wall-clock time: timing verdicts are `make bench`'s (docs/perf/).
-PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -q -n $${PYTEST_WORKERS:-2} --dist loadgroup
+# --no-loadscope-reorder: xdist would hand the groups out largest first (by test count), which put the
+# single longest test (the quickstart, ~3 min, a group of one) last; tests/conftest.py orders them.
+PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -q -n $${PYTEST_WORKERS:-2} --dist loadgroup --no-loadscope-reorder
 
 test: setup
 	$(PYTEST) -rs --durations=30

@@ -80,7 +80,8 @@ def pytest_itemcollected(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest first: xdist hands the groups out in collection order, so the tests that start
+    """Longest first: xdist hands the groups out in collection order (make test passes
+    --no-loadscope-reorder; by default xdist would order them by test count), so the tests that start
     real vLLM servers (marked `vllm`) go first, then the other slow ones, and the last minutes
     of a run are short tests spread over both workers instead of one launch holding one worker
     (a busy-machine CI run spent its last 1.5 minutes so). The single longest test (marked
