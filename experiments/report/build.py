@@ -79,7 +79,10 @@ def build(dirs: list[Path], out: Path) -> Path:
            f"Measured peak in this run (copy of {peak.get('size_mb', '?')} MB, read + write, best of "
            f"{peak.get('repeats', 3)} on 1 thread and on {peak.get('cpu_threads', '?')}): "
            f"CPU {fmt(peak.get('cpu_gbps'))} GB/s (1 thread {fmt(peak.get('cpu_gbps_1_thread'))}), "
-           f"GPU {fmt(peak.get('gpu_gbps'))} GB/s.", "",
+           f"GPU {fmt(peak.get('gpu_gbps'))} GB/s."
+           + (f" Read before each engine: {len(peak['readings'])} readings, {fmt(min(peak['readings']))} to "
+              f"{fmt(max(peak['readings']))} GB/s; every floor below uses the best."
+              if len(peak.get("readings") or []) > 1 else ""), "",
            ceiling_line(runs), ""]
     md += group(runs, BANDWIDTH) + [""]
     md += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in pngs] + [""]

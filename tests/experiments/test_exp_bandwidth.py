@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.bandwidth import FORMULA, decode_estimate, model_shape, peak_copy_gbps
+from experiments.bandwidth import FORMULA, best_of, decode_estimate, model_shape, peak_copy_gbps
 
 
 def test_model_shape_reads_weights_and_kv_size_from_the_files(exp_model):
@@ -35,6 +35,15 @@ def test_peak_copy_is_measured():
     assert 0.1 < peak["cpu_gbps"] < 10_000 and peak["size_mb"] == 16 and peak["repeats"] == 2
     cores = peak["cpu_threads"]
     assert peak["cpu_gbps"] == max(peak["cpu_gbps_1_thread"], peak[f"cpu_gbps_{cores}_threads"])
+
+
+def test_best_of_keeps_the_faster_reading_and_every_reading():
+    slow = {"cpu_gbps": 20.0, "cpu_gbps_1_thread": 15.0, "gpu_gbps": None}
+    fast = {"cpu_gbps": 40.0, "cpu_gbps_1_thread": 30.0, "gpu_gbps": None}
+    both = best_of(slow, fast)
+    assert both["cpu_gbps"] == 40.0 and both["cpu_gbps_1_thread"] == 30.0 and both["readings"] == [20.0, 40.0]
+    third = best_of(both, {"cpu_gbps": 35.0, "gpu_gbps": 900.0})
+    assert third["cpu_gbps"] == 40.0 and third["readings"] == [20.0, 40.0, 35.0] and third["gpu_gbps"] == 900.0
 
 
 def test_split_copy_copies_every_element():

@@ -45,6 +45,10 @@ def test_repeats_interleave_and_report_medians_with_intervals(tmp_path, exp_mode
         assert set(m["levels"]["concurrency=2"]) == {"1", "2"}
     order = sorted(first, key=first.get)
     assert order == [("paced", 1), ("paced2", 1), ("paced", 2), ("paced2", 2)]  # A B A B
+    # the copy bandwidth was read before each of the four starts; every engine keeps the best one
+    peaks = [json.loads((run / eng / "manifest.json").read_text())["peak_bandwidth"] for eng in ("paced", "paced2")]
+    assert peaks[0] == peaks[1] and len(peaks[0]["readings"]) == 4
+    assert peaks[0]["cpu_gbps"] == max(peaks[0]["readings"])
     s = json.loads((run / "paced/summary.json").read_text())["levels"]["concurrency=2"]
     assert s["ci_basis"] == "repeats" and s["repeats"] == [1, 2]
     lo, hi = s["ci"]["tpot_ms.median"]
@@ -56,6 +60,7 @@ def test_repeats_interleave_and_report_medians_with_intervals(tmp_path, exp_mode
     row = next(x for x in report.splitlines() if x.startswith("| TPOT median (ms) |"))
     assert row.count("[") == 2  # both engines' cells carry an interval
     assert "cost per million output tokens" in report
+    assert "Read before each engine: 4 readings" in report
 
 
 @pytest.mark.slow
