@@ -24,7 +24,9 @@ closed-loop streams on SmolLM2, three runs each: 114 vs 100 output tok/s median,
 
 The child is forked from the server before the server has run any torch op (no OpenMP pool,
 no tokenizer threads to inherit), so it starts without re-importing torch; `INFERLAB_ENGINE_START`
-= "spawn" starts a fresh interpreter instead.
+= "spawn" starts a fresh interpreter instead. A process that has started threads since this module
+was imported (a multi-threaded torch op starts OpenMP's pool, and a child forked after it hangs in
+its first parallel region) spawns instead (`start_method`).
 
 Invariants: the core is only touched in the child; streams only on the event loop; every stream
 ends with one finished delta, the error of its step, or (when the child dies) a RuntimeError
@@ -51,6 +53,25 @@ from reference_engine.async_engine import AbortRequest, AddRequest, AsyncEngine,
 from reference_engine.config import EngineConfig
 from reference_engine.engine import EngineStats, LLMEngine
 from reference_engine.outputs import TokenDelta
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: no way to tell, so assume nothing was started
+        return _BASE_THREADS
+
+
+_BASE_THREADS = 0
+_BASE_THREADS = _threads()  # after `import torch` (reference_engine's imports): its own threads are harmless
+
+
+def start_method() -> str:
+    """"fork" (no re-import of torch) while this process runs no more threads than it did when this
+    module was imported; "spawn" once it does: a forked child inherits the memory of threads that do
+    not exist in it (OpenMP's pool after a multi-threaded torch op hangs the child's first parallel
+    region). INFERLAB_ENGINE_START = fork | spawn | forkserver decides instead."""
+    return os.environ.get("INFERLAB_ENGINE_START") or ("fork" if _threads() <= _BASE_THREADS else "spawn")
 
 
 @dataclass(frozen=True)
@@ -193,7 +214,7 @@ class ProcessAsyncEngine(AsyncEngine):
     async def start(self) -> "ProcessAsyncEngine":
         if self._proc is not None:
             return self
-        ctx = multiprocessing.get_context(os.environ.get("INFERLAB_ENGINE_START", "fork"))
+        ctx = multiprocessing.get_context(start_method())
         to_core_r, to_core_w = ctx.Pipe(duplex=False)
         from_core_r, from_core_w = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=core_main, args=(self.config, to_core_r, from_core_w, (to_core_w, from_core_r)),

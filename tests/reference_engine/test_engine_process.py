@@ -83,3 +83,36 @@ def test_an_idle_core_takes_a_burst_in_one_turn():
     assert _burst(r) == [["op0"], ["op1"], ["op2"]]
     w.send(["later"])
     assert _burst(r) == [["later"]]
+
+
+CHILD = """
+import asyncio, os, sys, torch
+from reference_engine import EngineConfig, SamplingParams
+from reference_engine.engine_process import ProcessAsyncEngine, start_method
+before = start_method()
+torch.ones(512, 512) @ torch.ones(512, 512)  # two threads: OpenMP's pool now exists in this process
+after = start_method()
+async def main():
+    engine = await ProcessAsyncEngine(EngineConfig(sys.argv[1], kv_cache_tokens=256, num_threads=2)).start()
+    try:
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        return sum([len(d.new_token_ids) async for d in engine.generate([5, 6, 7], params)])
+    finally:
+        await engine.shutdown()
+print(before, after, asyncio.run(main()))
+"""
+
+
+def test_a_process_that_ran_threaded_torch_ops_spawns_its_core(tiny_llama):
+    """Forking after a multi-threaded torch op hung the child in OpenMP; such a process now spawns
+    the core (`start_method`), and the core generates. A fresh interpreter with two OpenMP threads."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "INFERLAB_ENGINE_START"}
+    env["OMP_NUM_THREADS"] = "2"
+    p = subprocess.run([sys.executable, "-c", CHILD, str(tiny_llama)], env=env, capture_output=True, text=True,
+                       timeout=900)  # a hang detector only (a hung fork never returns), not a time bound
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[-3:] == ["fork", "spawn", "4"]
