@@ -51,12 +51,16 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     assert [(c["name"], c["engines"]) for c in cfg["cells"][4:6]] == [  # HF under the same Poisson loads
         ("tiny-fp32-hf", ["reference", "hf"]), ("small-fp32-hf", ["reference", "hf"])]
     real = {c["name"]: c for c in cfg["cells"][6:]}  # the real model: offline, served at 1, 4, 8, Poisson
-    assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-bf16-served", "smollm2-fp32-poisson"]
+    assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-fp32-served-modes",
+                          "smollm2-bf16-served", "smollm2-fp32-poisson"]
     assert real["smollm2-fp32-poisson"]["load"] == {"rate": [3.0]}  # the base's open loop, max_concurrency 8
     assert all(c["make_model"] == {"preset": "smollm2-135m-instruct"} for c in real.values())
     assert real["smollm2-fp32-offline"]["load"]["rate"] == ["inf"]
-    assert real["smollm2-fp32-served"]["engines"] == ["reference", "reference-thread", "reference-1t", "vllm"]
-    assert real["smollm2-fp32-offline"]["engines"] == ["reference", "reference-thread", "vllm"]
+    # against vLLM: three interleaved repeats each; the reference's own layouts: a cell of their own
+    for name in ("smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-fp32-poisson"):
+        assert real[name].get("engines", cfg["engines"]) == ["reference", "vllm"] and real[name]["repeats"] == 3
+    assert real["smollm2-fp32-served-modes"]["engines"] == ["reference", "reference-thread", "reference-1t"]
+    assert real["smollm2-fp32-served-modes"]["load"] == real["smollm2-fp32-served"]["load"]
     server = {"adapter": "reference", "mode": "server", "max_num_seqs": 128}
     assert cfg["engine_options"]["reference-thread"] == {**server, "num_threads": 2, "engine_process": False}
     assert cfg["engine_options"]["reference-1t"] == {**server, "num_threads": 1}
