@@ -1,44 +1,75 @@
-"""A/B of the C++ decode-attention kernel: a commit's source (REV, default HEAD) against the working
-tree's, built side by side and timed in one process, alternating; checks the outputs are bit-identical.
-SmolLM2 shapes: 30 layers (each its own KV cache, so nothing stays cached), 9 heads / 3 kv heads,
-D 64, blocks of 16 in a shuffled table, fp32, B sequences of context C, 2 threads.
+"""A/B of the C++ attention kernel: a commit's source (REV, default HEAD) against the working tree's,
+built side by side and timed in one process, alternating; prints the largest difference between their
+outputs (0.0: bit-identical). SmolLM2 shapes: 30 layers (each its own KV cache, so nothing stays
+cached), 9 heads / 3 kv heads, D 64, blocks of 16 in a shuffled table, fp32, 2 threads.
+decode: B sequences of context C, one query each; prefill: B sequences whose whole C-token prompt is
+the query chunk (causal).
 
-    .venv/bin/python scripts/attention_ab.py B C [REV]      e.g. 8 160 HEAD~1
+    .venv/bin/python scripts/attention_ab.py decode|prefill B C [REV]      e.g. decode 8 160 HEAD~1
 """
-import importlib.util, random, subprocess, sys, time
+import random, subprocess, sys, time
+from pathlib import Path
 import torch
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+root = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(root))
 from reference_engine.kernels import cpu_build  # noqa: E402
-B, C = int(sys.argv[1]), int(sys.argv[2]); torch.set_num_threads(2)
-root = __import__("pathlib").Path(__file__).resolve().parents[1]
-rev = sys.argv[3] if len(sys.argv) > 3 else "HEAD"
-old_src = subprocess.run(["git", "-C", str(root), "show", f"{rev}:reference_engine/attention/cpp_kernel.py"],
-                         capture_output=True, text=True, check=True).stdout
-ns = {}; exec(compile(old_src.split("@functools.cache")[0], "old", "exec"), ns)
-spec = importlib.util.spec_from_file_location("newk", str(root / "reference_engine/attention/cpp_kernel.py"))
-newk = importlib.util.module_from_spec(spec); spec.loader.exec_module(newk)
-mods = {"old": cpu_build.load("ab_old_att", ns["SOURCE"], ["decode", "prefill"]),
-        "new": cpu_build.load("ab_new_att", newk.SOURCE, ["decode", "prefill"])}
+mode, B, C = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]); torch.set_num_threads(2)
+rev = sys.argv[4] if len(sys.argv) > 4 else "HEAD"
+
+
+def source(get):
+    """The kernel's C++ source from `get(path)` (a file's text, or None where it does not exist)."""
+    ns = {}
+    exec(compile(get("reference_engine/attention/cpp_kernel.py").split("@functools.cache")[0]
+                 .replace("from reference_engine.attention import cpp_prefill\n", ""), "k", "exec"), ns)
+    extra = get("reference_engine/attention/cpp_prefill.py")  # the prefill half, from 2026-12-02 on
+    if extra:
+        exec(compile(extra, "p", "exec"), ns2 := {})
+        return ns["SOURCE"] + ns2["SOURCE"]
+    return ns["SOURCE"]
+
+
+def at_rev(path):
+    r = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{path}"], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None
+
+
+def in_tree(path):
+    p = root / path
+    return p.read_text() if p.exists() else None
+
+
+mods = {"old": cpu_build.load("ab_old_att", source(at_rev), ["decode", "prefill"]),
+        "new": cpu_build.load("ab_new_att", source(in_tree), ["decode", "prefill"])}
 L, H, Hkv, D, bs = 30, 9, 3, 64, 16
-nb = B * ((C + bs - 1) // bs) + 8
+per = (C + bs - 1) // bs
+nb = B * per + 8
 rng = random.Random(0)
 caches = [(torch.randn(nb, bs, Hkv, D), torch.randn(nb, bs, Hkv, D)) for _ in range(L)]
-per = (C + bs - 1) // bs
 ids = list(range(nb)); rng.shuffle(ids)
 tables = torch.tensor([ids[b * per:(b + 1) * per] for b in range(B)], dtype=torch.long)
 lens = torch.full((B,), C, dtype=torch.long)
-qs = [torch.randn(B, H, D) for _ in range(L)]
-outs = {k: [torch.empty(B, H, D) for _ in range(L)] for k in mods}
+rows = B if mode == "decode" else B * C
+starts = torch.arange(B + 1, dtype=torch.long) * C
+qs = [torch.randn(rows, H, D) for _ in range(L)]
+outs = {k: [torch.empty(rows, H, D) for _ in range(L)] for k in mods}
+
+
 def step(k):
     m = mods[k]
-    for l in range(L):
-        m.decode(qs[l], caches[l][0], caches[l][1], tables, lens, D ** -0.5, outs[k][l])
+    for i in range(L):
+        if mode == "decode":
+            m.decode(qs[i], caches[i][0], caches[i][1], tables, lens, D ** -0.5, outs[k][i])
+        else:
+            m.prefill(qs[i], caches[i][0], caches[i][1], tables, lens, starts, D ** -0.5, outs[k][i])
+
+
 for k in mods: step(k)
-same = all(torch.equal(a, b) for a, b in zip(outs["old"], outs["new"]))
+diff = max((a - b).abs().max().item() for a, b in zip(outs["old"], outs["new"]))
 t = {k: [] for k in mods}
-for _ in range(40):
+for _ in range(40 if mode == "decode" else 10):
     for k in mods:
         s = time.perf_counter(); step(k); t[k].append(time.perf_counter() - s)
 for k in mods:
-    v = sorted(t[k]); print(f"{k}: 30 layers, B={B} C={C}: min {v[0]*1e3:.2f} ms, median {v[len(v)//2]*1e3:.2f} ms")
-print("bit-identical:", same)
+    v = sorted(t[k]); print(f"{k}: {mode}, 30 layers, B={B} C={C}: min {v[0]*1e3:.2f} ms, median {v[len(v)//2]*1e3:.2f} ms")
+print("largest difference old vs new:", diff)

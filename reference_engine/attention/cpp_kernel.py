@@ -5,10 +5,8 @@
     q (B, H, D), k_cache / v_cache (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int64,
     seq_lens (B,) int64 context length (the query's own key included), out (B, H, D)
 
-`prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale, out)`: chunks of several
-query tokens per sequence (q (N, H, D), the chunks back to back, `query_start` (B+1,) int64 their
-offsets), each token attending causally to its sequence's keys in the cache up to its own position
-(prefix-cached context and earlier chunks included), one task per (sequence, 16-row tile, kv head).
+`prefill(...)`: chunks of several query tokens per sequence, causal — its source is in
+`cpp_prefill.py` (appended to this one's: one extension, shared helpers).
 
 Decode: one task per (sequence, kv head), spread over torch's intra-op threads (`at::parallel_for`). A task
 walks its sequence's blocks through the block table, reading each key and value row of its kv
@@ -26,6 +24,7 @@ from __future__ import annotations
 
 import functools
 
+from reference_engine.attention import cpp_prefill
 from reference_engine.kernels import cpu_build
 
 SOURCE = cpu_build.HEADER + r"""
@@ -71,11 +70,11 @@ static inline void scores8(const float* q, const T* k, int64_t stride, int64_t r
   for (int g = 0; g < GN; ++g) _mm256_storeu_ps(s + g * ld + r0, reduce8(a[g]));
 }
 
-// acc_g += sum_r p[g * ld + r] * v_r for GN rows, 16 columns from c: each value chunk is loaded once
-// for the GN rows; every element still sums its terms in row order.
+// acc_g += sum_r p[g * ld + r * sr] * v_r for GN rows, 16 columns from c: each value chunk is loaded
+// once for the GN rows; every element still sums its terms in row order.
 template <int GN, typename T>
-static inline void accumulate16(const float* p, int64_t ld, const T* v, int64_t stride, int64_t n, float* acc,
-                                int64_t D, int64_t c) {
+static inline void accumulate16(const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride, int64_t n,
+                                float* acc, int64_t D, int64_t c) {
   __m256 a[GN][2];
   for (int g = 0; g < GN; ++g) {
     a[g][0] = _mm256_loadu_ps(acc + g * D + c);
@@ -84,7 +83,7 @@ static inline void accumulate16(const float* p, int64_t ld, const T* v, int64_t 
   for (int64_t r = 0; r < n; ++r) {
     const __m256 v0 = load8(v + r * stride + c), v1 = load8(v + r * stride + c + 8);
     for (int g = 0; g < GN; ++g) {
-      const __m256 pg = _mm256_set1_ps(p[g * ld + r]);
+      const __m256 pg = _mm256_set1_ps(p[g * ld + r * sr]);
       a[g][0] = _mm256_fmadd_ps(pg, v0, a[g][0]);
       a[g][1] = _mm256_fmadd_ps(pg, v1, a[g][1]);
     }
@@ -120,19 +119,25 @@ static inline void scores(const float* q, const T* k, int64_t stride, int64_t n,
     }
 }
 
-// acc_g += sum_r p[g * ld + r] * v_r for the G rows acc (G, D) and value rows v_r = v + r * stride.
+// acc_g += sum_r p[g * ld + r * sr] * v_r for the G rows acc (G, D) and value rows v_r = v + r * stride
+// (sr = 1: scores row-major, decode; sr = ld of the keys: key-major, prefill).
 template <typename T>
-static inline void accumulate(const float* p, int64_t ld, const T* v, int64_t stride, int64_t n, float* acc,
-                              int64_t G, int64_t D) {
+static inline void accumulate(const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride, int64_t n,
+                              float* acc, int64_t G, int64_t D) {
 #ifdef VEC8
   if (D % 16 == 0) {
-    for (int64_t g = 0; g < G; g += 3)  // rows three at a time
+    for (int64_t g = 0; g < G; g += 6)  // rows up to six at a time (12 accumulators)
       for (int64_t c = 0; c < D; c += 16) {
         const float* pg = p + g * ld;
         float* ag = acc + g * D;
-        if (G - g >= 3) accumulate16<3>(pg, ld, v, stride, n, ag, D, c);
-        else if (G - g == 2) accumulate16<2>(pg, ld, v, stride, n, ag, D, c);
-        else accumulate16<1>(pg, ld, v, stride, n, ag, D, c);
+        switch (std::min<int64_t>(6, G - g)) {
+          case 6: accumulate16<6>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 5: accumulate16<5>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 4: accumulate16<4>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 3: accumulate16<3>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 2: accumulate16<2>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          default: accumulate16<1>(pg, ld, sr, v, stride, n, ag, D, c); break;
+        }
       }
     return;
   }
@@ -141,7 +146,7 @@ static inline void accumulate(const float* p, int64_t ld, const T* v, int64_t st
       for (int64_t c = 0; c < D; c += 8) {
         __m256 a = _mm256_loadu_ps(acc + g * D + c);
         for (int64_t r = 0; r < n; ++r)
-          a = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ld + r]), load8(v + r * stride + c), a);
+          a = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ld + r * sr]), load8(v + r * stride + c), a);
         _mm256_storeu_ps(acc + g * D + c, a);
       }
     return;
@@ -149,7 +154,7 @@ static inline void accumulate(const float* p, int64_t ld, const T* v, int64_t st
 #endif
   for (int64_t g = 0; g < G; ++g)
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t d = 0; d < D; ++d) acc[g * D + d] += p[g * ld + r] * static_cast<float>(v[r * stride + d]);
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] += p[g * ld + r * sr] * static_cast<float>(v[r * stride + d]);
 }
 
 template <typename T>
@@ -199,7 +204,7 @@ static void decode_task(const T* q, const T* kc, const T* vc, const int64_t* tab
         for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= c;
       }
       prefetch_rows(vc + next + h * D, nn, stride, D);
-      accumulate(s, bs, vc + blk * block + h * D, stride, n, acc + i0 * D, G, D);
+      accumulate(s, bs, 1, vc + blk * block + h * D, stride, n, acc + i0 * D, G, D);
     }
   }
   for (int64_t i = 0; i < nh; ++i) {
@@ -227,97 +232,6 @@ static void decode_impl(const T* q, const T* kc, const T* vc, const int64_t* tab
                   scale, qf.data(), acc.data(), s.data(), m.data(), l.data());
     }
   });
-}
-
-// Prefill: rows [r0, r1) of one sequence's query chunk (row r at absolute position pos0 + r), kv head
-// h. Row r attends keys 0 .. pos0 + r of its sequence, all in the cache (the step's own keys were
-// written first). The R = (r1 - r0) * G query vectors share each key row read; scores past a row's
-// position are dropped before the online softmax. Buffers (floats): qf, acc (R * D); s (R * bs); m, l (R).
-template <typename T>
-static void prefill_task(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t pos0, int64_t r0,
-                         int64_t r1, int64_t h, T* out, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
-                         float* qf, float* acc, float* s, float* m, float* l) {
-  const int64_t G = H / Hkv, R = (r1 - r0) * G, stride = Hkv * D, block = bs * stride;
-  for (int64_t i = 0; i < R; ++i) {
-    const T* src = q + ((r0 + i / G) * H + h * G + i % G) * D;
-    for (int64_t d = 0; d < D; ++d) qf[i * D + d] = static_cast<float>(src[d]) * scale;
-  }
-  std::fill(acc, acc + R * D, 0.f);
-  std::fill(m, m + R, -INFINITY);
-  std::fill(l, l + R, 0.f);
-  const int64_t len = pos0 + r1;  // keys the last row sees
-  for (int64_t t0 = 0; t0 < len; t0 += bs) {
-    const int64_t n = std::min(bs, len - t0), blk = table[t0 / bs];
-    scores(qf, kc + blk * block + h * D, stride, n, s, bs, R, D);
-    for (int64_t i = 0; i < R; ++i) {
-      float* si = s + i * bs;
-      const int64_t nn = std::min(n, pos0 + r0 + i / G + 1 - t0);  // keys of this block row i sees
-      if (nn <= 0) { std::fill(si, si + n, 0.f); continue; }
-      float mx = m[i];
-      for (int64_t r = 0; r < nn; ++r) mx = std::max(mx, si[r]);
-      const float c = std::exp(m[i] - mx);
-      l[i] = l[i] * c + exp_shifted(si, nn, mx);
-      std::fill(si + nn, si + n, 0.f);
-      m[i] = mx;
-      for (int64_t d = 0; d < D; ++d) acc[i * D + d] *= c;
-    }
-    accumulate(s, bs, vc + blk * block + h * D, stride, n, acc, R, D);
-  }
-  for (int64_t i = 0; i < R; ++i) {
-    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-    T* o = out + ((r0 + i / G) * H + h * G + i % G) * D;
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[i * D + d] * inv);
-  }
-}
-
-constexpr int64_t TILE = 16;  // query rows per prefill task: their G heads share every key row read
-
-template <typename T>
-static void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
-                         const int64_t* starts, T* out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs,
-                         int64_t width, float scale) {
-  std::vector<int64_t> tasks;  // (sequence, first row), one per query tile; times Hkv heads below
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = 0; r < starts[b + 1] - starts[b]; r += TILE) { tasks.push_back(b); tasks.push_back(r); }
-  const int64_t nt = static_cast<int64_t>(tasks.size() / 2), G = H / Hkv;
-  at::parallel_for(0, nt * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(TILE * G * D), acc(TILE * G * D), s(TILE * G * bs), m(TILE * G), l(TILE * G);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = tasks[2 * (w / Hkv)], r0 = tasks[2 * (w / Hkv) + 1], h = w % Hkv;
-      const int64_t qlen = starts[b + 1] - starts[b], r1 = std::min(qlen, r0 + TILE);
-      const T* qb = q + starts[b] * H * D;
-      prefill_task(qb, kc, vc, tables + b * width, lens[b] - qlen, r0, r1, h, out + starts[b] * H * D, H, Hkv, D,
-                   bs, scale, qf.data(), acc.data(), s.data(), m.data(), l.data());
-    }
-  });
-}
-
-void prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
-             torch::Tensor seq_lens, torch::Tensor query_start, double scale, torch::Tensor out) {
-  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "prefill: contiguous tensors expected");
-  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong
-              && query_start.scalar_type() == at::kLong && block_tables.stride(1) == 1 && seq_lens.is_contiguous()
-              && query_start.is_contiguous(), "prefill: int64 row-major tables, lengths and starts expected");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type()
-              && out.scalar_type() == q.scalar_type(), "prefill: q, caches and out must share a dtype");
-  const int64_t B = seq_lens.size(0), H = q.size(1), D = q.size(2), bs = k_cache.size(1), Hkv = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == D && H % Hkv == 0 && block_tables.size(0) >= B && query_start.size(0) == B + 1,
-              "prefill: shape mismatch");
-  if (q.scalar_type() == at::kFloat) {
-    prefill_impl<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                        block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
-                        query_start.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, Hkv, D, bs,
-                        block_tables.stride(0), (float)scale);
-  } else if (q.scalar_type() == at::kBFloat16) {
-    using bf = at::BFloat16;
-    prefill_impl<bf>(q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(),
-                     block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
-                     query_start.data_ptr<int64_t>(), out.data_ptr<bf>(), B, H, Hkv, D, bs,
-                     block_tables.stride(0), (float)scale);
-  } else {
-    TORCH_CHECK(false, "prefill: float32 or bfloat16 expected, got ", q.scalar_type());
-  }
 }
 
 void decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor block_tables,
@@ -353,4 +267,4 @@ void decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch
 @functools.cache
 def module():
     """The compiled extension (built once per process; the build itself is cached on disk)."""
-    return cpu_build.load("inferlab_cpu_attention", SOURCE, ["decode", "prefill"])
+    return cpu_build.load("inferlab_cpu_attention", SOURCE + cpp_prefill.SOURCE, ["decode", "prefill"])

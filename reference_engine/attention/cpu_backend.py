@@ -5,7 +5,7 @@ step, then runs SDPA on it; at batch 128 that copy moves more bytes than the wei
 decode batch goes to `attention/cpp_kernel.py`, which reads keys and values in place through
 the block table (one task per sequence, or per sequence and kv-head range when sequences are
 fewer than threads), so each cached row is read once per layer and nothing is allocated.
-Prefill chunks go to the kernel's prefill, which reads context (prefix-cached blocks, earlier
+Prefill chunks go to the kernel's prefill (`cpp_prefill.py`), which reads context (prefix-cached blocks, earlier
 chunks) the same way, in place; `TorchBackend` runs SDPA per sequence and gathers cached context.
 Writing the step's K/V into the cache is `TorchBackend`'s code.
 
