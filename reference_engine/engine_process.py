@@ -17,10 +17,12 @@ wins with a core left to the front end (serve's default, cores - 1 threads); wit
 to the engine's threads, the thread was ~10 % ahead on a quiet machine (no handshake here yet).
 
 An idle core that gets a message waits up to 2 ms for the next one (10 ms in all) before it steps
-(`_burst`): a closed loop's next wave or a burst of clients reaches the front end over a few
-milliseconds, and stepping the first request alone made the rest wait a whole prefill step (8
-closed-loop streams on SmolLM2, three runs each: 114 vs 100 output tok/s median, TTFT p50 834 vs
-892 ms; docs/perf/cpu_vs_vllm.md).
+(`_burst`): a burst of clients reaches the front end over a few milliseconds, and stepping the
+first request alone makes the rest wait a whole prefill step. When the core went idle because
+several requests finished within `WAVE_S` (a closed loop's wave: their clients send the next ones
+together, some a step earlier than the rest), it waits for as many new requests as finished, at
+most `WAVE_MAX_S`: 8 closed-loop streams on SmolLM2 split 1 + 7 at every wave without it, and
+the seven waited for the one's prefill (docs/perf/2026-12-03-closed-loop-waves.md).
 
 The child is forked from the server before the server has run any torch op (no OpenMP pool,
 no tokenizer threads to inherit), so it starts without re-importing torch; `INFERLAB_ENGINE_START`
@@ -117,9 +119,13 @@ def core_main(cfg: EngineConfig, inbox, outbox, front_ends: tuple) -> None:
                                 kv_capacity_tokens=core.runner.kv_capacity_tokens, stats=core.stats(),
                                 effective=core.effective_config(), pid=os.getpid()))
     applied, running = 0, True
+    finished: collections.deque = collections.deque()  # when each recent request finished
     try:
         while running:
-            batches = [] if core.has_unfinished() else _burst(inbox)
+            now = time.monotonic()
+            while finished and finished[0] < now - WAVE_S:
+                finished.popleft()
+            batches = [] if core.has_unfinished() else _burst(inbox, expect=len(finished))
             while inbox.poll():
                 batches.append(inbox.recv())
             out, replies = [], {}
@@ -132,6 +138,8 @@ def core_main(cfg: EngineConfig, inbox, outbox, front_ends: tuple) -> None:
                     applied += 1
             if running and core.has_unfinished():
                 out += step_or_fail(core)
+                done = time.monotonic()
+                finished.extend(done for _, d in out if getattr(d, "finished", False))
             outbox.send(TurnOutput([(r, _portable(d) if isinstance(d, BaseException) else d) for r, d in out],
                                    core.stats(), applied, replies, getattr(core, "failure", None)))
             running = running and not getattr(core, "failure", None)  # a dead TP rank: nothing left to step
@@ -143,17 +151,24 @@ def core_main(cfg: EngineConfig, inbox, outbox, front_ends: tuple) -> None:
 
 
 BURST_GAP_S, BURST_MAX_S = 0.002, 0.010
+WAVE_S, WAVE_MAX_S = 0.100, 0.030
 
 
-def _burst(inbox) -> list:
+def _burst(inbox, expect: int = 0) -> list:
     """An idle core's first message, and whatever follows it within `BURST_GAP_S` of the previous
-    one (at most `BURST_MAX_S` in all): requests that clients send together (a closed loop's next
-    wave, a burst) reach the front end over a few milliseconds; stepping the first one alone would
-    make the rest wait a whole prefill step for theirs. Costs an idle server's first request 2 ms."""
+    one (at most `BURST_MAX_S` in all): requests that clients send together (a burst) reach the
+    front end over a few milliseconds; stepping the first one alone would make the rest wait a
+    whole prefill step. Costs an idle server's first request 2 ms. With `expect` > 1 (that many
+    requests finished just before the core went idle: a closed loop's wave) it also waits, up to
+    `WAVE_MAX_S` in all, until `expect` new requests have come."""
     batches = [inbox.recv()]
-    deadline = time.monotonic() + BURST_MAX_S
-    while time.monotonic() < deadline and inbox.poll(BURST_GAP_S):
+    adds = sum(isinstance(m, AddRequest) for m in batches[0])
+    deadline = time.monotonic() + (WAVE_MAX_S if expect > 1 else BURST_MAX_S)
+    while (left := deadline - time.monotonic()) > 0:
+        if not inbox.poll(left if adds < expect else min(left, BURST_GAP_S)):
+            break
         batches.append(inbox.recv())
+        adds += sum(isinstance(m, AddRequest) for m in batches[-1])
     return batches
 
 
@@ -183,7 +198,8 @@ class CoreFacts:
         self.last_stats, self._effective, self.pid, self._call = facts.stats, facts.effective, facts.pid, call
 
     def effective_config(self) -> dict:
-        return {**self._effective, "engine_process": True}
+        return {**self._effective, "engine_process": True, "burst_wait_ms": BURST_GAP_S * 1e3,
+                "wave_wait_max_ms": WAVE_MAX_S * 1e3}
 
     def stats(self) -> EngineStats:
         return copy.copy(self.last_stats)

@@ -22,6 +22,7 @@ async def test_streams_match_offline_aborts_free_blocks_and_calls_run_between_st
     try:
         assert engine.is_alive and engine.core_pid != os.getpid()
         assert engine.effective_config()["engine_process"] is True and engine.max_model_len == llm.engine.max_model_len
+        assert engine.effective_config()["wave_wait_max_ms"] == 30.0  # the batching wait is read back, not hidden
         with pytest.raises(ValueError, match="outside the vocabulary"):  # validated in the front end, at once
             engine.add_request([10 ** 9], params)
 
@@ -83,6 +84,38 @@ def test_an_idle_core_takes_a_burst_in_one_turn():
     assert _burst(r) == [["op0"], ["op1"], ["op2"]]
     w.send(["later"])
     assert _burst(r) == [["later"]]
+
+
+def test_an_idle_core_waits_for_as_many_requests_as_just_finished(monkeypatch):
+    """A closed loop's wave: `expect` requests finished, so the core waits for that many new ones
+    even when they come further apart than `BURST_GAP_S`; without a wave it steps after the gap.
+    Only lower bounds on time matter here (sleeps), never how fast this machine is."""
+    import multiprocessing
+    import threading
+    import time
+
+    from reference_engine import engine_process
+    from reference_engine.async_engine import AddRequest
+    monkeypatch.setattr(engine_process, "WAVE_MAX_S", 600.0)
+    adds = [AddRequest([1, 2], SamplingParams(max_tokens=1), f"r{i}") for i in range(3)]
+    r, w = multiprocessing.Pipe(duplex=False)
+
+    def send_later(ops, pause):
+        for op in ops:
+            time.sleep(pause)  # far longer than BURST_GAP_S
+            w.send([op])
+
+    def burst(expect, later, pause):
+        w.send([adds[0]])
+        sender = threading.Thread(target=send_later, args=(later, pause))
+        sender.start()
+        got = engine_process._burst(r, expect=expect)
+        sender.join()
+        return [m.request_id for b in got for m in b]
+
+    assert burst(3, adds[1:], 0.05) == ["r0", "r1", "r2"]
+    assert burst(1, adds[1:2], 0.5) == ["r0"]  # one finished: no wave to wait for
+    assert [m.request_id for m in r.recv()] == ["r1"]
 
 
 CHILD = """
