@@ -117,6 +117,9 @@ class ModelRunner:
         # which library multiplies fp32 prefill-sized GEMMs (packed_linear.prefill_gemm, measured once)
         self.prefill_gemm = packed_linear.prefill_gemm() if cfg.linear_backend == "onednn" \
             and self.dtype == torch.float32 else cfg.linear_backend
+        # and fp32 decode-sized ones (at most PackedLinear.SMALL_M rows): the C++ GEMV or oneDNN
+        self.decode_gemv = packed_linear.decode_gemv() if cfg.linear_backend == "onednn" \
+            and self.dtype == torch.float32 else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
         spec = cfg.speculative

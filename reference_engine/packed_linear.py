@@ -23,6 +23,13 @@ rows). On an AMD EPYC with AVX-512 the opposite held by far (2048 x 576 x 1536: 
 is packed) and read back in the engine's effective settings; `INFERLAB_PREFILL_GEMM=mkl|onednn`
 pins it. `LARGE_M` is the crossover measured on the AVX2 machine, not a law.
 
+Decode-sized fp32 products (at most `SMALL_M` rows) go to the project's own C++ kernel instead
+(`decode_gemv()`: kernels/cpp_gemv.py, on W as stored, no extra copy): on SmolLM2 over its 121
+products it read the weights 1.14-1.25x faster than oneDNN's packed kernel at 1-8 rows, and behind
+`inferlab serve` took TPOT p50 from 24.8 / 35.5 / 39.0 to 21.1 / 26.6 / 27.0 ms at 1 / 4 / 8
+streams (docs/perf/2026-12-03-decode-gemv.md); its rows are batch-invariant by construction.
+`INFERLAB_DECODE_GEMV=onednn|inferlab` pins it. `SMALL_M` is where the two met on that machine.
+
 Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
 `weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
 (fp32) or 2 (bf16).
@@ -40,6 +47,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from reference_engine.kernels import cpp_gemv, cpu_build
 
 
 def available() -> bool:
@@ -80,14 +89,28 @@ def prefill_gemm() -> str:
     return min(best, key=best.get)
 
 
+@functools.cache
+def decode_gemv() -> str:
+    """"inferlab" (kernels/cpp_gemv.py) or "onednn": who multiplies fp32 products of at most `SMALL_M`
+    rows. The C++ kernel wherever it builds, unless `INFERLAB_DECODE_GEMV` names one."""
+    pinned = os.environ.get("INFERLAB_DECODE_GEMV", "")
+    if pinned:
+        if pinned not in ("inferlab", "onednn"):
+            raise ValueError(f"INFERLAB_DECODE_GEMV={pinned!r}: expected 'inferlab' or 'onednn'")
+        return pinned
+    return "inferlab" if cpu_build.builds(cpp_gemv.module) else "onednn"
+
+
 class PackedLinear(nn.Module):
     """`linear`'s forward over a oneDNN-packed copy of its weight (fp32, or bf16 where native);
     float32 inputs of `LARGE_M` rows or more through `F.linear` on the weight as stored when
-    `large` is "mkl" (`prefill_gemm()` by default)."""
+    `large` is "mkl" (`prefill_gemm()` by default); float32 inputs of at most `SMALL_M` rows
+    through the C++ GEMV when `small` is "inferlab" (`decode_gemv()` by default)."""
 
     LARGE_M = 512
+    SMALL_M = 12
 
-    def __init__(self, linear: nn.Linear, large: str | None = None):
+    def __init__(self, linear: nn.Linear, large: str | None = None, small: str | None = None):
         super().__init__()
         w = linear.weight.detach()
         self.out_dtype = w.dtype
@@ -99,8 +122,11 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # the parameter stays reachable (state, tied embeddings)
         self.large_mkl = (large or prefill_gemm()) == "mkl" and w.dtype == torch.float32
+        self.small_gemv = w.dtype == torch.float32 and w.is_contiguous() and (small or decode_gemv()) == "inferlab"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small_gemv and x.shape[0] <= self.SMALL_M and x.dim() == 2 and x.dtype == torch.float32:
+            return cpp_gemv.gemv(x if x.stride(1) == 1 else x.contiguous(), self.weight, self.bias)
         if self.large_mkl and x.shape[0] >= self.LARGE_M and x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
