@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reference_engine import fused_ops, packed_linear
+from reference_engine.fused_decode import FusedDecode
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
 from reference_engine.distributed import group as tp_group
@@ -153,6 +154,8 @@ class ModelRunner:
         if self.proposer:
             self.proposer.allocate_kv(self.num_blocks)
         self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
+        # CPU: small all-decode fp32 steps run each layer as one C++ call (fused_decode.py)
+        self.fast_decode = FusedDecode.build(self.model, self.backend, tp) if cfg.fused_ops else None
         max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
         self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
                                  self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
@@ -336,6 +339,8 @@ class ModelRunner:
         """The model over one step's `prepare`d sequences -> (batch, hidden `(N, hidden)`); on every
         rank, with the same record. A rank that dies meanwhile raises `RankFailure`."""
         batch = self.inputs.fill(seqs, rows)
+        if self.fast_decode is not None and self.fast_decode.takes(batch):
+            return batch, self.fast_decode.forward(batch.input_ids, batch.positions, batch.meta)
         run = lambda: self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # noqa: E731
         return batch, (self.tp.wrap(run) if self.tp else run())
 

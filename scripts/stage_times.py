@@ -3,6 +3,7 @@ x P tokens and of 8 decode steps, through forward hooks (the C++ kernels are inv
 
     .venv/bin/python scripts/stage_times.py B P      e.g. 64 64
 """
+import os; os.environ.setdefault("INFERLAB_FUSED_DECODE", "0")  # hooks do not fire on the fused decode path
 import random, sys, time, collections, torch
 from reference_engine import LLM, SamplingParams
 b, p = int(sys.argv[1]), int(sys.argv[2])

@@ -1,0 +1,83 @@
+"""One C++ call per decoder layer for a small all-decode fp32 batch on CPU (reference_engine/fused_decode.py).
+
+At batch 1 a SmolLM2 decode step spent ~5 ms of ~17-20 outside its 121 GEMVs: ~15 small ops per
+layer (norms, split and views, rotary, the KV write, attention, residual adds, SiLU-and-multiply)
+each paying Python, nn.Module and dispatcher overhead of a few microseconds, 30 layers deep. This
+module runs the same layer as one call: the same kernels (kernels/cpp_fused_ops.py, cpp_gemv.py,
+attention/cpp_kernel.py), in the same order, on the same tensors, so the result is bit-identical to
+the module path (`DecoderLayer.forward` with the fused modules and the CPU attention backend).
+
+It is built from those kernels' own sources, each in a namespace of its own (their helpers share
+names), their `#include`s hoisted out of it; `decode_layer` is the only new code:
+
+    h   = rms_norm(x, ln1)                                     (N, hidden)
+    qkv = gemv(h, W_qkv) + b_qkv -> q (N, H, D), k, v (N, Hkv, D), views
+    q, k = rope(q), rope(k)                                    in place, as FusedRotary
+    k_cache[slots], v_cache[slots] = k, v
+    x   = x + gemv(attention(q, caches, tables, lens), W_o)
+    x   = x + gemv(silu_mul(gemv(rms_norm(x, ln2), W_gate_up)), W_down)
+"""
+from __future__ import annotations
+
+import functools
+
+from reference_engine.attention import cpp_kernel as attention
+from reference_engine.kernels import cpp_fused_ops as ops
+from reference_engine.kernels import cpp_gemv as gemv
+from reference_engine.kernels import cpu_build
+
+
+def _split(source: str) -> tuple[list[str], str]:
+    """A kernel's source without the shared header: (its own #include lines, the rest)."""
+    lines = source.removeprefix(cpu_build.HEADER).splitlines()
+    return [ln for ln in lines if ln.startswith("#include")], "\n".join(ln for ln in lines if not ln.startswith("#include"))
+
+
+def _compose() -> str:
+    parts = {"ops_k": ops.SOURCE, "gemv_k": gemv.SOURCE, "attn_k": attention.SOURCE}
+    includes, bodies = [], []
+    for ns, src in parts.items():
+        inc, body = _split(src)
+        includes += inc
+        bodies.append(f"namespace {ns} {{\n{body}\n}}  // namespace {ns}\n")
+    return cpu_build.HEADER + "\n".join(dict.fromkeys(includes)) + "\n" + "".join(bodies) + LAYER
+
+
+LAYER = r"""
+// x (N, hidden) fp32 -> x after one decoder layer; every row one decoding sequence
+torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2, double eps, torch::Tensor w_qkv,
+                           torch::Tensor b_qkv, torch::Tensor w_o, torch::Tensor w_gate_up, torch::Tensor w_down,
+                           int64_t H, int64_t Hkv, double scale, torch::Tensor cos, torch::Tensor sin,
+                           torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
+                           torch::Tensor tables, torch::Tensor lens) {
+  const int64_t N = x.size(0), D = k_cache.size(3), I = w_down.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x (N, hidden) fp32");
+  auto h = torch::empty_like(x);
+  ops_k::rms_norm(x, ln1, eps, h);
+  auto qkv = gemv_k::gemv(h, w_qkv, b_qkv);  // (N, (H + 2 Hkv) D)
+  auto q = qkv.narrow(1, 0, H * D).view({N, H, D});
+  auto k = qkv.narrow(1, H * D, Hkv * D).view({N, Hkv, D});
+  auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
+  ops_k::rope_(q, cos, sin);
+  ops_k::rope_(k, cos, sin);
+  k_cache.view({-1, Hkv, D}).index_copy_(0, slots, k);
+  v_cache.view({-1, Hkv, D}).index_copy_(0, slots, v);
+  auto o = torch::empty({N, H, D}, x.options());
+  attn_k::decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
+  auto empty = x.new_empty({0});
+  x = x + gemv_k::gemv(o.view({N, H * D}), w_o, empty);
+  ops_k::rms_norm(x, ln2, eps, h);
+  auto gu = gemv_k::gemv(h, w_gate_up, empty);  // (N, 2 I): gate, up
+  auto m = torch::empty({N, I}, x.options());
+  ops_k::silu_mul(gu, m);
+  return x + gemv_k::gemv(m, w_down, empty);
+}
+"""
+
+SOURCE = _compose()
+
+
+@functools.cache
+def module():
+    """The compiled extension (built once per process; the build itself is cached on disk)."""
+    return cpu_build.load("inferlab_cpu_decode_layer", SOURCE, ["decode_layer"])

@@ -1,0 +1,65 @@
+"""fused_decode.FusedDecode: a small all-decode fp32 step through one C++ call per layer gives the
+module path's hidden states bit for bit, HF's greedy tokens, and is skipped where it does not apply."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_engine import LLM, SamplingParams
+from reference_engine.packed_linear import PackedLinear
+from tests.reference_engine.helpers import hf_argmax_along, random_prompts
+
+
+
+def _llm(model_dir) -> LLM:
+    llm = LLM(str(model_dir), dtype="float32")
+    if llm.engine.runner.fast_decode is None:
+        pytest.skip("the fused decode path does not build here (no C++ compiler, or another linear kernel)")
+    return llm
+
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])  # qwen2: the qkv projection has a bias
+def test_every_fast_step_equals_the_module_path_and_hf(family, request, monkeypatch):
+    model_dir = request.getfixturevalue(family)
+    llm = _llm(model_dir)
+    runner = llm.engine.runner
+    fast, seen = runner.fast_decode, []
+    real = fast.forward
+
+    def both(ids, positions, meta):
+        got = real(ids, positions, meta)
+        # the module path over the same step: it writes the same K/V to the same slots again
+        want = runner.model(ids, positions, runner.backend, meta)
+        seen.append((ids.shape[0], torch.equal(got, want)))
+        return got
+
+    monkeypatch.setattr(fast, "forward", both)
+    prompts = random_prompts(llm.engine.model_config.vocab_size, 6, seed=3)
+    params = [SamplingParams(max_tokens=4 + 3 * i, temperature=0.0, ignore_eos=True) for i in range(6)]
+    outs = llm.generate(prompts, params)
+    assert seen and all(same for _, same in seen), seen
+    assert {n for n, _ in seen} >= {1, 2, 6}  # batches shrink as requests finish
+    hf = hf_argmax_along(str(model_dir), prompts, [o.token_ids for o in outs])
+    assert [list(o.token_ids) for o in outs] == hf
+
+
+def test_only_small_all_decode_steps_take_it(tiny_llama, monkeypatch):
+    llm = _llm(tiny_llama)
+    calls = []
+    real = llm.engine.runner.fast_decode.forward
+    monkeypatch.setattr(llm.engine.runner.fast_decode, "forward", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    n = PackedLinear.SMALL_M + 2
+    prompts = random_prompts(llm.engine.model_config.vocab_size, n, lo=5, hi=20, seed=1)
+    llm.generate(prompts, [SamplingParams(max_tokens=2 if i < 2 else 5, temperature=0.0, ignore_eos=True)
+                           for i in range(n)])
+    # the prefill step and the decode step at SMALL_M + 2 rows ran the modules; once two requests
+    # finished, the remaining SMALL_M decoding rows took the fast path
+    assert calls and max(calls) == PackedLinear.SMALL_M
+
+
+def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
+    assert LLM(str(tiny_qwen3), dtype="float32").engine.runner.fast_decode is None  # q/k norm
+    assert LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode is None
+    assert LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner.fast_decode is None
+    monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")
+    assert LLM(str(tiny_llama), dtype="float32").engine.runner.fast_decode is None
