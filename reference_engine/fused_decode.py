@@ -17,6 +17,7 @@ one decoding sequence and there are at most `SMALL_M` of them. Module hooks do n
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -59,7 +60,7 @@ class FusedDecode:
             return None
         if not all(isinstance(layer.input_layernorm, fused_ops.FusedRMSNorm) for layer in layers):
             return None
-        if not cpu_build.builds(cpp_decode_layer.module):
+        if not available():
             return None
         return cls(model, backend)
 
@@ -81,3 +82,9 @@ class FusedDecode:
             k_cache, v_cache = self.backend.kv[i]
             x = run(x, *args, self.heads, self.kv_heads, self.scale, cos, sin, k_cache, v_cache, slots, tables, lens)
         return model.model.norm(x)
+
+
+@functools.cache
+def available() -> bool:
+    """Does the layer kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
+    return cpu_build.builds(cpp_decode_layer.module)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.kernels import cpp_gemv, cpu_build
+from reference_engine.kernels import cpp_gemv
 
 
 def available() -> bool:
@@ -98,7 +98,7 @@ def decode_gemv() -> str:
         if pinned not in ("inferlab", "onednn"):
             raise ValueError(f"INFERLAB_DECODE_GEMV={pinned!r}: expected 'inferlab' or 'onednn'")
         return pinned
-    return "inferlab" if cpu_build.builds(cpp_gemv.module) else "onednn"
+    return "inferlab" if cpp_gemv.available() else "onednn"
 
 
 class PackedLinear(nn.Module):

@@ -170,3 +170,9 @@ def module():
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y = x @ weight.T (+ bias) for x (M, K) fp32 rows and weight (N, K) fp32, contiguous."""
     return module().gemv(x, weight, bias if bias is not None else x.new_empty(0))
+
+
+@functools.cache
+def available() -> bool:
+    """Does the kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
+    return cpu_build.builds(module)

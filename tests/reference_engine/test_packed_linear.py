@@ -1,5 +1,6 @@
 """packed_linear.PackedLinear: oneDNN-packed below LARGE_M rows, from LARGE_M rows on (float32 only)
-MKL's F.linear or oneDNN as `prefill_gemm` measured; the same products either way up to summation order."""
+MKL's F.linear or oneDNN as `prefill_gemm` measured, up to SMALL_M rows (float32 only) the C++ GEMV of
+kernels/cpp_gemv.py; the same products every way up to summation order."""
 from __future__ import annotations
 
 import pytest
@@ -38,21 +39,25 @@ def test_bf16_weights_never_take_the_fp32_large_path():
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
+def _choice_is_pinned_by(choose, env: str, kinds: tuple[str, str], monkeypatch) -> None:
+    for pin in kinds:
+        monkeypatch.setenv(env, pin)
+        choose.cache_clear()
+        assert choose() == pin
+    monkeypatch.setenv(env, "blas")
+    choose.cache_clear()
+    with pytest.raises(ValueError, match=f"{env}='blas'"):
+        choose()
+    monkeypatch.delenv(env)
+    choose.cache_clear()
+
+
 def test_prefill_gemm_is_measured_or_pinned(monkeypatch):
     measured = packed_linear.prefill_gemm()
     assert measured in ("mkl", "onednn")
     packed = packed_linear.PackedLinear(nn.Linear(8, 8))
     assert packed.large_mkl == (measured == "mkl")
-    for pin in ("mkl", "onednn"):
-        monkeypatch.setenv("INFERLAB_PREFILL_GEMM", pin)
-        packed_linear.prefill_gemm.cache_clear()
-        assert packed_linear.prefill_gemm() == pin
-    monkeypatch.setenv("INFERLAB_PREFILL_GEMM", "blas")
-    packed_linear.prefill_gemm.cache_clear()
-    with pytest.raises(ValueError, match="INFERLAB_PREFILL_GEMM='blas'"):
-        packed_linear.prefill_gemm()
-    monkeypatch.delenv("INFERLAB_PREFILL_GEMM")
-    packed_linear.prefill_gemm.cache_clear()
+    _choice_is_pinned_by(packed_linear.prefill_gemm, "INFERLAB_PREFILL_GEMM", ("mkl", "onednn"), monkeypatch)
 
 
 # --- the decode-sized kernel (kernels/cpp_gemv.py): fp32 products of at most SMALL_M rows ----------
@@ -135,13 +140,5 @@ def test_packed_linear_takes_the_kernel_up_to_small_m_rows_only(monkeypatch):
 
 
 def test_decode_gemv_is_chosen_or_pinned(monkeypatch):
-    for pin in ("inferlab", "onednn"):
-        monkeypatch.setenv("INFERLAB_DECODE_GEMV", pin)
-        packed_linear.decode_gemv.cache_clear()
-        assert packed_linear.decode_gemv() == pin
-    monkeypatch.setenv("INFERLAB_DECODE_GEMV", "blas")
-    packed_linear.decode_gemv.cache_clear()
-    with pytest.raises(ValueError, match="INFERLAB_DECODE_GEMV='blas'"):
-        packed_linear.decode_gemv()
-    monkeypatch.delenv("INFERLAB_DECODE_GEMV")
-    packed_linear.decode_gemv.cache_clear()
+    assert packed_linear.decode_gemv() in ("inferlab", "onednn")
+    _choice_is_pinned_by(packed_linear.decode_gemv, "INFERLAB_DECODE_GEMV", ("inferlab", "onednn"), monkeypatch)

@@ -1,14 +1,16 @@
-"""The decode-sized fp32 GEMV (kernels/cpp_gemv.py) against oneDNN's packed kernel, two ways:
+"""A/B of the two decode fast paths against what they replace, on SmolLM2-135M fp32:
 
-    .venv/bin/python scripts/decode_gemv.py kernel 1 4 8        # one cold pass over SmolLM2's 121 products
-    .venv/bin/python scripts/decode_gemv.py engine B P STEPS    # decode steps of the engine, alternating
+    .venv/bin/python scripts/decode_ab.py kernel 1 4 8        # the C++ GEMV vs oneDNN, one cold pass over the 121 products
+    .venv/bin/python scripts/decode_ab.py gemv B P STEPS      # engine decode steps, the GEMV vs oneDNN, alternating
+    .venv/bin/python scripts/decode_ab.py layer B P STEPS     # engine decode steps, one C++ call per layer vs the modules
 
 `kernel`: best of 6 x 7 passes over random weights of SmolLM2-135M's shapes (30 layers of qkv 960 x 576,
 o 576 x 576, gate_up 3072 x 576, down 576 x 1536, and the 49,152 x 576 head), one pass = each product
 once, as a batch-1..M decode step reads them (538 MB: nothing stays in cache between passes).
-`engine`: the SmolLM2 engine (models/smollm2-135m-instruct) at batch B after P-token prompts, every
-PackedLinear switched between the two kernels on alternate steps, so both see the same machine minute.
-Prints min / p25 / median per kernel. Both use torch's threads (2 by default here).
+`gemv` / `layer`: the engine (models/smollm2-135m-instruct) at batch B after P-token prompts, the two
+sides switched on alternate steps (every PackedLinear's `small_gemv`; the runner's `fast_decode`), so
+both see the same machine minute. Prints min / p25 / median per side. torch's threads (2 here).
+(docs/perf/2026-12-03-decode-gemv.md)
 """
 import random
 import statistics as st
@@ -45,7 +47,7 @@ def kernel(rows: list[int]) -> None:
         print(f"M={m}: onednn {a:.2f} ms  inferlab {b:.2f} ms  onednn / inferlab {a / b:.2f}", flush=True)
 
 
-def engine(b: int, p: int, steps: int) -> None:
+def engine(what: str, b: int, p: int, steps: int) -> None:
     from reference_engine import LLM, SamplingParams
     e = LLM("models/smollm2-135m-instruct", dtype="float32", kv_cache_tokens=b * (p + steps + 80), max_num_seqs=b,
             max_num_batched_tokens=max(2048, b), num_threads=torch.get_num_threads()).engine
@@ -56,17 +58,26 @@ def engine(b: int, p: int, steps: int) -> None:
     while any(r.num_computed_tokens < p for r in e.scheduler.running) or e.scheduler.waiting:
         e.step()
     linears = [m for m in e.runner.model.modules() if isinstance(m, PackedLinear)]
-    times: dict[str, list[float]] = {"onednn": [], "inferlab": []}
+    fast = e.runner.fast_decode
+    sides = ("onednn", "inferlab") if what == "gemv" else ("modules", "one call per layer")
+
+    def use(new: bool) -> None:
+        if what == "gemv":
+            e.runner.fast_decode = None  # the layer path takes the GEMV whatever the flag says
+            for m in linears:
+                m.small_gemv = new
+        else:
+            e.runner.fast_decode = fast if new else None
+
+    times: dict[str, list[float]] = {s: [] for s in sides}
     for i in range(steps + 4):
-        kind = "inferlab" if i % 2 else "onednn"
-        for m in linears:
-            m.small_gemv = kind == "inferlab"
+        use(bool(i % 2))
         t = time.perf_counter()
         e.step()
-        if i >= 4:  # the first steps warm both paths up
-            times[kind].append(time.perf_counter() - t)
-    for kind, v in times.items():
-        print(f"b={b} {kind}: min {min(v) * 1e3:.2f}  p25 {st.quantiles(v, n=4)[0] * 1e3:.2f}  "
+        if i >= 4:  # the first steps warm both sides up
+            times[sides[i % 2]].append(time.perf_counter() - t)
+    for side, v in times.items():
+        print(f"b={b} {side}: min {min(v) * 1e3:.2f}  p25 {st.quantiles(v, n=4)[0] * 1e3:.2f}  "
               f"median {st.median(v) * 1e3:.2f} ms")
 
 
@@ -74,4 +85,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "kernel":
         kernel([int(a) for a in sys.argv[2:]] or [1, 4, 8])
     else:
-        engine(*(int(a) for a in sys.argv[2:5]))
+        engine(sys.argv[1], *(int(a) for a in sys.argv[2:5]))
