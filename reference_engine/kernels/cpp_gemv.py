@@ -18,6 +18,9 @@ spread over threads: the result depends neither on the batch (batch-invariant) n
 count. Scheduling, and why:
 - every row group of x goes over a tile of W while the tile is in L1, and the next tile of W is
   prefetched meanwhile, so the memory read never pauses for the arithmetic (8 rows: 1.2x oneDNN);
+  one row of x (batch 1) has too little arithmetic to hide anything behind: there the software
+  prefetch only competed with the hardware's (no prefetch, 16-row tiles: a pass over SmolLM2's
+  weights 5-11 % faster; at 4-8 rows dropping it cost 20-60 %);
 - threads grab spans of W's rows from a shared counter, each 1 / (2 x threads) of what is left
   (guided): long spans keep the prefetch streaming, the short last ones let a thread that got
   less CPU simply do less, instead of everyone waiting for it at the end.
@@ -43,6 +46,7 @@ static constexpr int64_t MIN_CHUNK = 32;  // fewest rows of W per grab from the 
 typedef __m512 vec;
 static constexpr int64_t L = 16;
 static constexpr int NR4 = 4;  // 32 vector registers: a 4 x 4 tile
+static constexpr int NR1 = 16;  // one row of x: 16 rows of W
 static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 static inline vec vzero() { return _mm512_setzero_ps(); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -51,6 +55,7 @@ static inline __m256 fold(vec v) { return _mm256_add_ps(_mm512_castps512_ps256(v
 typedef __m256 vec;
 static constexpr int64_t L = 8;
 static constexpr int NR4 = 2;  // 16 registers
+static constexpr int NR1 = 8;
 static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 static inline vec vzero() { return _mm256_setzero_ps(); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -61,7 +66,7 @@ static inline __m256 fold(vec v) { return v; }
 #define PREFETCH(p) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0)
 #endif
 // MR rows of x (ldx apart) against NR rows of W (K apart): y[m * ldy + n]
-template <int MR, int NR>
+template <int MR, int NR, bool PF>
 static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy,
                         const float* pf) {
   constexpr int A = (MR * NR + 7) / 8 * 8;  // reduce8 takes 8 sums at a time; the rest stay 0
@@ -72,7 +77,7 @@ static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, 
     vec xv[MR];
     for (int m = 0; m < MR; ++m) xv[m] = vload(x + m * ldx + k);
     for (int n = 0; n < NR; ++n) {
-      PREFETCH(pf + n * K + k);
+      if constexpr (PF) PREFETCH(pf + n * K + k);
       const vec wv = vload(w + n * K + k);
       for (int m = 0; m < MR; ++m) acc[m * NR + n] = vfma(xv[m], wv, acc[m * NR + n]);
     }
@@ -90,8 +95,9 @@ static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, 
 }
 #else
 static constexpr int NR4 = 2;
+static constexpr int NR1 = 8;
 // the same roundings without vectors: 8 lane sums, then reduce8's tree
-template <int MR, int NR>
+template <int MR, int NR, bool PF>
 static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy,
                         const float* pf) {
   const int64_t K8 = K & ~int64_t(7);
@@ -109,25 +115,25 @@ static inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, 
 
 // MR rows of x against one NR-row tile of W, all of x's rows while the tile is in L1: the next
 // tile's prefetch stays in flight while the later row groups compute
-template <int NR>
+template <int NR, bool PF>
 static inline void rows(const float* x, int64_t ldx, int64_t M, const float* w, int64_t K, float* y, int64_t ldy,
                         const float* pf) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4, NR>(x + m * ldx, ldx, w, K, y + m * ldy, ldy, pf);
-  for (; m + 2 <= M; m += 2) tile<2, NR>(x + m * ldx, ldx, w, K, y + m * ldy, ldy, pf);
-  for (; m < M; ++m) tile<1, NR>(x + m * ldx, ldx, w, K, y + m * ldy, ldy, pf);
+  for (; m + 4 <= M; m += 4) tile<4, NR, PF>(x + m * ldx, ldx, w, K, y + m * ldy, ldy, pf);
+  for (; m + 2 <= M; m += 2) tile<2, NR, PF>(x + m * ldx, ldx, w, K, y + m * ldy, ldy, pf);
+  for (; m < M; ++m) tile<1, NR, PF>(x + m * ldx, ldx, w, K, y + m * ldy, ldy, pf);
 }
 
 // rows [n0, n1) of W: tiles of NR rows, then one row at a time
-template <int NR>
+template <int NR, bool PF>
 static void span(const float* x, int64_t ldx, int64_t M, const float* w, int64_t K, float* y, int64_t ldy,
                  int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) {
     const float* pf = w + std::min(n + NR, n1 - NR) * K;  // the next tile of this span (the last: itself)
-    rows<NR>(x, ldx, M, w + n * K, K, y + n, ldy, pf);
+    rows<NR, PF>(x, ldx, M, w + n * K, K, y + n, ldy, pf);
   }
-  for (; n < n1; ++n) rows<1>(x, ldx, M, w + n * K, K, y + n, ldy, w + n * K);
+  for (; n < n1; ++n) rows<1, PF>(x, ldx, M, w + n * K, K, y + n, ldy, w + n * K);
 }
 
 torch::Tensor gemv(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
@@ -149,9 +155,9 @@ torch::Tensor gemv(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
       if (n0 >= N) break;
       size = std::min(N - n0, std::max<int64_t>(MIN_CHUNK, (N - n0) / (2 * nt) / 8 * 8));
       if (!next.compare_exchange_weak(n0, n0 + size, std::memory_order_relaxed)) continue;
-      if (M == 1) span<8>(xp, ldx, M, wp, K, yp, N, n0, n0 + size);
-      else if (M < 4) span<4>(xp, ldx, M, wp, K, yp, N, n0, n0 + size);
-      else span<NR4>(xp, ldx, M, wp, K, yp, N, n0, n0 + size);
+      if (M == 1) span<NR1, false>(xp, ldx, M, wp, K, yp, N, n0, n0 + size);
+      else if (M < 4) span<4, true>(xp, ldx, M, wp, K, yp, N, n0, n0 + size);
+      else span<NR4, true>(xp, ldx, M, wp, K, yp, N, n0, n0 + size);
       n0 = next.load(std::memory_order_relaxed);
     }
   });
