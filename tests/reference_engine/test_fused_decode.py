@@ -5,19 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_engine import LLM, SamplingParams
+from reference_engine import LLM, SamplingParams, fused_decode, packed_linear
 from reference_engine.packed_linear import PackedLinear
 from tests.reference_engine.helpers import hf_argmax_along, random_prompts
 
+builds = pytest.mark.skipif(not (fused_decode.available() and packed_linear.decode_gemv() == "inferlab"),
+                            reason="the layer kernel or the C++ GEMV does not build here")
 
 
 def _llm(model_dir) -> LLM:
+    """An fp32 engine on its CPU defaults: where the kernels build, the fast path must be on."""
     llm = LLM(str(model_dir), dtype="float32")
-    if llm.engine.runner.fast_decode is None:
-        pytest.skip("the fused decode path does not build here (no C++ compiler, or another linear kernel)")
+    assert llm.engine.runner.fast_decode is not None
     return llm
 
 
+@builds
 @pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen2"])  # qwen2: the qkv projection has a bias
 def test_every_fast_step_equals_the_module_path_and_hf(family, request, monkeypatch):
     model_dir = request.getfixturevalue(family)
@@ -43,6 +46,7 @@ def test_every_fast_step_equals_the_module_path_and_hf(family, request, monkeypa
     assert [list(o.token_ids) for o in outs] == hf
 
 
+@builds
 def test_only_small_all_decode_steps_take_it(tiny_llama, monkeypatch):
     llm = _llm(tiny_llama)
     calls = []
