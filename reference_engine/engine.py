@@ -236,6 +236,7 @@ class LLMEngine:
         fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
         prefill_gemm (the library of fp32 GEMMs of prefill size: "mkl" or "onednn", measured at load),
         decode_gemv (who multiplies fp32 products of decode size: "inferlab", the C++ kernel, or "onednn"),
+        mid_gemm (who multiplies fp32 products of a decode batch, 13 to 128 rows: "inferlab" or "onednn"),
         kv_cache_dtype and num_threads (torch intra-op threads)."""
         r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
         return {
@@ -249,7 +250,7 @@ class LLMEngine:
             "tensor_parallel_size": r.tp.size if r.tp else 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
             "attention_backend": cfg.attention_backend, "device": str(r.device),
             "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
-            "prefill_gemm": r.prefill_gemm, "decode_gemv": r.decode_gemv,
+            "prefill_gemm": r.prefill_gemm, "decode_gemv": r.decode_gemv, "mid_gemm": r.mid_gemm,
             "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
         }

@@ -1,10 +1,11 @@
-"""The CPU decode fast path: a small all-decode fp32 step runs each decoder layer as one C++ call.
+"""The CPU decode fast path: an all-decode fp32 step runs each decoder layer as one C++ call.
 
 At batch 1..`PackedLinear.SMALL_M` a decode step is a read of the weights (the GEMVs) plus ~15
 small ops per layer; at batch 1 on SmolLM2 those ops' Python, nn.Module and dispatcher overhead was
-~5 ms of a ~17-20 ms step. `FusedDecode.forward` runs the embedding and the final norm as the model
+~5 ms of a ~17-20 ms step. Up to `PackedLinear.MID_M` rows, where the projections have the C++
+GEMM's panels (kernels/cpp_gemm.py), the same call takes the GEMM for them (64 rows: ~3 ms a step). `FusedDecode.forward` runs the embedding and the final norm as the model
 does and every layer through `kernels/cpp_decode_layer.py`: the same kernels in the same order as
-`DecoderLayer.forward` with the fused modules, the C++ GEMV and the CPU attention backend, so the
+`DecoderLayer.forward` with the fused modules, the C++ GEMV or GEMM and the CPU attention backend, so the
 hidden states are bit-identical (tests/reference_engine/test_fused_decode.py). The model's modules
 stay the readable reference and serve every other step (prefill, mixed, larger batches, spec
 verification, other dtypes).
@@ -12,7 +13,8 @@ verification, other dtypes).
 Taken when (`FusedDecode.build` returns None otherwise): CPU, float32 weights, the fused element-wise
 modules (`fused_ops`), every projection a `PackedLinear` on the C++ GEMV, the CPU attention backend,
 no q/k norm (Qwen3), no tensor parallelism, and the kernel builds; per step (`takes`): every row is
-one decoding sequence and there are at most `SMALL_M` of them. Module hooks do not fire on it:
+one decoding sequence and there are at most `SMALL_M` of them (`MID_M` where every projection
+has panels). Module hooks do not fire on it:
 `INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py).
 """
 from __future__ import annotations
@@ -36,15 +38,20 @@ class FusedDecode:
         self.heads, self.kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.scale = cfg.head_dim ** -0.5
         empty = torch.empty(0)
-        # per layer, in decode_layer's argument order: ln1, ln2, eps, W_qkv, b_qkv, W_o, W_gate_up, W_down
+        # per layer, in decode_layer's argument order: ln1, ln2, eps, W_qkv, b_qkv, W_o, W_gate_up, W_down,
+        # and the four projections' GEMM panels (empty where PackedLinear has none)
         self.args = []
+        panelled = True
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             bias = a.qkv_proj.bias if a.qkv_proj.bias is not None else empty
+            projections = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
+            panels = [p.panels if p.panels is not None else empty for p in projections]
+            panelled &= all(p.panels is not None for p in projections)
             self.args.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                               layer.input_layernorm.eps, a.qkv_proj.weight.detach(), bias, a.o_proj.weight.detach(),
-                              m.gate_up_proj.weight.detach(), m.down_proj.weight.detach()))
-        self.max_rows = PackedLinear.SMALL_M
+                              m.gate_up_proj.weight.detach(), m.down_proj.weight.detach(), panels))
+        self.max_rows = PackedLinear.MID_M if panelled else PackedLinear.SMALL_M
 
     @classmethod
     def build(cls, model: CausalLM, backend, tp) -> FusedDecode | None:

@@ -121,6 +121,9 @@ class ModelRunner:
         # and fp32 decode-sized ones (at most PackedLinear.SMALL_M rows): the C++ GEMV or oneDNN
         self.decode_gemv = packed_linear.decode_gemv() if cfg.linear_backend == "onednn" \
             and self.dtype == torch.float32 else cfg.linear_backend
+        # and those between (a decode batch of SMALL_M + 1 to MID_M rows): the C++ GEMM or oneDNN
+        self.mid_gemm = packed_linear.mid_gemm() if cfg.linear_backend == "onednn" \
+            and self.dtype == torch.float32 else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
         spec = cfg.speculative

@@ -30,9 +30,16 @@ products it read the weights 1.14-1.25x faster than oneDNN's packed kernel at 1-
 streams (docs/perf/2026-12-03-decode-gemv.md); its rows are batch-invariant by construction.
 `INFERLAB_DECODE_GEMV=onednn|inferlab` pins it. `SMALL_M` is where the two met on that machine.
 
+Between the two, `SMALL_M` < rows <= `MID_M` (a decode batch: 64 sequences offline), fp32 products go to
+the project's C++ GEMM on AVX-512 (`mid_gemm()`: kernels/cpp_gemm.py) on a third copy of W, packed in
+32-column panels: oneDNN there costs about its arithmetic plus the read of W; the GEMM overlaps the
+two (SmolLM2, one pass over its 121 products: 1.1-1.35x oneDNN's speed from 13 to 128 rows, 0.9x at
+256 and more, where oneDNN keeps prefill; docs/perf/2026-12-04-gemm.md). `INFERLAB_MID_GEMM=onednn`
+pins oneDNN and drops the copy.
+
 Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
 `weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
-(fp32) or 2 (bf16).
+(fp32) or 2 (bf16), and 4 more for the GEMM's panels where it is on (fp32 on AVX-512).
 
 Invariant: `pack(model)` replaces every `nn.Linear` of the model in place, keeps the original
 parameters (tied embeddings, `param_bytes`, the loader's names) and changes no output beyond
@@ -48,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.kernels import cpp_gemv
+from reference_engine.kernels import cpp_gemm, cpp_gemv
 
 
 def available() -> bool:
@@ -89,28 +96,43 @@ def prefill_gemm() -> str:
     return min(best, key=best.get)
 
 
+def _pinned(var: str, choices: tuple[str, ...]) -> str:
+    """The choice `var` names in the environment ("" when unset); anything else is an error."""
+    pinned = os.environ.get(var, "")
+    if pinned and pinned not in choices:
+        raise ValueError(f"{var}={pinned!r}: expected " + " or ".join(repr(c) for c in choices))
+    return pinned
+
+
 @functools.cache
 def decode_gemv() -> str:
     """"inferlab" (kernels/cpp_gemv.py) or "onednn": who multiplies fp32 products of at most `SMALL_M`
     rows. The C++ kernel wherever it builds, unless `INFERLAB_DECODE_GEMV` names one."""
-    pinned = os.environ.get("INFERLAB_DECODE_GEMV", "")
-    if pinned:
-        if pinned not in ("inferlab", "onednn"):
-            raise ValueError(f"INFERLAB_DECODE_GEMV={pinned!r}: expected 'inferlab' or 'onednn'")
-        return pinned
-    return "inferlab" if cpp_gemv.available() else "onednn"
+    return _pinned("INFERLAB_DECODE_GEMV", ("inferlab", "onednn")) or \
+        ("inferlab" if cpp_gemv.available() else "onednn")
+
+
+@functools.cache
+def mid_gemm() -> str:
+    """"inferlab" (kernels/cpp_gemm.py) or "onednn": who multiplies fp32 products of `SMALL_M` + 1 to
+    `MID_M` rows. The C++ GEMM wherever it builds (AVX-512 only), unless `INFERLAB_MID_GEMM` names one."""
+    return _pinned("INFERLAB_MID_GEMM", ("inferlab", "onednn")) or ("inferlab" if cpp_gemm.available() else "onednn")
 
 
 class PackedLinear(nn.Module):
     """`linear`'s forward over a oneDNN-packed copy of its weight (fp32, or bf16 where native);
     float32 inputs of `LARGE_M` rows or more through `F.linear` on the weight as stored when
     `large` is "mkl" (`prefill_gemm()` by default); float32 inputs of at most `SMALL_M` rows
-    through the C++ GEMV when `small` is "inferlab" (`decode_gemv()` by default)."""
+    through the C++ GEMV when `small` is "inferlab" (`decode_gemv()` by default); float32 inputs of
+    `SMALL_M` + 1 to `MID_M` rows through the C++ GEMM on `panels` when `mid` is "inferlab"
+    (`mid_gemm()` by default)."""
 
     LARGE_M = 512
     SMALL_M = 12
+    MID_M = 128
 
-    def __init__(self, linear: nn.Linear, large: str | None = None, small: str | None = None):
+    def __init__(self, linear: nn.Linear, large: str | None = None, small: str | None = None,
+                 mid: str | None = None):
         super().__init__()
         w = linear.weight.detach()
         self.out_dtype = w.dtype
@@ -123,17 +145,22 @@ class PackedLinear(nn.Module):
         self.weight = linear.weight  # the parameter stays reachable (state, tied embeddings)
         self.large_mkl = (large or prefill_gemm()) == "mkl" and w.dtype == torch.float32
         self.small_gemv = w.dtype == torch.float32 and w.is_contiguous() and (small or decode_gemv()) == "inferlab"
+        self.panels = cpp_gemm.pack(w) if w.dtype == torch.float32 and (mid or mid_gemm()) == "inferlab" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.small_gemv and x.shape[0] <= self.SMALL_M and x.dim() == 2 and x.dtype == torch.float32:
             return cpp_gemv.gemv(x if x.stride(1) == 1 else x.contiguous(), self.weight, self.bias)
+        if self.panels is not None and self.SMALL_M < x.shape[0] <= self.MID_M and x.dim() == 2 \
+                and x.dtype == torch.float32:
+            return cpp_gemm.gemm(x if x.stride(1) == 1 else x.contiguous(), self.panels, self.out_features, self.bias)
         if self.large_mkl and x.shape[0] >= self.LARGE_M and x.dtype == torch.float32:
             return F.linear(x, self.weight, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
         return y.to(self.out_dtype)
 
     def packed_bytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size()
+        panels = 0 if self.panels is None else self.panels.numel() * self.panels.element_size()
+        return self.packed.numel() * self.packed.element_size() + panels
 
 
 def pack(model: nn.Module) -> nn.Module:

@@ -1,21 +1,23 @@
-"""One C++ call per decoder layer for a small all-decode fp32 batch on CPU (reference_engine/fused_decode.py).
+"""One C++ call per decoder layer for an all-decode fp32 batch on CPU (reference_engine/fused_decode.py).
 
 At batch 1 a SmolLM2 decode step spent ~5 ms of ~17-20 outside its 121 GEMVs: ~15 small ops per
 layer (norms, split and views, rotary, the KV write, attention, residual adds, SiLU-and-multiply)
 each paying Python, nn.Module and dispatcher overhead of a few microseconds, 30 layers deep. This
 module runs the same layer as one call: the same kernels (kernels/cpp_fused_ops.py, cpp_gemv.py,
-attention/cpp_kernel.py), in the same order, on the same tensors, so the result is bit-identical to
-the module path (`DecoderLayer.forward` with the fused modules and the CPU attention backend).
+cpp_gemm.py, attention/cpp_kernel.py), in the same order, on the same tensors, so the result is
+bit-identical to the module path (`DecoderLayer.forward` with the fused modules and the CPU attention
+backend). `linear` picks what PackedLinear would: the GEMV up to SMALL_M rows, else the GEMM on the
+panels (which `FusedDecode` passes only where PackedLinear holds them, and only for up to MID_M rows).
 
 It is built from those kernels' own sources, each in a namespace of its own (their helpers share
 names), their `#include`s hoisted out of it; `decode_layer` is the only new code:
 
     h   = rms_norm(x, ln1)                                     (N, hidden)
-    qkv = gemv(h, W_qkv) + b_qkv -> q (N, H, D), k, v (N, Hkv, D), views
+    qkv = linear(h, W_qkv) + b_qkv -> q (N, H, D), k, v (N, Hkv, D), views
     q, k = rope(q), rope(k)                                    in place, as FusedRotary
     k_cache[slots], v_cache[slots] = k, v
-    x   = x + gemv(attention(q, caches, tables, lens), W_o)
-    x   = x + gemv(silu_mul(gemv(rms_norm(x, ln2), W_gate_up)), W_down)
+    x   = x + linear(attention(q, caches, tables, lens), W_o)
+    x   = x + linear(silu_mul(linear(rms_norm(x, ln2), W_gate_up)), W_down)
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import functools
 
 from reference_engine.attention import cpp_kernel as attention
 from reference_engine.kernels import cpp_fused_ops as ops
+from reference_engine.kernels import cpp_gemm as gemm
 from reference_engine.kernels import cpp_gemv as gemv
 from reference_engine.kernels import cpu_build
 
@@ -34,7 +37,7 @@ def _split(source: str) -> tuple[list[str], str]:
 
 
 def _compose() -> str:
-    parts = {"ops_k": ops.SOURCE, "gemv_k": gemv.SOURCE, "attn_k": attention.SOURCE}
+    parts = {"ops_k": ops.SOURCE, "gemv_k": gemv.SOURCE, "gemm_k": gemm.SOURCE, "attn_k": attention.SOURCE}
     includes, bodies = [], []
     for ns, src in parts.items():
         inc, body = _split(src)
@@ -44,9 +47,20 @@ def _compose() -> str:
 
 
 LAYER = r"""
+static constexpr int64_t SMALL_M = 12;  // PackedLinear.SMALL_M
+
+// h @ w.T + b as PackedLinear computes it: the GEMV up to SMALL_M rows, else the GEMM on w's panels
+static torch::Tensor linear(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& panels,
+                            const torch::Tensor& b) {
+  if (h.size(0) <= SMALL_M) return gemv_k::gemv(h, w, b);
+  TORCH_CHECK(panels.numel(), "decode_layer: more than SMALL_M rows need the GEMM's panels");
+  return gemm_k::gemm(h, panels, w.size(0), b);
+}
+
 // x (N, hidden) fp32 -> x after one decoder layer; every row one decoding sequence
 torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2, double eps, torch::Tensor w_qkv,
                            torch::Tensor b_qkv, torch::Tensor w_o, torch::Tensor w_gate_up, torch::Tensor w_down,
+                           std::vector<torch::Tensor> panels,
                            int64_t H, int64_t Hkv, double scale, torch::Tensor cos, torch::Tensor sin,
                            torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
                            torch::Tensor tables, torch::Tensor lens) {
@@ -54,7 +68,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x (N, hidden) fp32");
   auto h = torch::empty_like(x);
   ops_k::rms_norm(x, ln1, eps, h);
-  auto qkv = gemv_k::gemv(h, w_qkv, b_qkv);  // (N, (H + 2 Hkv) D)
+  auto qkv = linear(h, w_qkv, panels[0], b_qkv);  // (N, (H + 2 Hkv) D)
   auto q = qkv.narrow(1, 0, H * D).view({N, H, D});
   auto k = qkv.narrow(1, H * D, Hkv * D).view({N, Hkv, D});
   auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
@@ -65,12 +79,12 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2
   auto o = torch::empty({N, H, D}, x.options());
   attn_k::decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
   auto empty = x.new_empty({0});
-  x = x + gemv_k::gemv(o.view({N, H * D}), w_o, empty);
+  x = x + linear(o.view({N, H * D}), w_o, panels[1], empty);
   ops_k::rms_norm(x, ln2, eps, h);
-  auto gu = gemv_k::gemv(h, w_gate_up, empty);  // (N, 2 I): gate, up
+  auto gu = linear(h, w_gate_up, panels[2], empty);  // (N, 2 I): gate, up
   auto m = torch::empty({N, I}, x.options());
   ops_k::silu_mul(gu, m);
-  return x + gemv_k::gemv(m, w_down, empty);
+  return x + linear(m, w_down, panels[3], empty);
 }
 """
 
