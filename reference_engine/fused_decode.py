@@ -39,7 +39,7 @@ class FusedDecode:
         self.scale = cfg.head_dim ** -0.5
         empty = torch.empty(0)
         # per layer, in decode_layer's argument order: ln1, ln2, eps, W_qkv, b_qkv, W_o, W_gate_up, W_down,
-        # and the four projections' GEMM panels (empty where PackedLinear has none)
+        # the four projections' GEMM panels (empty where PackedLinear has none), and SMALL_M
         self.args = []
         panelled = True
         for layer in model.model.layers:
@@ -50,7 +50,8 @@ class FusedDecode:
             panelled &= all(p.panels is not None for p in projections)
             self.args.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                               layer.input_layernorm.eps, a.qkv_proj.weight.detach(), bias, a.o_proj.weight.detach(),
-                              m.gate_up_proj.weight.detach(), m.down_proj.weight.detach(), panels))
+                              m.gate_up_proj.weight.detach(), m.down_proj.weight.detach(), panels,
+                              PackedLinear.SMALL_M))
         self.max_rows = PackedLinear.MID_M if panelled else PackedLinear.SMALL_M
 
     @classmethod

@@ -34,7 +34,7 @@ Between the two, `SMALL_M` < rows <= `MID_M` (a decode batch: 64 sequences offli
 the project's C++ GEMM on AVX-512 (`mid_gemm()`: kernels/cpp_gemm.py) on a third copy of W, packed in
 32-column panels: oneDNN there costs about its arithmetic plus the read of W; the GEMM overlaps the
 two (SmolLM2, one pass over its 121 products: 1.1-1.35x oneDNN's speed from 13 to 128 rows, 0.9x at
-256 and more, where oneDNN keeps prefill; docs/perf/2026-12-04-gemm.md). `INFERLAB_MID_GEMM=onednn`
+256 and more, where oneDNN keeps prefill; docs/perf/2026-12-03-gemm.md). `INFERLAB_MID_GEMM=onednn`
 pins oneDNN and drops the copy.
 
 Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as

@@ -3,12 +3,13 @@
     .venv/bin/python scripts/decode_ab.py kernel 1 4 8        # the C++ GEMV vs oneDNN, one cold pass over the 121 products
     .venv/bin/python scripts/decode_ab.py gemv B P STEPS      # engine decode steps, the GEMV vs oneDNN, alternating
     .venv/bin/python scripts/decode_ab.py layer B P STEPS     # engine decode steps, one C++ call per layer vs the modules
+    .venv/bin/python scripts/decode_ab.py gemm B P STEPS      # engine decode steps (modules), the C++ GEMM vs oneDNN, 13 <= B <= 128
 
 `kernel`: best of 6 x 7 passes over random weights of SmolLM2-135M's shapes (30 layers of qkv 960 x 576,
 o 576 x 576, gate_up 3072 x 576, down 576 x 1536, and the 49,152 x 576 head), one pass = each product
 once, as a batch-1..M decode step reads them (538 MB: nothing stays in cache between passes).
-`gemv` / `layer`: the engine (models/smollm2-135m-instruct) at batch B after P-token prompts, the two
-sides switched on alternate steps (every PackedLinear's `small_gemv`; the runner's `fast_decode`), so
+`gemv` / `layer` / `gemm`: the engine (models/smollm2-135m-instruct) at batch B after P-token prompts, the two
+sides switched on alternate steps (every PackedLinear's `small_gemv` or `panels`; the runner's `fast_decode`), so
 both see the same machine minute. Prints min / p25 / median per side. torch's threads (2 here).
 (docs/perf/2026-12-03-decode-gemv.md)
 """
@@ -59,10 +60,15 @@ def engine(what: str, b: int, p: int, steps: int) -> None:
         e.step()
     linears = [m for m in e.runner.model.modules() if isinstance(m, PackedLinear)]
     fast = e.runner.fast_decode
-    sides = ("onednn", "inferlab") if what == "gemv" else ("modules", "one call per layer")
+    sides = ("modules", "one call per layer") if what == "layer" else ("onednn", "inferlab")
+    panels = {m: m.panels for m in linears}
 
     def use(new: bool) -> None:
-        if what == "gemv":
+        if what == "gemm":
+            e.runner.fast_decode = None  # the layer path takes the GEMM whatever the flag says
+            for m in linears:
+                m.panels = panels[m] if new else None
+        elif what == "gemv":
             e.runner.fast_decode = None  # the layer path takes the GEMV whatever the flag says
             for m in linears:
                 m.small_gemv = new

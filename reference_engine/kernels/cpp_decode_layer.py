@@ -47,20 +47,18 @@ def _compose() -> str:
 
 
 LAYER = r"""
-static constexpr int64_t SMALL_M = 12;  // PackedLinear.SMALL_M
-
-// h @ w.T + b as PackedLinear computes it: the GEMV up to SMALL_M rows, else the GEMM on w's panels
+// h @ w.T + b as PackedLinear computes it: the GEMV up to small_m rows (its SMALL_M), else the GEMM on w's panels
 static torch::Tensor linear(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& panels,
-                            const torch::Tensor& b) {
-  if (h.size(0) <= SMALL_M) return gemv_k::gemv(h, w, b);
-  TORCH_CHECK(panels.numel(), "decode_layer: more than SMALL_M rows need the GEMM's panels");
+                            const torch::Tensor& b, int64_t small_m) {
+  if (h.size(0) <= small_m) return gemv_k::gemv(h, w, b);
+  TORCH_CHECK(panels.numel(), "decode_layer: more than small_m rows need the GEMM's panels");
   return gemm_k::gemm(h, panels, w.size(0), b);
 }
 
 // x (N, hidden) fp32 -> x after one decoder layer; every row one decoding sequence
 torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2, double eps, torch::Tensor w_qkv,
                            torch::Tensor b_qkv, torch::Tensor w_o, torch::Tensor w_gate_up, torch::Tensor w_down,
-                           std::vector<torch::Tensor> panels,
+                           std::vector<torch::Tensor> panels, int64_t small_m,
                            int64_t H, int64_t Hkv, double scale, torch::Tensor cos, torch::Tensor sin,
                            torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
                            torch::Tensor tables, torch::Tensor lens) {
@@ -68,7 +66,7 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x (N, hidden) fp32");
   auto h = torch::empty_like(x);
   ops_k::rms_norm(x, ln1, eps, h);
-  auto qkv = linear(h, w_qkv, panels[0], b_qkv);  // (N, (H + 2 Hkv) D)
+  auto qkv = linear(h, w_qkv, panels[0], b_qkv, small_m);  // (N, (H + 2 Hkv) D)
   auto q = qkv.narrow(1, 0, H * D).view({N, H, D});
   auto k = qkv.narrow(1, H * D, Hkv * D).view({N, Hkv, D});
   auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
@@ -79,12 +77,12 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2
   auto o = torch::empty({N, H, D}, x.options());
   attn_k::decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
   auto empty = x.new_empty({0});
-  x = x + linear(o.view({N, H * D}), w_o, panels[1], empty);
+  x = x + linear(o.view({N, H * D}), w_o, panels[1], empty, small_m);
   ops_k::rms_norm(x, ln2, eps, h);
-  auto gu = linear(h, w_gate_up, panels[2], empty);  // (N, 2 I): gate, up
+  auto gu = linear(h, w_gate_up, panels[2], empty, small_m);  // (N, 2 I): gate, up
   auto m = torch::empty({N, I}, x.options());
   ops_k::silu_mul(gu, m);
-  return x + linear(m, w_down, panels[3], empty);
+  return x + linear(m, w_down, panels[3], empty, small_m);
 }
 """
 

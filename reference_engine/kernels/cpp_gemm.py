@@ -2,7 +2,7 @@
 
 At 64 decode rows (an offline batch) SmolLM2's step is ~75 % GEMM, and oneDNN's packed kernel there
 reads W from memory and multiplies in turns: its time is about the arithmetic plus the read
-(docs/perf/2026-12-04-gemm.md). This kernel keeps the next panel of W in flight while the current
+(docs/perf/2026-12-03-gemm.md). This kernel keeps the next panel of W in flight while the current
 one is multiplied, and needs no horizontal sums (the GEMV's dot products do: kernels/cpp_gemv.py).
 
 Layout: W (N, K) is packed once into panels of NR = 32 output columns, k-major,
@@ -11,9 +11,10 @@ Layout: W (N, K) is packed once into panels of NR = 32 output columns, k-major,
 
 so one k step of a panel is two vector loads. The micro-kernel holds an MR x NR tile of y in 24
 vector registers (MR = 12 rows of x, two 16-lane vectors of columns), and for each k broadcasts
-x[m, k] into an FMA with the panel's two vectors: 24 FMAs per 14 loads, no shuffles. Every row group
-of x passes over a panel while it is in L2; the first one prefetches the next panel. Threads grab
-spans of panels from a shared counter (as the GEMV: a thread the OS took away does less).
+x[m, k] into an FMA with the panel's two vectors: 24 FMAs per 14 loads, no shuffles. A panel is
+taken 256 k at a time (32 KB, in L1) by every row group of x in turn, the first of them prefetching
+the next slice; partial sums wait in y (a store and a load change no rounding). Threads grab spans
+of panels from a shared counter (as the GEMV: a thread the OS took away does less).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias:
 one fixed sequence per output whatever M, the tile or the thread, so rows are batch-invariant.
@@ -39,13 +40,8 @@ SOURCE = cpu_build.HEADER + r"""
 #ifdef __AVX512F__
 static constexpr int NV = 2, NR = 32, MR = 12;  // 24 accumulators + 2 panel vectors + a broadcast
 
-#ifndef MBR
-#define MBR 252
-#endif
-#ifndef KC
-#define KC 256
-#endif
-static constexpr int64_t KB = KC;  // k per pass: a panel's slice (KB x NR, 32 KB) stays in L1
+static constexpr int64_t KB = 256;  // k per pass: a panel's slice (KB x NR floats, 32 KB) stays in L1
+static constexpr int64_t MB = 252;  // rows per pass over W (21 tiles): more than MID_M, so one pass there
 
 // rows [0, R) of x (ldx apart) against k in [k0, k1) of one panel: y[m * ldy + j] for j < nc, starting
 // from 0 at k0 == 0 and from y's partial sums after (a store and a load are exact: the same roundings)
@@ -115,8 +111,6 @@ torch::Tensor gemm(torch::Tensor x, torch::Tensor packed, int64_t N, torch::Tens
   const float* xp = x.data_ptr<float>();
   const float* pp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // rows per pass over W: x's block stays in L2 (~512 KB of it) beside the panel
-  const int64_t MB = MBR;
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P));
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t rows = std::min(MB, M - m0);
