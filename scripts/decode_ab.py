@@ -11,8 +11,10 @@ once, as a batch-1..M decode step reads them (538 MB: nothing stays in cache bet
 `gemv` / `layer` / `gemm`: the engine (models/smollm2-135m-instruct) at batch B after P-token prompts, the two
 sides switched on alternate steps (every PackedLinear's `small_gemv` or `panels`; the runner's `fast_decode`), so
 both see the same machine minute. Prints min / p25 / median per side. torch's threads (2 here).
+DTYPE=bfloat16 runs the engine sides in bf16 (`layer` only: the GEMV and GEMM are fp32).
 (docs/perf/2026-12-03-decode-gemv.md)
 """
+import os
 import random
 import statistics as st
 import sys
@@ -50,7 +52,7 @@ def kernel(rows: list[int]) -> None:
 
 def engine(what: str, b: int, p: int, steps: int) -> None:
     from reference_engine import LLM, SamplingParams
-    e = LLM("models/smollm2-135m-instruct", dtype="float32", kv_cache_tokens=b * (p + steps + 80), max_num_seqs=b,
+    e = LLM("models/smollm2-135m-instruct", dtype=os.environ.get("DTYPE", "float32"), kv_cache_tokens=b * (p + steps + 80), max_num_seqs=b,
             max_num_batched_tokens=max(2048, b), num_threads=torch.get_num_threads()).engine
     rng = random.Random(0)
     for _ in range(b):

@@ -47,26 +47,41 @@ def _compose() -> str:
 
 
 LAYER = r"""
-// h @ w.T + b as PackedLinear computes it: the GEMV up to small_m rows (its SMALL_M), else the GEMM on w's panels
-static torch::Tensor linear(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& panels,
-                            const torch::Tensor& b, int64_t small_m) {
-  if (h.size(0) <= small_m) return gemv_k::gemv(h, w, b);
-  TORCH_CHECK(panels.numel(), "decode_layer: more than small_m rows need the GEMM's panels");
-  return gemm_k::gemm(h, panels, w.size(0), b);
+#include <ATen/core/dispatch/Dispatcher.h>
+
+// oneDNN's packed linear through the dispatcher, as PackedLinear calls it from Python (bf16 weights on
+// a CPU with native bf16: its only path there): _linear_pointwise(h, packed, b, "none", [], "")
+static torch::Tensor onednn_linear(const torch::Tensor& h, const torch::Tensor& packed, const torch::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{h, packed, b.numel() ? c10::IValue(b) : c10::IValue(), std::string("none"),
+                                 c10::List<std::optional<at::Scalar>>(), std::string("")};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
 }
 
-// x (N, hidden) fp32 -> x after one decoder layer; every row one decoding sequence
+// h @ w.T + b as PackedLinear computes it: with `onednn`, oneDNN on `mat` (its packed copy); else the
+// GEMV up to small_m rows (its SMALL_M) and the GEMM on `mat` (the panels) above
+static torch::Tensor linear(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& mat,
+                            const torch::Tensor& b, int64_t small_m, bool onednn) {
+  if (onednn) return onednn_linear(h, mat, b);
+  if (h.size(0) <= small_m) return gemv_k::gemv(h, w, b);
+  TORCH_CHECK(mat.numel(), "decode_layer: more than small_m rows need the GEMM's panels");
+  return gemm_k::gemm(h, mat, w.size(0), b);
+}
+
+// x (N, hidden) fp32 or bf16 -> x after one decoder layer; every row one decoding sequence
 torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2, double eps, torch::Tensor w_qkv,
                            torch::Tensor b_qkv, torch::Tensor w_o, torch::Tensor w_gate_up, torch::Tensor w_down,
-                           std::vector<torch::Tensor> panels, int64_t small_m,
+                           std::vector<torch::Tensor> mats, int64_t small_m, bool onednn,
                            int64_t H, int64_t Hkv, double scale, torch::Tensor cos, torch::Tensor sin,
                            torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
                            torch::Tensor tables, torch::Tensor lens) {
   const int64_t N = x.size(0), D = k_cache.size(3), I = w_down.size(1);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "decode_layer: x (N, hidden) fp32");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kFloat || onednn),
+              "decode_layer: x (N, hidden) fp32, or any dtype oneDNN multiplies");
   auto h = torch::empty_like(x);
   ops_k::rms_norm(x, ln1, eps, h);
-  auto qkv = linear(h, w_qkv, panels[0], b_qkv, small_m);  // (N, (H + 2 Hkv) D)
+  auto qkv = linear(h, w_qkv, mats[0], b_qkv, small_m, onednn);  // (N, (H + 2 Hkv) D)
   auto q = qkv.narrow(1, 0, H * D).view({N, H, D});
   auto k = qkv.narrow(1, H * D, Hkv * D).view({N, Hkv, D});
   auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
@@ -77,12 +92,12 @@ torch::Tensor decode_layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor ln2
   auto o = torch::empty({N, H, D}, x.options());
   attn_k::decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
   auto empty = x.new_empty({0});
-  x = x + linear(o.view({N, H * D}), w_o, panels[1], empty, small_m);
+  x = x + linear(o.view({N, H * D}), w_o, mats[1], empty, small_m, onednn);
   ops_k::rms_norm(x, ln2, eps, h);
-  auto gu = linear(h, w_gate_up, panels[2], empty, small_m);  // (N, 2 I): gate, up
+  auto gu = linear(h, w_gate_up, mats[2], empty, small_m, onednn);  // (N, 2 I): gate, up
   auto m = torch::empty({N, I}, x.options());
   ops_k::silu_mul(gu, m);
-  return x + linear(m, w_down, panels[3], empty, small_m);
+  return x + linear(m, w_down, mats[3], empty, small_m, onednn);
 }
 """
 

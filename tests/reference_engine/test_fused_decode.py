@@ -1,5 +1,6 @@
-"""fused_decode.FusedDecode: an all-decode fp32 step through one C++ call per layer gives the
-module path's hidden states bit for bit, HF's greedy tokens, and is skipped where it does not apply."""
+"""fused_decode.FusedDecode: an all-decode step (fp32, or bf16 where native) through one C++ call per
+layer gives the module path's hidden states bit for bit, HF's greedy tokens, and is skipped where it
+does not apply."""
 from __future__ import annotations
 
 import pytest
@@ -50,6 +51,27 @@ def test_every_fast_step_equals_the_module_path_and_hf(family, n, request, monke
     assert [list(o.token_ids) for o in outs] == hf
 
 
+@pytest.mark.skipif(not (fused_decode.available() and packed_linear.native_bf16()),
+                    reason="bf16 takes the layer call only where oneDNN multiplies bf16 natively")
+def test_bf16_fast_steps_equal_the_module_path(tiny_qwen2, monkeypatch):
+    """Every product oneDNN's packed bf16 linear, called from C++: the modules' hidden states bit for bit."""
+    llm = LLM(str(tiny_qwen2), dtype="bfloat16")  # qwen2: the qkv bias goes through oneDNN too
+    runner = llm.engine.runner
+    fast, seen = runner.fast_decode, []
+    real = fast.forward
+
+    def both(ids, positions, meta):
+        got = real(ids, positions, meta)
+        seen.append((ids.shape[0], torch.equal(got, runner.model(ids, positions, runner.backend, meta))))
+        return got
+
+    monkeypatch.setattr(fast, "forward", both)
+    prompts = random_prompts(llm.engine.model_config.vocab_size, 16, seed=5)
+    llm.generate(prompts, [SamplingParams(max_tokens=3 + i % 5, temperature=0.0, ignore_eos=True) for i in range(16)])
+    assert seen and all(same for _, same in seen), seen
+    assert 16 in {r for r, _ in seen} and fast.max_rows == PackedLinear.MID_M
+
+
 @builds
 def test_only_all_decode_steps_of_at_most_max_rows_take_it(tiny_llama, monkeypatch):
     llm = _llm(tiny_llama)
@@ -69,7 +91,9 @@ def test_only_all_decode_steps_of_at_most_max_rows_take_it(tiny_llama, monkeypat
 
 def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
     assert LLM(str(tiny_qwen3), dtype="float32").engine.runner.fast_decode is None  # q/k norm
-    assert LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode is None
+    # bf16 takes it only where oneDNN multiplies bf16 natively (else PackedLinear casts in Python)
+    bf16 = LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode
+    assert (bf16 is not None) == (packed_linear.native_bf16() and fused_decode.available())
     assert LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner.fast_decode is None
     monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")
     assert LLM(str(tiny_llama), dtype="float32").engine.runner.fast_decode is None
