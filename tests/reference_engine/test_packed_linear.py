@@ -142,3 +142,14 @@ def test_packed_linear_takes_the_kernel_up_to_small_m_rows_only(monkeypatch):
 def test_decode_gemv_is_chosen_or_pinned(monkeypatch):
     assert packed_linear.decode_gemv() in ("inferlab", "onednn")
     _choice_is_pinned_by(packed_linear.decode_gemv, "INFERLAB_DECODE_GEMV", ("inferlab", "onednn"), monkeypatch)
+
+
+def test_the_mid_gemm_is_on_exactly_where_its_kernel_runs():
+    """AVX-512 with a compiler: the C++ GEMM and its panels; anywhere else oneDNN and no third copy."""
+    from reference_engine.kernels import cpp_gemm
+    want = "inferlab" if cpp_gemm.available() else "onednn"
+    assert packed_linear.mid_gemm() == want
+    packed = packed_linear.PackedLinear(nn.Linear(64, 40))
+    assert (packed.panels is not None) == (want == "inferlab")
+    x = torch.randn(packed.SMALL_M + 5, 64)
+    torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-5)
