@@ -23,6 +23,7 @@ async def test_streams_match_offline_aborts_free_blocks_and_calls_run_between_st
         assert engine.is_alive and engine.core_pid != os.getpid()
         assert engine.effective_config()["engine_process"] is True and engine.max_model_len == llm.engine.max_model_len
         assert engine.effective_config()["wave_wait_max_ms"] == 30.0  # the batching wait is read back, not hidden
+        assert engine.effective_config()["gc_frozen_objects"] > 1000  # the core's start-up heap, out of the GC's way
         with pytest.raises(ValueError, match="outside the vocabulary"):  # validated in the front end, at once
             engine.add_request([10 ** 9], params)
 
