@@ -176,3 +176,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def stop(self) -> None: ...
+
+    def dry_run(self, requests: list[GenerationRequest], fallback_launcher: str | None = None):
+        """What `inferlab run --dry-run` shows for this engine (adapters.dryrun.DryRun); starts nothing.
+        Server adapters show their launch and check it; an in-process engine launches nothing."""
+        from adapters.dryrun import DryRun
+
+        return DryRun(self.name, "in_process", note="runs in the harness's own process tree: nothing is launched")

@@ -206,6 +206,26 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+def mounted(prefix: list[str], path: str) -> bool:
+    """Whether a container command line already makes host `path` visible at the same path
+    inside (`-v SRC:DST`, `--volume`, `--mount type=bind,source=..,target=..` of it or a parent)."""
+    want = Path(path)
+    for i, a in enumerate(prefix):
+        spec = prefix[i + 1] if a in ("-v", "--volume", "--mount") and i + 1 < len(prefix) else \
+            a.split("=", 1)[1] if a.startswith(("--volume=", "--mount=")) else None
+        if spec is None:
+            continue
+        if "source=" in spec or "src=" in spec:  # --mount type=bind,source=A,target=B
+            kv = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
+            src, dst = kv.get("source") or kv.get("src"), kv.get("target") or kv.get("destination") or kv.get("dst")
+        else:
+            src, _, rest = spec.partition(":")
+            dst = rest.split(":")[0]
+        if src and src == dst and (want == Path(src) or Path(src) in want.parents):
+            return True
+    return False
+
+
 @dataclass
 class Launcher:
     """How an engine server is started.
@@ -213,24 +233,27 @@ class Launcher:
     - kind "python": `prefix` is an interpreter; modules run as `PY -m MODULE`, console
       scripts are looked up next to the interpreter (a venv's bin/), then on PATH.
     - kind "container": `prefix` is a docker/podman command line ending with the image
-      (use `--network host`, or publish `{port}`; mount the model at the same path).
-      `{port}` and `{model}` placeholders are filled in. A `--name` is added so that
-      stop can `docker stop` the container.
+      (use `--network host`, or publish `{port}`). `{port}` and `{model}` placeholders are
+      filled in. A `--name` is added so that stop can `docker stop` the container, and every
+      path in `mounts` (the model folder, the work dir the adapter writes its option files
+      into) is mounted at the same path unless the prefix already mounts it: a file the
+      adapter wrote must be visible where the server reads it.
     """
 
     kind: str
     prefix: list[str] = field(default_factory=list)
 
     @classmethod
-    def parse(cls, spec: str | list[str] | None) -> "Launcher":
-        """None → this interpreter; a venv dir or python path → that; `docker ...`/`podman ...` → container."""
+    def parse(cls, spec: str | list[str] | None, installed: bool = True) -> "Launcher":
+        """None → this interpreter; a venv dir or python path → that; `docker ...`/`podman ...` → container.
+        `installed=False` (a dry run) skips the checks that the tool or interpreter exists here."""
         if spec is None or spec == "" or spec == []:
             return cls("python", [sys.executable])
         parts = shlex.split(spec) if isinstance(spec, str) else [str(s) for s in spec]
         if Path(parts[0]).name in CONTAINER_TOOLS:
             if len(parts) < 3 or parts[1] != "run":
                 raise ValueError(f"container launcher must look like '{parts[0]} run [OPTIONS] IMAGE', got {spec!r}")
-            if shutil.which(parts[0]) is None:
+            if installed and shutil.which(parts[0]) is None:
                 raise EngineUnavailable(f"launcher {parts[0]!r} not found on PATH; install {parts[0]} "
                                         f"or choose a python/venv launcher")
             return cls("container", parts)
@@ -243,7 +266,7 @@ class Launcher:
         path = Path(parts[0]).expanduser().absolute()
         if path.is_dir():
             path = path / "bin" / "python"
-        if not path.exists():
+        if installed and not path.exists():
             raise EngineUnavailable(f"launcher interpreter {path} does not exist (create the venv, "
                                     f"e.g. scripts/setup_vllm_venv.sh for vLLM)")
         return cls("python", [str(path)])
@@ -254,15 +277,15 @@ class Launcher:
 
     def argv(self, *, args: list[str], module: str | None = None, script: str | None = None,
              container_cmd: list[str] | None = None, port: int | None = None,
-             model: str | None = None, name: str | None = None) -> list[str]:
+             model: str | None = None, name: str | None = None, mounts: list[str] = ()) -> list[str]:
         """The full command line. `container_cmd` goes between the image and `args`
         (empty when the image's entrypoint already is the server)."""
         args = [str(a) for a in args]
         if self.is_container:
             fill = {"port": port or "", "model": model or ""}
             pre = [p.format(**fill) if "{" in p else p for p in self.prefix]
-            if name and "--name" not in pre:
-                pre[2:2] = ["--name", name]
+            extra = [a for m in mounts if not mounted(pre, str(m)) for a in ("-v", f"{m}:{m}")]
+            pre[2:2] = (["--name", name] if name and "--name" not in pre else []) + extra
             return [*pre, *(container_cmd or []), *args]
         python = self.prefix[0]
         if module:

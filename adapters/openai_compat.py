@@ -5,13 +5,11 @@ engine's `inferlab serve`, vLLM, TensorRT-LLM) mix `adapters.serving.LaunchedSer
 before it, which supplies `connect()` (launch a server, return its base URL),
 `disconnect()`, `pid`, `launch_knobs()` and `launch_argv`; they may override `token_id_fields()`,
 `_completion_body()`, `_parse_chunk()`, `_knobs()`, `_capacity()`, `_read_back()`,
-`_unhonoured()`, and set `METRICS` (their row of adapters.metric_names, whose `path` is where
-Prometheus text lives). A request with `messages` goes to `/v1/chat/completions` instead, with the
-same sampling fields (the server applies its own chat template).
-- `EngineInfo.effective` / `.memory` come from `_read_back()`: here the KV geometry the first
-  scrape shows and the launch command; subclasses add what their engine reports. Options
-  `enable_prefix_caching` / `speculative_config` (adapters.features) are accepted everywhere; an
-  attached server cannot be given them, so unless its read-back settings match, `unhonoured` says so.
+`_unhonoured()`, and set `METRICS` (their row of adapters.metric_names: `path` is where Prometheus
+text lives). A request with `messages` goes to `/v1/chat/completions` (its own chat template).
+- `EngineInfo.effective` / `.memory` come from `_read_back()`: the KV geometry of the first scrape
+  and the launch command, plus what a subclass's engine reports. Options `enable_prefix_caching` /
+  `speculative_config` (adapters.features): an attached server cannot take them (`unhonoured`).
 
 Invariants:
 - `recv_ns` is taken when an SSE line arrives, before it is parsed.
@@ -22,9 +20,8 @@ Invariants:
   `UNKNOWN_TOKEN_ID`s as `usage.completion_tokens` grew; only when a server sends no such
   usage is one token counted per non-empty text chunk (a guess: an empty chunk may hold a
   token, one chunk several). `EngineInfo.unhonoured["token_ids"]` says which.
-- The chunk carrying `finish_reason` is held back (with its own `recv_ns`) until the
-  usage chunk or `[DONE]` arrives, so the one finished event also carries the
-  server's prompt/completion token counts.
+- The chunk carrying `finish_reason` is held back (with its own `recv_ns`) until the usage chunk
+  or `[DONE]` arrives, so the one finished event also carries the server's token counts.
 """
 from __future__ import annotations
 
@@ -263,8 +260,7 @@ class OpenAIEngine(Engine):
         counted = 0  # text-only streams: completion tokens accounted for so far
         self._live.add(rid)
         try:
-            route = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
-            async with self._streamer.post(route, body) as resp:
+            async with self._streamer.post(self.route(request), body) as resp:
                 if resp.status_code != 200:
                     raise RequestError(f"request {rid}: HTTP {resp.status_code} from {self.base_url}: "
                                        f"{(await resp.text())[:500]}")
@@ -349,12 +345,23 @@ class OpenAIEngine(Engine):
         self._model_entry = models[0]
         return models[0]["id"]
 
-    async def _probe(self) -> tuple[bool, bool]:
-        """Send one 1-token request: did its stream carry token ids, and did every chunk with
-        choices carry running usage?"""
+    @staticmethod
+    def route(request: GenerationRequest) -> str:
+        return "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+
+    def request_body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        return self.route(request), self._completion_body(request)
+
+    def probe_body(self) -> dict[str, Any]:
+        """The start-up probe: one token of "Hello" (text works on every server and vocabulary)."""
         body = self._completion_body(GenerationRequest("inferlab-probe", [0], SamplingConfig(max_tokens=1),
                                                        prompt_text="Hello"))
-        body["prompt"] = "Hello"  # text works on every server and any vocabulary
+        return {**body, "prompt": "Hello"}
+
+    async def _probe(self) -> tuple[bool, bool]:
+        """Send the probe: did its stream carry token ids, and did every chunk with choices carry
+        running usage?"""
+        body = self.probe_body()
         carried, usage_every, chunks = False, True, 0
         async with self._client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:

@@ -85,7 +85,10 @@ def as_int(label: str | None) -> int | None:
 
 def kv_capacity(m: Metrics | None, names: MetricNames) -> tuple[int | None, int | None]:
     """(KV capacity in tokens, block size) from whichever gauges `names` has: a capacity gauge,
-    blocks x tokens per block, or vLLM's cache_config_info labels (summed over engines)."""
+    blocks x tokens per block, or vLLM's cache_config_info labels. The capacity is one replica's:
+    vLLM exports one cache_config_info sample per engine core (`engine` label), and under data
+    parallelism each core is a replica with its own pool, asked the same per-GPU budget; the
+    smallest is taken (they are equal unless a replica's memory differs)."""
     if m is None:
         return None, None
     per = m.value(*names.kv_block_tokens) if names.kv_block_tokens else None
@@ -99,8 +102,8 @@ def kv_capacity(m: Metrics | None, names: MetricNames) -> tuple[int | None, int 
         for labels, _ in m.samples.get(name, []):
             n, bs = as_int(labels.get("num_gpu_blocks")), as_int(labels.get("block_size"))
             caps.append(n * bs if n is not None and bs else None)
-        if caps:
-            return (sum(caps) if None not in caps else None), bs
+        if caps:  # one sample per engine core: a data-parallel replica each, with a KV pool of its own
+            return (min(caps) if None not in caps else None), bs
     return None, int(per) if per else None
 
 

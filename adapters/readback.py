@@ -31,7 +31,8 @@ from adapters.prom import Metrics, as_int
 GIB = 1 << 30
 EFFECTIVE_KEYS = ("dtype", "kv_capacity_tokens", "kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "chunked_prefill", "prefix_caching", "cuda_graphs", "compile", "speculative",
-                  "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "launch_command")
+                  "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "seeded_sampling",
+                  "launch_command")
 MEMORY_KEYS = ("weights", "kv_allocated", "kv_peak_used", "device_total", "graph_pool", "kv_bytes_per_token")
 
 

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot, TokenEvent,
                            check_options)
 from adapters import model_shape
+from adapters.dryrun import LaunchPlan
 from adapters.launcher import Launcher, ServerProcess, free_port
 
 MODES = ("server", "attach", "in_process")
@@ -84,6 +85,9 @@ class ModalEngine(Engine):
     async def snapshot(self) -> MemorySnapshot:
         return await self._impl.snapshot()
 
+    def dry_run(self, requests: list[GenerationRequest], fallback_launcher: str | None = None):
+        return self._impl.dry_run(requests, fallback_launcher)
+
     async def memory(self) -> dict[str, int]:
         return await self._impl.memory()
 
@@ -117,6 +121,9 @@ class ManagedServer:
         self.proc: ServerProcess | None = None
         self.work_dir: Path | None = None
         self._alias: Path | None = None  # short symlink to WORK/tmp, removed at stop
+        self._installed = True  # False while a dry run plans the launch
+        self._args: list[str] = []  # the engine's own arguments, as the last argv() built them
+        self._missing: str | None = None
 
     @property
     def model_arg(self) -> str:
@@ -133,31 +140,37 @@ class ManagedServer:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def _work_dir(self) -> Path:
+    def _work_dir(self, create: bool = True) -> Path:
         if self.options.get("work_dir"):
             d = Path(self.options["work_dir"])
         elif self.options.get("log_path"):
             d = Path(self.options["log_path"]).parent / f"{self.engine}-work"
-        else:
+        elif create:
             d = Path(tempfile.mkdtemp(prefix=f"inferlab-{self.engine}-"))
-        d.mkdir(parents=True, exist_ok=True)
-        return d.resolve()
+        else:
+            d = Path(tempfile.gettempdir()) / f"inferlab-{self.engine}-XXXXXXXX"  # made at start
+        if create:
+            d.mkdir(parents=True, exist_ok=True)
+        return d.absolute()
 
-    async def start(self, argv_for: Callable[[], list[str]],
-                    env_for: Callable[[Path | None], dict[str, str]]) -> str:
-        """Launch and wait for health; return the base URL. `argv_for()` gives the command
-        line without extra_args (built with `self.argv`, valid once launcher and port are
-        set); `env_for(work_dir or None)` its environment (None for containers: host paths
-        mean nothing inside them)."""
+    def plan(self, argv_for: Callable[[], list[str]], env_for: Callable[[Path | None], dict[str, str]],
+             files_for: Callable[[], dict[str, str]] = dict, installed: bool = True,
+             launcher: str | None = None) -> LaunchPlan:
+        """The launch, decided and not started: launcher, port, work dir, command line (with the
+        container's mounts and environment), and the files the adapter writes before it starts.
+        `installed=False` (a dry run) neither needs the launcher here nor creates anything.
+        `argv_for()` gives the command line without extra_args (built with `self.argv`, valid once
+        launcher, port and work dir are set); `env_for(work_dir or None)` its environment (None for
+        containers: host paths mean nothing inside them); `files_for()` {path: text}."""
+        self._installed, self._missing = installed, None
         try:
-            self.launcher = Launcher.parse(self.options.get("launcher"))
+            self.launcher = Launcher.parse(launcher or self.options.get("launcher"), installed)
         except EngineUnavailable as e:
             raise EngineUnavailable(f"engine {self.engine!r}: {e}; {self.install}") from None
         self.port = int(self.port or free_port())
-        self.work_dir = self._work_dir()
+        self.work_dir = self._work_dir(create=installed)
         log_path = Path(self.options.get("log_path") or self.work_dir / "server.log")
-        env = {} if self.launcher.is_container else {"TMPDIR": self._tmp_alias()}
-        env = {**env, **env_for(None if self.launcher.is_container else self.work_dir),
+        env = {**env_for(None if self.launcher.is_container else self.work_dir),
                **{k: str(v) for k, v in (self.options.get("env") or {}).items()}}
         argv = argv_for() + self.extra_args
         name = None
@@ -165,8 +178,19 @@ class ManagedServer:
             name = f"inferlab-{self.engine}-{self.port}"
             argv[2:2] = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
             env = {}
-        self.proc = ServerProcess(argv, env, log_path, self.base_url + self.health_path,
-                                  cwd=self.work_dir, stop_argv=self.launcher.stop_argv(name))
+        return LaunchPlan(argv, env, files_for(), self.work_dir, log_path, self.port,
+                          self.launcher.stop_argv(name), self._args + self.extra_args, self._missing)
+
+    async def start(self, argv_for: Callable[[], list[str]],
+                    env_for: Callable[[Path | None], dict[str, str]],
+                    files_for: Callable[[], dict[str, str]] = dict) -> str:
+        """Launch (`plan()`, then write its files) and wait for health; return the base URL."""
+        plan = self.plan(argv_for, env_for, files_for)
+        for path, text in plan.files.items():
+            Path(path).write_text(text)
+        env = plan.env if self.launcher.is_container else {"TMPDIR": self._tmp_alias(), **plan.env}
+        self.proc = ServerProcess(plan.argv, env, plan.log_path, self.base_url + self.health_path,
+                                  cwd=self.work_dir, stop_argv=plan.stop_argv)
         try:
             await self.proc.start(self.timeout_s)
         except BaseException:
@@ -176,15 +200,27 @@ class ManagedServer:
 
     def argv(self, *, args: list[str], module: str | None = None, script: str | None = None,
              container_cmd: list[str] | None = None) -> list[str]:
-        """`Launcher.argv` with this server's port and container name filled in; raises
-        EngineUnavailable when the launcher's interpreter lacks the module or script."""
+        """`Launcher.argv` with this server's port and container name filled in, and the model
+        folder and work dir mounted into a container; raises EngineUnavailable when the
+        launcher's interpreter lacks the module or script (`installed=False`: the name is kept)."""
+        installed, self._args = self._installed, [str(a) for a in args]
         if module and not self.launcher.is_container:
-            self._check_module(module.split(".")[0])
+            try:
+                self._check_module(module.split(".")[0])
+            except EngineUnavailable as e:
+                if installed:
+                    raise
+                self._missing = str(e)
+        model = Path(self.model_arg)
+        mounts = [str(self.work_dir)] + ([str(model)] if model.is_absolute() else [])
         try:
             return self.launcher.argv(args=args, module=module, script=script, container_cmd=container_cmd,
                                       port=self.port, model=self.model_arg,
-                                      name=f"inferlab-{self.engine}-{self.port}")
+                                      name=f"inferlab-{self.engine}-{self.port}", mounts=mounts)
         except EngineUnavailable as e:
+            if not installed and script:  # a dry run shows the program by name
+                self._missing = f"{script!r} is not installed here"
+                return [script, *[str(a) for a in args]]
             raise EngineUnavailable(f"{e}; {self.install}") from None
 
     def _check_module(self, package: str) -> None:
@@ -316,11 +352,28 @@ class LaunchedServer:
     def server_env(self, work_dir: Path | None) -> dict[str, str]:
         return {}
 
+    def server_files(self) -> dict[str, str]:
+        """Files to write before the server starts ({path: text}; paths under the work dir,
+        which a container launcher mounts)."""
+        return {}
+
+    def launch_plan(self, installed: bool = True, launcher: str | None = None) -> LaunchPlan | None:
+        """The launch this adapter would make, started nowhere (None: attached); `launcher`
+        replaces the option's (a dry run shows a missing engine through its pinned image)."""
+        if self.server is None:
+            return None
+        return self.server.plan(self.server_argv, self.server_env, self.server_files, installed, launcher)
+
+    def dry_run(self, requests: list[GenerationRequest], fallback_launcher: str | None = None):
+        from adapters.dryrun import plan_launched
+
+        return plan_launched(self, requests, fallback_launcher)
+
     async def connect(self) -> str:
         """The base URL: the attached one, or the launched server's once it is healthy."""
         if self.server is None:
             return str(self.url).rstrip("/").removesuffix("/v1")
-        return await self.server.start(self.server_argv, self.server_env)
+        return await self.server.start(self.server_argv, self.server_env, self.server_files)
 
     async def disconnect(self) -> None:
         if self.server is not None:

@@ -67,6 +67,9 @@ KNOBS = {"mem_fraction_static": ["--mem-fraction-static"], "max_running_requests
          "disable_radix_cache": ["--disable-radix-cache"], "disable_cuda_graph": [],
          "tp_size": ["--tp-size"], "pp_size": ["--pp-size"], "dp_size": ["--dp-size"],
          "attention_backend": ["--attention-backend"],
+         # off by default (its batch-invariant kernels are slower): without it a seeded sampled
+         # workload runs unseeded on SGLang, and the report says so (seeded_sampling read back)
+         "enable_deterministic_inference": ["--enable-deterministic-inference"],
          "max_model_len": ["--context-length"]}  # the harness's one length for every engine (experiments/context.py)
 def sampling_params(request: GenerationRequest) -> dict[str, Any]:
     s = request.sampling
@@ -81,6 +84,12 @@ def sampling_params(request: GenerationRequest) -> dict[str, Any]:
     if s.seed is not None:
         p["sampling_seed"] = s.seed
     return p
+
+
+def generate_body(request: GenerationRequest) -> dict[str, Any]:
+    """`POST /generate`: token ids in, streamed (GenerateReqInput fields)."""
+    return {"input_ids": list(request.prompt_token_ids), "sampling_params": sampling_params(request),
+            "stream": True, "rid": request.request_id}
 
 
 def finish_type(meta: dict[str, Any]) -> str | None:
@@ -214,12 +223,15 @@ class SGLangServer(LaunchedServer, Engine):
                 return resp.json()
         raise EngineUnavailable(f"{self.client.base_url} has neither /server_info nor /get_server_info: not SGLang?")
 
+    @staticmethod
+    def request_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        return "/generate", generate_body(request)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self.client is None:
             raise RuntimeError("engine 'sglang': call start() before generate()")
         rid = request.request_id
-        body = {"input_ids": list(request.prompt_token_ids), "sampling_params": sampling_params(request),
-                "stream": True, "rid": rid}
+        body = generate_body(request)
         diff = Incremental() if self.incremental else Cumulative()
         async with self._streamer.post("/generate", body) as resp:
             if resp.status_code != 200:

@@ -113,7 +113,14 @@ def sglang_speculative(si: dict[str, Any]) -> dict[str, Any] | bool | None:
 SERVER_INFO_KEYS = ("dtype", "page_size", "max_running_requests", "chunked_prefill_size", "max_prefill_tokens",
                     "context_length", "disable_radix_cache", "cuda_graph_config", "disable_cuda_graph",
                     "enable_torch_compile", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                    "speculative_num_draft_tokens", "speculative_draft_model_path", "tp_size")
+                    "speculative_num_draft_tokens", "speculative_draft_model_path", "tp_size",
+                    "enable_deterministic_inference")
+# sampling_seed is read only in deterministic mode: SamplingBatchInfo.from_schedule_batch builds the
+# seed tensor only when exec.deterministic.enable_deterministic_inference is on, else sampling draws
+# from the global generator (srt/sampling/sampling_batch_info.py, SGLang 0.5.23); the flag is
+# declared in every release of VERSIONS (0.5.9's parser: fixtures/sglang/parser_0.5.9.json)
+SEEDED = ("/server_info enable_deterministic_inference (SGLang uses a request's sampling_seed only with "
+          "--enable-deterministic-inference: srt/sampling/sampling_batch_info.py)")
 
 
 def read_back(si: dict[str, Any], argv: list[str] | None = None,
@@ -142,6 +149,8 @@ def read_back(si: dict[str, Any], argv: list[str] | None = None,
     rb.put("tensor_parallel_size", si.get("tp_size"), src + " tp_size")
     rb.put("pipeline_parallel_size", si.get("pp_size"), src + " pp_size")
     rb.put("data_parallel_size", si.get("dp_size"), src + " dp_size")
+    if "enable_deterministic_inference" in si:
+        rb.put("seeded_sampling", bool(as_bool(si["enable_deterministic_inference"])), SEEDED)
     rb.put("launch_command", launch_command(argv), "the argv this adapter launched")
     mem = state.get("memory_usage") or {}
     where = src + " internal_states[0].memory_usage.{} (GiB, 0.001 resolution)"

@@ -17,15 +17,14 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
   with is the `tgi_batch_max_total_tokens` gauge at /metrics (the startup log line "Setting
   max batch total tokens to N" in server mode; `/info` carried it only before v2.3.0); a
   budget that is not what it runs with is reported in `EngineInfo.unhonoured`.
-- Requests: `/generate_stream` through `huggingface_hub.AsyncInferenceClient`
-  (`details=True`, so every event carries its token id). TGI takes text, not ids: the
-  prompt is `request.prompt_text`, or the ids decoded with the model's tokenizer.json; the
-  engine's own prompt length (`details.input_length`) is reported so the harness can flag
-  a re-tokenization mismatch.
+- Requests: `POST /` (TGI's compat route; `stream: true` streams as /generate_stream does) through
+  `huggingface_hub.AsyncInferenceClient` (`details=True`: every event carries its token id). TGI takes
+  text: `request.prompt_text`, or the ids decoded with tokenizer.json; `details.input_length` lets
+  the harness flag a re-tokenization mismatch.
 - No `ignore_eos`: TGI's router sets `ignore_eos_token: false` for every request, so a
   request may stop before max_new_tokens (`unhonoured["ignore_eos"]`).
-- `abort` takes effect at the request's next event (the stream is closed then; TGI cancels
-  a request whose client went away). recv_ns is taken after huggingface_hub parsed the event.
+- `abort` takes effect at the request's next event (TGI cancels a request whose client went
+  away). recv_ns is taken after huggingface_hub parsed the event.
 - Features (adapters.features): `enable_prefix_caching` -> the launcher's environment
   `PREFIX_CACHING=1|0` (TGI's only switch; default on for Flash models with flashinfer or
   flashdecoding attention); `speculative_config` ngram -> `--speculate k` (TGI's n-gram copies the
@@ -33,13 +32,11 @@ tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
   prompt_lookup_min/max are unhonoured); draft_model is unhonoured (TGI speculates only with
   Medusa / MLP-speculator heads shipped in the model folder, or n-gram), and the server is
   launched without speculation. An attached server's features were fixed at its start.
-- Prometheus exporter port: since v3.3.0 TGI's router also binds a Prometheus port (launcher
-  `--prometheus-port`, env `PROMETHEUS_PORT`, default 9000), so two servers on `--network host`
-  collide; a launched server gets a free one through `PROMETHEUS_PORT` (an environment variable,
-  not a flag, so that a 2.x launcher, which has no such argument, ignores it instead of refusing to
-  start). The launcher's Args print says which port it took (`knobs["prometheus_port"]`).
-- Versions: `VERSIONS` (the versions this adapter was checked against, fixtures/tgi/SOURCE.md); the
-  version is `text-generation-launcher --version` or the image tag before launch, `/info` after.
+- Prometheus port: since v3.3.0 the router binds one (`--prometheus-port`, env `PROMETHEUS_PORT`,
+  default 9000; two servers on `--network host` collide): a launch gets a free one through the
+  environment (a 2.x launcher ignores it rather than refuse a flag); `knobs["prometheus_port"]`.
+- Versions: `VERSIONS` (checked releases; what each reports: `REPORTS`); an image tag is trusted,
+  else `text-generation-launcher --version` before launch, and `/info` after.
 - `EngineInfo.effective` from `/info` (max_total_tokens: the per-request context), the KV gauge,
   and in server mode the launch log: the launcher's `Args { .. dtype: Some(BFloat16) .. }` (the
   `--dtype` it was given: that row is labelled as requested; `/info` `model_dtype`, before v2.3.0,
@@ -99,8 +96,22 @@ LOG_PROMETHEUS_PORT = re.compile(r"\bprometheus_port: (\d+)")
 LOG_SHARDS = re.compile(r"Sharding model on (\d+) processes")
 LAUNCHER_VERSION = re.compile(r"text-generation-launcher (\S+)")
 # 2.0.3: the recorded router log and stream; 3.3.x: the source of each tag (fixtures/tgi/SOURCE.md)
+# What each release's server reports (/info `version`, `--version`): CARGO_PKG_VERSION, Cargo.toml's
+# at its tag; v2.0.3 and v3.3.6/v3.3.7 shipped without bumping it (adapters/upstream/tgi.json `tags`)
+REPORTS = {"2.0.2": "2.0.2", "2.0.3": "2.0.2", **{f"3.3.{i}": f"3.3.{i}" for i in range(6)},
+           "3.3.6": "3.3.6-dev0", "3.3.7": "3.3.6-dev0"}
 VERSIONS = VersionTable("tgi", (Row("2.0.3", "2.0.3", ("2.0.3",), {"metrics": TGI}),
-                                Row("3.3.0", "3.3.7", tuple(f"3.3.{i}" for i in range(8)), {"metrics": TGI})))
+                                Row("3.3.0", "3.3.7", tuple(f"3.3.{i}" for i in range(8)), {"metrics": TGI})),
+                        REPORTS)
+
+
+def hub_kwargs(request: GenerationRequest) -> dict[str, Any]:
+    """huggingface_hub's `text_generation` arguments for a request (None is not sent)."""
+    s = request.sampling
+    greedy = s.temperature == 0
+    return dict(max_new_tokens=s.max_tokens, details=True, do_sample=not greedy,
+                temperature=None if greedy else s.temperature, top_p=s.top_p if 0 < s.top_p < 1 else None,
+                top_k=s.top_k if s.top_k and s.top_k > 0 else None, seed=s.seed, stop=list(s.stop) or None)
 
 
 def log_read_back(rb: ReadBack, text: str, source: str) -> None:
@@ -186,11 +197,17 @@ class TGIServer(LaunchedServer, Engine):
         self._aborted: set[str] = set()
         self.prometheus_port: int | None = None  # chosen at launch (server_env)
 
+    def image_tag(self) -> str | None:
+        """The release a container launcher's image tag names (trusted over what the server reports)."""
+        launcher = self.server.launcher if self.server is not None else None
+        return image_tag_version(launcher.prefix) if launcher is not None and launcher.is_container else None
+
     def launcher_version(self) -> str | None:
-        """The TGI version the launcher runs, without starting a server (None: unknown)."""
+        """The version string the launcher reports, without starting a server (None: unknown, or a
+        container, whose release is its image tag)."""
         launcher = self.server.launcher
         if launcher.is_container:
-            return image_tag_version(launcher.prefix)
+            return None
         try:
             out = subprocess.run([launcher.find_script("text-generation-launcher"), "--version"],
                                  capture_output=True, text=True, timeout=60)
@@ -201,9 +218,9 @@ class TGIServer(LaunchedServer, Engine):
 
     def server_argv(self) -> list[str]:
         s = self.server
-        found = self.launcher_version() if s.launcher else None
-        if found:
-            VERSIONS.row(found)  # refuses a version outside the table before anything starts
+        found, tag = (self.launcher_version(), self.image_tag()) if s.launcher else (None, None)
+        if found or tag:
+            VERSIONS.row(found, tag)  # refuses a version outside the table before anything starts
         args: list[str] = ["--model-id", s.model_arg, "--hostname", s.host, "--port", s.port,
                            "--dtype", launch_dtype(self.dtype)]
         if self.options.get("kv_cache_tokens") is not None:
@@ -282,7 +299,7 @@ class TGIServer(LaunchedServer, Engine):
             self.http = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             info = await self._info(base)
             if info.get("router", TGI_ROUTER) == TGI_ROUTER:  # TGI itself: refuse a version no row was checked for
-                VERSIONS.row(str(info["version"]) if info.get("version") else None)
+                VERSIONS.row(str(info["version"]) if info.get("version") else None, self.image_tag())
             # else another server speaking TGI's API (e.g. `inferlab serve`): TGI's table does not apply
             self.client = hub.AsyncInferenceClient(base_url=base)
             metrics = await prom.scrape(self.http, TGI.path)
@@ -320,7 +337,17 @@ class TGIServer(LaunchedServer, Engine):
         except ValueError:
             return {}
 
-    def _prompt(self, request: GenerationRequest) -> str:
+    def request_body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        """`POST /` as huggingface_hub builds it (its own payload code; None values are dropped)."""
+        from huggingface_hub.inference._providers import get_provider_helper
+
+        url = self.url or "http://HOST:PORT"
+        req = get_provider_helper("hf-inference", task="text-generation", model=url).prepare_request(
+            inputs=self.prompt_text(request), parameters=hub_kwargs(request), extra_payload={"stream": True},
+            headers={}, model=url, api_key=None)
+        return "/", req.json
+
+    def prompt_text(self, request: GenerationRequest) -> str:
         if request.prompt_text is not None:
             return request.prompt_text
         if self.tokenizer is None:
@@ -336,14 +363,9 @@ class TGIServer(LaunchedServer, Engine):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         if self.client is None:
             raise RuntimeError("engine 'tgi': call start() before generate()")
-        s, rid = request.sampling, request.request_id
-        greedy = s.temperature == 0
+        rid = request.request_id
         try:
-            stream = await self.client.text_generation(
-                self._prompt(request), max_new_tokens=s.max_tokens, details=True, stream=True,
-                do_sample=not greedy, temperature=None if greedy else s.temperature,
-                top_p=s.top_p if 0 < s.top_p < 1 else None, top_k=s.top_k if s.top_k and s.top_k > 0 else None,
-                seed=s.seed, stop=list(s.stop) or None)
+            stream = await self.client.text_generation(self.prompt_text(request), stream=True, **hub_kwargs(request))
         except Exception as e:  # huggingface_hub raises its own HTTP error types
             raise RequestError(f"request {rid}: TGI refused it: {e}") from e
         try:

@@ -75,14 +75,16 @@ PARALLEL_INFO, SPEC_INFO, KV_INFO = ("trtllm_parallel_config_info", "trtllm_spec
                                      "trtllm_kv_cache_config_info")
 MAX_ACTIVE, MAX_TOKENS = "trtllm_max_num_active_requests", "trtllm_max_num_tokens_runtime"
 SPEC_METHODS = {"NGram": "ngram", "Draft_Target": "draft_model"}
-# Options-file keys per backend: the common ones are BaseLlmArgs fields, enable_iter_perf_stats is
-# TorchLlmArgs' only (fixtures/trtllm/llm_args_fields.json; test_trtllm_contract.py validates both).
+# Options-file keys per backend, all TorchLlmArgs fields at the pin (enable_iter_perf_stats is
+# TorchLlmArgs' own). `trtllm-serve --backend` takes pytorch or _autodeploy at 1.3.0rc24: the TensorRT
+# backend (TrtLlmArgs) is gone (adapters/upstream/trtllm.json serve_flags, llm_args).
 COMMON_KEYS = ("dtype", "return_perf_metrics", "enable_chunked_prefill", "kv_cache_config", "speculative_config")
-BACKEND_KEYS = {"pytorch": COMMON_KEYS + ("enable_iter_perf_stats",), "tensorrt": COMMON_KEYS}
+BACKEND_KEYS = {"pytorch": COMMON_KEYS + ("enable_iter_perf_stats",)}
 STOP_MATCH = ("token ids: TRT-LLM tokenizes each stop string alone and stops when the generated ids end with "
               "that sequence (text produced with other token boundaries does not stop it)")
 # The version this adapter's facts were checked for (fixtures/trtllm/SOURCE.md: read from the
 # main-branch source at the commits listed there, the pin 1.3.0rc24).
+DTYPES = ("bfloat16", "float16")  # what the adapter launches; float32 is refused (check_dtype)
 VERSIONS = VersionTable("trtllm", (Row("1.3.0rc24", "1.3.0rc24", ("1.3.0rc24",), {"metrics": TRTLLM}),))
 
 
@@ -93,6 +95,14 @@ def speculative_config(spec: dict[str, Any]) -> dict[str, Any]:
         return {"decoding_type": "NGram", "max_draft_len": k, "max_matching_ngram_size": spec["prompt_lookup_max"],
                 "is_public_pool": False}
     return {"decoding_type": "Draft_Target", "max_draft_len": k, "speculative_model": spec["model"]}
+
+
+def check_dtype(dtype: str) -> None:
+    """float32 is refused before launch: TensorRT-LLM's custom kernels do not support it
+    (NVIDIA/TensorRT-LLM#5260); `DTYPES` lists what the adapter launches (upstream: UPSTREAM)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"engine 'trtllm': dtype {dtype!r} is not supported by TensorRT-LLM's kernels "
+                         f"(NVIDIA/TensorRT-LLM#5260); use one of {', '.join(DTYPES)}")
 
 
 def seq_len_option(options: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +194,7 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        check_dtype(dtype)
         self.options = seq_len_option(self.options)
         llm_api_options(self.options, dtype)  # checked at construction
         self._model_dtype: str | None = None  # trtllm_model_config_info's dtype label, read at start
@@ -200,15 +211,29 @@ class TRTLLMServer(LaunchedServer, OpenAIEngine):
         for k in FLAGS:
             if self.options.get(k) is not None:
                 args += ["--" + k, str(self.options[k])]
-        path = Path(s.work_dir) / "llm_api_options.yaml"
-        path.write_text(json.dumps(llm_api_options(self.options, self.dtype), indent=2) + "\n")  # JSON is YAML
-        return s.argv(script="trtllm-serve", args=[*args, "--extra_llm_api_options", str(path)],
+        return s.argv(script="trtllm-serve", args=[*args, "--extra_llm_api_options", str(self.options_path())],
                       container_cmd=["trtllm-serve"])
+
+    def options_path(self) -> Path:
+        return Path(self.server.work_dir) / "llm_api_options.yaml"  # mounted into a container launcher
+
+    def server_files(self) -> dict[str, str]:
+        return {str(self.options_path()): json.dumps(llm_api_options(self.options, self.dtype), indent=2) + "\n"}
 
     def token_id_fields(self) -> dict[str, Any]:
         """trtllm-serve streams each chunk's new ids in `token_ids` only with `detokenize: false`
         (and forbids `return_token_ids`, which it does not know)."""
         return {"detokenize": False} if self.options.get("return_token_ids", True) else {}
+
+    def _completion_body(self, request: GenerationRequest) -> dict[str, Any]:
+        """On the chat route there is no `detokenize` (ChatCompletionRequest forbids unknown
+        fields: every request would get HTTP 400) and no token ids in the stream, so the
+        tokens are counted from the running usage (`continuous_usage_stats`)."""
+        body = super()._completion_body(request)
+        if request.messages is not None:
+            body.pop("detokenize", None)
+            body["stream_options"]["continuous_usage_stats"] = True
+        return body
 
     def _knobs(self) -> dict[str, Any]:
         extra = llm_api_options(self.options, self.dtype) if self.mode == "server" else {}
@@ -268,6 +293,7 @@ class TRTLLMInProcess(HeldEngine):
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
         check_options(self.name, self.options, self.OPTIONS)
+        check_dtype(dtype)
         self.options = seq_len_option(self.options)
         self.info: EngineInfo | None = None
         self._streams: dict[str, Any] = {}

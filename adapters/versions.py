@@ -51,19 +51,61 @@ class Row:
 
 @dataclass(frozen=True)
 class VersionTable:
+    """`rows`: what the adapter uses per release. `reports`: release -> the version string that
+    release's server reports (its /info, /version or `--version`), where that is not the release
+    itself (TGI v3.3.7 was built from a Cargo.toml still saying "3.3.6-dev0"); recorded from
+    upstream's source at each tag, neighbouring releases included so that a string two releases
+    share is known to be ambiguous."""
     engine: str
     rows: tuple[Row, ...]
+    reports: dict[str, str] = field(default_factory=dict)
 
     def known(self) -> str:
         return ", ".join(r.span() for r in self.rows)
 
-    def row(self, version: str | None) -> Row:
-        """The row for `version`; EngineUnavailable (one line) for a version no row covers."""
-        for r in self.rows:
-            if version is not None and r.covers(version):
-                return r
-        raise EngineUnavailable(f"{self.engine} {version or '(version not reported)'} is not in the adapter's "
-                                f"version table (known: {self.known()}; adapters/versions.py)")
+    def reported(self, release: str) -> str:
+        """What the server of `release` reports."""
+        return self.reports.get(release, release)
+
+    def releases(self, version: str) -> list[str]:
+        """The releases whose server reports `version` (the string itself when none is recorded)."""
+        found = [rel for rel, said in self.reports.items() if said == version]
+        return found or [version]
+
+    def _covering(self, release: str) -> Row | None:
+        return next((r for r in self.rows if r.covers(release)), None)
+
+    def _refuse(self, what: str) -> EngineUnavailable:
+        return EngineUnavailable(f"{self.engine} {what} is not in the adapter's version table "
+                                 f"(known: {self.known()}; adapters/versions.py)")
+
+    def row(self, version: str | None, tag: str | None = None) -> Row:
+        """The row for the server reporting `version`; `tag`, when known (a container image's),
+        is the release itself and is trusted: a server reporting other than that release's string
+        is refused. EngineUnavailable (one line) for anything no row covers or that is ambiguous."""
+        if tag is not None:
+            row = self._covering(tag)
+            if row is None:
+                raise self._refuse(f"{tag} (image tag)")
+            if version is not None and version != self.reported(tag) and parse(version) != parse(tag):
+                raise EngineUnavailable(f"{self.engine}: the image tag says {tag}, whose server reports "
+                                        f"{self.reported(tag)!r}, but this server reports {version!r}")
+            return row
+        if version is None:
+            raise self._refuse("(version not reported)")
+        if self.reported(version) != version and version not in self.reports.values():
+            raise EngineUnavailable(f"{self.engine}: no release reports {version!r} (release {version}'s server "
+                                    f"reports {self.reported(version)!r}): this server is not what it says")
+        releases = self.releases(version)
+        rows = [self._covering(r) for r in releases]
+        if None in rows and len(releases) > 1:
+            raise EngineUnavailable(
+                f"{self.engine} reports {version!r}, which releases {', '.join(releases)} all report, and not "
+                f"all of them are in the adapter's version table (known: {self.known()}): launch the "
+                f"container image by its release tag so that the tag decides")
+        if None in rows or len(set(map(id, rows))) > 1:
+            raise self._refuse(version if len(releases) == 1 else f"{version} ({', '.join(releases)})")
+        return rows[0]
 
     def newest(self) -> Row:
         return max(self.rows, key=lambda r: parse(r.high))

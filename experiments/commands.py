@@ -63,6 +63,9 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("--resume", action="store_true", help="send only the requests missing from requests.jsonl")
     p.add_argument("--out", default="results", help="results root (default: results)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="start nothing: print each engine's launch command, "
+                   "version, first request bodies, metrics and settings read back, each checked against upstream; "
+                   "exit 2 if a check fails")
     a = p.parse_args(argv)
     try:
         cfg = load(a.config, engine=a.engine)
@@ -108,13 +111,17 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         return fail(f"{a.config}: {e}")
     run_dir = out / cfg.name
-    run_dir.mkdir(parents=True, exist_ok=True)
     engines = {}
     for name in cfg.all_engines():  # every adapter validates its options before anything runs
         try:
             engines[name] = build_engine(cfg, name, run_dir / name, max_model_len)
         except (ValueError, TypeError) as e:
             return fail(f"{a.config}: engine_options.{name}: {e}")
+    if a.dry_run:
+        from experiments.dry_run import dry_run
+
+        return dry_run(cfg, engines, items)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(toml)
     # the run folder describes the whole comparison; `--engine` only refreshes one column of it
     (run_dir / "config.json").write_text(whole.model_dump_json(indent=2))

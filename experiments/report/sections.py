@@ -64,6 +64,12 @@ def flags(runs: Runs) -> list[str]:
             out.append(f"- **{e.label}**: {e.manifest['scheduler']['warning']}.")
         for setting, why in ((e.manifest.get("info") or {}).get("unhonoured") or {}).items():
             out.append(f"- **{e.label}** could not honour `{setting}`: {why}.")
+        sampling = _config(runs, e).get("sampling") or {}
+        effective = (e.manifest.get("info") or {}).get("effective") or {}
+        if sampling.get("seed") is not None and sampling.get("temperature", 0) > 0 and \
+                effective.get("seeded_sampling") is False:
+            out.append(f"- **{e.label}** ignored the sampling seed ({effective['sources']['seeded_sampling']}): its "
+                       "sampled tokens are not reproducible and differ from the other engines' by chance.")
         for level, s in e.summary.items():
             c = s["token_checks"]
             ran_to_length = (_config(runs, e).get("sampling") or {}).get("ignore_eos", True)

@@ -14,9 +14,8 @@ call (entrypoints/engine.py), the scheduler-info keys (managers/scheduler.py), a
 read back, the ServerArgs record fields (what /server_info returns), the internal-state and
 memory-usage keys, the speculative algorithms and how NGRAM / STANDALONE count draft tokens.
 
-Triton (a GPU compiler, not installed) is replaced by SGLang's own import stub, the one it
-installs on platforms without Triton (sglang/_platform_stubs.py), loaded by file path so
-that sglang's package __init__ does not run first.
+Triton (a GPU compiler, not installed) is replaced by SGLang's own import stub
+(adapters/upstream/sglang_check.py, whose helpers this script shares).
 """
 from __future__ import annotations
 
@@ -33,24 +32,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: the helpers the dry run uses too
+from adapters.upstream.sglang_check import ByteTokenizer, class_fields, parse_argv, stub_triton  # noqa: E402
+
 PKG = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-
-
-def stub_triton() -> None:
-    spec = importlib.util.spec_from_file_location("_sglang_platform_stubs", PKG / "_platform_stubs.py")
-    stubs = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = stubs
-    spec.loader.exec_module(stubs)
-    if importlib.util.find_spec("triton") is None:
-        sys.meta_path.insert(0, stubs._TritonFinder())
-        stubs._make_mock("triton").__version__ = "0.0.0-stub"
-
-
-def class_fields(path: Path, cls: str) -> list[str]:
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
-    return []
 
 
 def method_calls(path: Path, cls: str, method: str) -> list[str]:
@@ -61,25 +46,6 @@ def method_calls(path: Path, cls: str, method: str) -> list[str]:
                 if isinstance(f, ast.FunctionDef) and f.name == method:
                     return sorted({ast.unparse(c.func) for c in ast.walk(f) if isinstance(c, ast.Call)})
     return []
-
-
-class ByteTokenizer:
-    """Enough tokenizer for SamplingParams.normalize (it encodes stop strings to size them)."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(text.encode())
-
-
-def parse_argv(parser: argparse.ArgumentParser, argv: list[str], keys: list[str]) -> dict[str, Any]:
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            ns = parser.parse_args(argv)
-    except SystemExit:
-        return {"ok": False, "error": err.getvalue()[-2000:]}
-    said = out.getvalue() + err.getvalue()
-    return {"ok": True, "namespace": {k: getattr(ns, k, "<missing>") for k in keys},
-            "deprecated": [ln for ln in said.splitlines() if "deprecat" in ln.lower()]}
 
 
 def main() -> dict[str, Any]:

@@ -4,13 +4,14 @@ Our own server's TGI routes are not used: its /info answers what TGI >= 2.3 does
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from adapters.base import EngineUnavailable, GenerationRequest, SamplingConfig
 from adapters.launcher import Launcher
 from adapters.metric_names import TGI
-from adapters.tgi import TGIEngine, max_batch_total_tokens
+from adapters.tgi import VERSIONS, TGIEngine, max_batch_total_tokens
 from tests.adapters.adapter_util import check_stream, random_prompts, tokens
 from tests.adapters.replay import Replay, facts, fixture
 
@@ -84,10 +85,43 @@ async def test_recorded_stream():
     assert body["parameters"]["details"] is True and body["stream"] is True
 
 
+# What each tag's server reports as its version: Cargo.toml's workspace version at that tag
+# (adapters/upstream/tgi.json `tags`, read from Cargo.toml at each tag)
+TAG_REPORTS = {tag: fact["reports"] for tag, fact in
+               json.loads((Path(__file__).parents[2] / "adapters/upstream/tgi.json").read_text())["tags"].items()}
+
+
+@pytest.mark.parametrize("tag", sorted(TAG_REPORTS))
+def test_each_tags_reported_version_maps_to_the_row_of_that_tag(tag):
+    """Defect 1 of issue 38: v3.3.6 and v3.3.7 report "3.3.6-dev0" and v2.0.3 reports "2.0.2"; a
+    string two tags share is taken when both are in one row, and else only with the image tag."""
+    release, said = tag.removeprefix("v"), TAG_REPORTS[tag]
+    want = next((r for r in VERSIONS.rows if r.covers(release)), None)
+    if want is None:  # a neighbouring tag recorded for its string: never accepted by its string alone
+        with pytest.raises(EngineUnavailable):
+            VERSIONS.row(None, tag=release)
+        return
+    assert VERSIONS.row(None, tag=release) is want and VERSIONS.row(said, tag=release) is want
+    sharing = [t for t, s2 in TAG_REPORTS.items() if s2 == said]
+    if all(next((r for r in VERSIONS.rows if r.covers(t.removeprefix("v"))), None) is want for t in sharing):
+        assert VERSIONS.row(said) is want
+    else:  # e.g. "2.0.2": v2.0.2 (not in the table) reports it too
+        with pytest.raises(EngineUnavailable, match="launch the container image by its release tag"):
+            VERSIONS.row(said)
+
+
+def test_a_version_string_no_release_reports_is_refused():
+    with pytest.raises(EngineUnavailable, match="no release reports '3.3.7'"):
+        VERSIONS.row("3.3.7")
+    with pytest.raises(EngineUnavailable, match="image tag says 3.3.7"):
+        VERSIONS.row("3.3.5", tag="3.3.7")
+
+
 def info_v3(**extra) -> bytes:
     """/info as TGI v3.3.7 builds it (router/src/lib.rs struct Info: facts info.fields)."""
     body = {k: None for k in FACTS["info"]["fields"]}
-    body.update(dict(model_id="tiny", router="text-generation-router", version="3.3.7", max_concurrent_requests=128,
+    body.update(dict(model_id="tiny", router="text-generation-router", version=TAG_REPORTS["v3.3.7"],
+                     max_concurrent_requests=128,
                      max_input_tokens=1024, max_total_tokens=2048), **extra)
     return json.dumps(body).encode()
 
