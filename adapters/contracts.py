@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from adapters.dryrun import (Check, DryRun, check_fields, check_flags, facts, metric_lines, own_code_checks, short,
-                             venv_python)
+from adapters.dryrun import (Check, DryRun, check_fields, check_flags, check_mounts, facts, metric_lines,
+                             own_code_checks, short, venv_python)
+from adapters.metric_names import TGI
 from adapters.versions import IMAGES, image_tag_version, launcher_version
 
 READS = {  # settings each adapter reads back at start, and where from (adapters/readback.py and the adapters)
@@ -52,10 +53,42 @@ def check(adapter: Any, d: DryRun) -> None:
     if adapter.name == "sglang":
         names = adapter.launch_row().values["metrics"]
     elif adapter.name == "tgi":
-        from adapters.metric_names import TGI as names
+        names = TGI
     d.metrics = metric_lines(names) if names is not None else []
     d.settings = READS.get(adapter.name, ["GET /v1/models, the first /metrics scrape"])
     CHECKS.get(adapter.name, _own)(adapter, d)
+
+
+def first_per_route(adapter: Any, requests: list[Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, route, body) of the first request the workload sends on each route, built by the
+    adapter's own body code (what `generate()` sends)."""
+    out, seen = [], set()
+    for r in requests:
+        route, body = adapter.request_body(r)
+        if route not in seen:
+            seen.add(route)
+            out.append((f"first {route} request ({r.request_id})", route, body))
+    return out
+
+
+def plan_launched(adapter: Any, requests: list[Any], fallback_launcher: str | None) -> DryRun:
+    """A server adapter's dry run: its launch (or the pinned image's, where the engine is not
+    installed here and the config names no launcher), bodies, version, metrics, settings, and the
+    engine's contract checks (adapters/contracts.py)."""
+    d = DryRun(adapter.name, adapter.mode)
+    if adapter.server is None:
+        d.note = f"attached to {adapter.url}: nothing is launched; its flags were fixed when it started"
+    else:
+        d.launch = adapter.launch_plan(installed=False)
+        if d.launch.missing and not adapter.options.get("launcher") and fallback_launcher:
+            d.note = f"{d.launch.missing}: shown with the pinned image, as scripts/gpu_compare.sh launches it"
+            d.launch = adapter.launch_plan(installed=False, launcher=fallback_launcher)
+        elif d.launch.missing:
+            d.note = d.launch.missing
+        d.checks += check_mounts(d.launch, adapter.server.launcher.is_container)
+    d.requests = startup_requests(adapter) + first_per_route(adapter, requests)
+    check(adapter, d)
+    return d
 
 
 def _own(adapter: Any, d: DryRun) -> None:
@@ -101,8 +134,7 @@ def _sglang(adapter: Any, d: DryRun) -> None:
 
 
 def _trtllm(adapter: Any, d: DryRun) -> None:
-    from adapters.trtllm import VERSIONS
-
+    VERSIONS = adapter.VERSIONS
     f = facts("trtllm")
     said = f["reported_version"]["value"]
     d.version = [f"row {VERSIONS.known()}; {_found(adapter, 'tensorrt_llm')}; the {f['tag']} server reports "
@@ -123,7 +155,8 @@ def _trtllm(adapter: Any, d: DryRun) -> None:
             d.checks.append(Check(False, f"route {route}", short(f["routes"]["source"]), "not a route of trtllm-serve"))
             continue
         where = f"{route} ({model['model']})"
-        d.checks += check_fields(where, body, model["fields"], f"openai_protocol.py near {f['tag']}", True)
+        d.checks += check_fields(where, body, model["fields"] + list(model.get("aliases", {})),
+                                 f"openai_protocol.py near {f['tag']}", True)
         d.checks += check_fields(f"{route} stream_options", body.get("stream_options") or {},
                                  req["stream_options"]["fields"], f"openai_protocol.py near {f['tag']}", True)
 
@@ -141,8 +174,7 @@ def _trtllm_options(opts: dict[str, Any], f: dict[str, Any]) -> list[Check]:
 
 
 def _tgi(adapter: Any, d: DryRun) -> None:
-    from adapters.tgi import VERSIONS
-
+    VERSIONS = adapter.VERSIONS
     f = facts("tgi")
     tag = adapter.image_tag() if adapter.server is not None else None
     release = tag or image_tag_version(["", IMAGES["tgi"]])

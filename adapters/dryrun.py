@@ -123,8 +123,6 @@ def check_mounts(plan: LaunchPlan, container: bool) -> list[Check]:
     line names (the launcher mounts the work dir; adapters/launcher.py `mounted`)."""
     if not container or not plan.files:
         return []
-    from adapters.launcher import mounted
-
     return [Check(mounted(plan.argv, path), f"file {path} inside the container", "adapters/launcher.py",
                   "" if mounted(plan.argv, path) else "written on the host but not mounted: the server cannot open it")
             for path in plan.files]
@@ -185,35 +183,21 @@ def metric_lines(names: Any) -> list[str]:
     return [f"GET {names.path}: " + ", ".join(parts)]
 
 
-def first_per_route(adapter: Any, requests: list[Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, route, body) of the first request the workload sends on each route, built by the
-    adapter's own body code (what `generate()` sends)."""
-    out, seen = [], set()
-    for r in requests:
-        route, body = adapter.request_body(r)
-        if route not in seen:
-            seen.add(route)
-            out.append((f"first {route} request ({r.request_id})", route, body))
-    return out
-
-
-def plan_launched(adapter: Any, requests: list[Any], fallback_launcher: str | None) -> DryRun:
-    """A server adapter's dry run: its launch (or the pinned image's, where the engine is not
-    installed here and the config names no launcher), bodies, version, metrics, settings, and the
-    engine's contract checks (adapters/contracts.py)."""
-    from adapters import contracts
-
-    d = DryRun(adapter.name, adapter.mode)
-    if adapter.server is None:
-        d.note = f"attached to {adapter.url}: nothing is launched; its flags were fixed when it started"
-    else:
-        d.launch = adapter.launch_plan(installed=False)
-        if d.launch.missing and not adapter.options.get("launcher") and fallback_launcher:
-            d.note = f"{d.launch.missing}: shown with the pinned image, as scripts/gpu_compare.sh launches it"
-            d.launch = adapter.launch_plan(installed=False, launcher=fallback_launcher)
-        elif d.launch.missing:
-            d.note = d.launch.missing
-        d.checks += check_mounts(d.launch, adapter.server.launcher.is_container)
-    d.requests = contracts.startup_requests(adapter) + first_per_route(adapter, requests)
-    contracts.check(adapter, d)
-    return d
+def mounted(prefix: list[str], path: str) -> bool:
+    """Whether a container command line already makes host `path` visible at the same path
+    inside (`-v SRC:DST`, `--volume`, `--mount type=bind,source=..,target=..` of it or a parent)."""
+    want = Path(path)
+    for i, a in enumerate(prefix):
+        spec = prefix[i + 1] if a in ("-v", "--volume", "--mount") and i + 1 < len(prefix) else \
+            a.split("=", 1)[1] if a.startswith(("--volume=", "--mount=")) else None
+        if spec is None:
+            continue
+        if "source=" in spec or "src=" in spec:  # --mount type=bind,source=A,target=B
+            kv = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
+            src, dst = kv.get("source") or kv.get("src"), kv.get("target") or kv.get("destination") or kv.get("dst")
+        else:
+            src, _, rest = spec.partition(":")
+            dst = rest.split(":")[0]
+        if src and src == dst and (want == Path(src) or Path(src) in want.parents):
+            return True
+    return False

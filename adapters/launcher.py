@@ -31,6 +31,7 @@ import httpx
 import psutil
 
 from adapters.base import EngineUnavailable
+from adapters.dryrun import mounted
 
 CONTAINER_TOOLS = ("docker", "podman")
 
@@ -204,26 +205,6 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def mounted(prefix: list[str], path: str) -> bool:
-    """Whether a container command line already makes host `path` visible at the same path
-    inside (`-v SRC:DST`, `--volume`, `--mount type=bind,source=..,target=..` of it or a parent)."""
-    want = Path(path)
-    for i, a in enumerate(prefix):
-        spec = prefix[i + 1] if a in ("-v", "--volume", "--mount") and i + 1 < len(prefix) else \
-            a.split("=", 1)[1] if a.startswith(("--volume=", "--mount=")) else None
-        if spec is None:
-            continue
-        if "source=" in spec or "src=" in spec:  # --mount type=bind,source=A,target=B
-            kv = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
-            src, dst = kv.get("source") or kv.get("src"), kv.get("target") or kv.get("destination") or kv.get("dst")
-        else:
-            src, _, rest = spec.partition(":")
-            dst = rest.split(":")[0]
-        if src and src == dst and (want == Path(src) or Path(src) in want.parents):
-            return True
-    return False
 
 
 @dataclass

@@ -13,7 +13,8 @@ fixtures in `tests/adapters/fixtures/<engine>/SOURCE.md` (`facts.json` there hol
 the tests check this table against; SGLang's are also checked against its installed source).
 
 Gauges of one name may come in several label sets (data-parallel ranks, vLLM engines):
-ratios (`kv_usage`) are averaged over them, counts and capacities summed (adapters.prom).
+ratios (`kv_usage`) are averaged over them, counts summed; vLLM's KV capacity is one replica's
+(adapters.prom.kv_capacity: each data-parallel engine has its own pool).
 """
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ class ManagedServer:
                     raise
                 self._missing = str(e)
         model = Path(self.model_arg)
-        mounts = [str(self.work_dir)] + ([str(model)] if model.is_absolute() else [])
+        mounts = [str(p) for p in (self.work_dir, model) if p is not None and Path(p).is_absolute()]
         try:
             return self.launcher.argv(args=args, module=module, script=script, container_cmd=container_cmd,
                                       port=self.port, model=self.model_arg,
@@ -365,7 +365,7 @@ class LaunchedServer:
         return self.server.plan(self.server_argv, self.server_env, self.server_files, installed, launcher)
 
     def dry_run(self, requests: list[GenerationRequest], fallback_launcher: str | None = None):
-        from adapters.dryrun import plan_launched
+        from adapters.contracts import plan_launched
 
         return plan_launched(self, requests, fallback_launcher)
 

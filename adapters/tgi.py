@@ -1,13 +1,10 @@
 """Hugging Face TGI (text-generation-inference): launched or attached; no in-process mode.
 
-Maintenance mode: upstream put TGI in maintenance mode in December 2025 and points users
-to vLLM and SGLang. It is kept here so existing deployments can be compared. Facts this
-adapter relies on are recorded with their upstream file and tag in
-tests/adapters/fixtures/tgi/SOURCE.md (facts.json holds them for the tests).
+In maintenance mode upstream since December 2025 (kept to compare existing deployments). Facts
+it relies on: tests/adapters/fixtures/tgi/SOURCE.md, adapters/upstream/tgi.json (file@tag each).
 
-- Server: `text-generation-launcher --model-id M --hostname H --port P --dtype D
-  [--max-batch-total-tokens N]`, or its image (`docker run --gpus all ...
-  ghcr.io/huggingface/text-generation-inference:3.3.7`, whose entrypoint is the launcher).
+- Server: `text-generation-launcher --model-id M --hostname H --port P --dtype D [...]`, or its image
+  (`docker run --gpus all ... ghcr.io/huggingface/text-generation-inference:3.3.7`: the launcher).
 - dtype: the launcher's `--dtype` knows float16 and bfloat16 only. A float32 config is
   launched with `--dtype bfloat16` (without `--dtype` the model's own default would run,
   which the adapter could not name); `EngineInfo.dtype` is what ran and
@@ -98,11 +95,13 @@ LAUNCHER_VERSION = re.compile(r"text-generation-launcher (\S+)")
 # 2.0.3: the recorded router log and stream; 3.3.x: the source of each tag (fixtures/tgi/SOURCE.md)
 # What each release's server reports (/info `version`, `--version`): CARGO_PKG_VERSION, Cargo.toml's
 # at its tag; v2.0.3 and v3.3.6/v3.3.7 shipped without bumping it (adapters/upstream/tgi.json `tags`)
+COMMITS = {"2.0.3": "40213c957f360bbfa740b27d67d1693e64b94102", "3.3.6": "efb94e0d3db6aba9d464bc9a2f83191146203152",
+           "3.3.7": "dfb3fbe78e0d1d69251bd33065591c61bafdfaa8"}  # /info `sha` = the tag's commit (image build arg)
 REPORTS = {"2.0.2": "2.0.2", "2.0.3": "2.0.2", **{f"3.3.{i}": f"3.3.{i}" for i in range(6)},
            "3.3.6": "3.3.6-dev0", "3.3.7": "3.3.6-dev0"}
 VERSIONS = VersionTable("tgi", (Row("2.0.3", "2.0.3", ("2.0.3",), {"metrics": TGI}),
                                 Row("3.3.0", "3.3.7", tuple(f"3.3.{i}" for i in range(8)), {"metrics": TGI})),
-                        REPORTS)
+                        REPORTS, COMMITS)
 
 
 def hub_kwargs(request: GenerationRequest) -> dict[str, Any]:
@@ -180,7 +179,7 @@ class TGIEngine(ModalEngine):
 class TGIServer(LaunchedServer, Engine):
     name = "tgi"
     OPTIONS = LaunchedServer.OPTIONS | {"kv_cache_tokens", "max_model_len", *KNOBS, *features.OPTIONS}
-    INSTALL = INSTALL
+    INSTALL, VERSIONS = INSTALL, VERSIONS  # adapters/contracts.py reads the table from the adapter
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
@@ -299,7 +298,8 @@ class TGIServer(LaunchedServer, Engine):
             self.http = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             info = await self._info(base)
             if info.get("router", TGI_ROUTER) == TGI_ROUTER:  # TGI itself: refuse a version no row was checked for
-                VERSIONS.row(str(info["version"]) if info.get("version") else None, self.image_tag())
+                VERSIONS.row(str(info["version"]) if info.get("version") else None,
+                             self.image_tag() or VERSIONS.release_of(info.get("sha")))
             # else another server speaking TGI's API (e.g. `inferlab serve`): TGI's table does not apply
             self.client = hub.AsyncInferenceClient(base_url=base)
             metrics = await prom.scrape(self.http, TGI.path)

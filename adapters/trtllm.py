@@ -1,7 +1,8 @@
 """TensorRT-LLM: `trtllm-serve` (OpenAI routes) launched or attached, or `tensorrt_llm.LLM` in-process.
 
-Facts this adapter relies on are recorded with their upstream file and commit in
-tests/adapters/fixtures/trtllm/SOURCE.md (facts.json holds them for the tests).
+Facts this adapter relies on were read at the pinned tag v1.3.0rc24 (commit 1cef02e9) and are
+recorded in adapters/upstream/trtllm.json (the dry run checks against it); how each was read, and
+the few that could only be read near the tag: tests/adapters/fixtures/trtllm/SOURCE.md.
 
 - Server: `trtllm-serve MODEL --host H --port P [--backend B] [--max_batch_size N] ...
   --extra_llm_api_options WORK/llm_api_options.yaml` (newer releases also call it `--config`).
@@ -61,8 +62,8 @@ from adapters.versions import IMAGES, Row, VersionTable, launcher_version
 
 INSTALL = ("run TensorRT-LLM's release container (launcher = \"docker run --gpus all --ipc host --network host "
            f"-v {{model}}:{{model}} {IMAGES['trtllm']}\"), or on a CUDA host "
-           "`apt-get install libopenmpi-dev && pip install tensorrt_llm==1.3.0rc24` (the PyPI wheel is the full "
-           "package)")
+           "`apt-get install libopenmpi-dev && pip install tensorrt_llm==1.3.0rc24` (PyPI holds only a ~200 kB "
+           "installer stub for it, which fetches the real wheel from NVIDIA's own index at install time)")
 # trtllm-serve flags passed through: option name == --flag (underscores, as trtllm-serve spells them).
 FLAGS = ("max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "pp_size", "backend")
 KV_HOW = "kv_cache_config.max_tokens (an upper bound: TRT-LLM takes the minimum with the free-memory fraction)"
@@ -82,8 +83,7 @@ COMMON_KEYS = ("dtype", "return_perf_metrics", "enable_chunked_prefill", "kv_cac
 BACKEND_KEYS = {"pytorch": COMMON_KEYS + ("enable_iter_perf_stats",)}
 STOP_MATCH = ("token ids: TRT-LLM tokenizes each stop string alone and stops when the generated ids end with "
               "that sequence (text produced with other token boundaries does not stop it)")
-# The version this adapter's facts were checked for (fixtures/trtllm/SOURCE.md: read from the
-# main-branch source at the commits listed there, the pin 1.3.0rc24).
+# The version this adapter's facts were checked for (adapters/upstream/trtllm.json, read at the tag).
 DTYPES = ("bfloat16", "float16")  # what the adapter launches; float32 is refused (check_dtype)
 VERSIONS = VersionTable("trtllm", (Row("1.3.0rc24", "1.3.0rc24", ("1.3.0rc24",), {"metrics": TRTLLM}),))
 
@@ -99,7 +99,7 @@ def speculative_config(spec: dict[str, Any]) -> dict[str, Any]:
 
 def check_dtype(dtype: str) -> None:
     """float32 is refused before launch: TensorRT-LLM's custom kernels do not support it
-    (NVIDIA/TensorRT-LLM#5260); `DTYPES` lists what the adapter launches (upstream: UPSTREAM)."""
+    (NVIDIA/TensorRT-LLM#5260; nothing in llm_args.py@v1.3.0rc24 refuses it, so it would fail at load)."""
     if dtype not in DTYPES:
         raise ValueError(f"engine 'trtllm': dtype {dtype!r} is not supported by TensorRT-LLM's kernels "
                          f"(NVIDIA/TensorRT-LLM#5260); use one of {', '.join(DTYPES)}")
@@ -189,6 +189,7 @@ class TRTLLMEngine(ModalEngine):
 
 class TRTLLMServer(LaunchedServer, OpenAIEngine):
     name = "trtllm"
+    VERSIONS = VERSIONS  # the version table (adapters/contracts.py reads it from the adapter)
     OPTIONS = (OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(FLAGS)
                | {"kv_cache_free_gpu_memory_fraction", "enable_block_reuse", "max_model_len", "enable_chunked_prefill"})
 

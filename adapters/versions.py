@@ -59,6 +59,11 @@ class VersionTable:
     engine: str
     rows: tuple[Row, ...]
     reports: dict[str, str] = field(default_factory=dict)
+    commits: dict[str, str] = field(default_factory=dict)  # release -> the commit its build reports (TGI /info sha)
+
+    def release_of(self, commit: str | None) -> str | None:
+        """The release built from `commit` (what a server that reports its build commit runs)."""
+        return next((rel for rel, c in self.commits.items() if commit and c == commit), None)
 
     def known(self) -> str:
         return ", ".join(r.span() for r in self.rows)

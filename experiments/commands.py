@@ -220,4 +220,6 @@ def list_engines_main(argv: list[str]) -> int:
     if argv:
         return fail("list-engines takes no arguments")
     print(render(table()))
+    print("\nbefore any GPU time: `inferlab run CONFIG --dry-run` prints each engine's launch command, version, "
+          "first requests, metrics and settings read back, checked against upstream (exit 2 on a failed check)")
     return 0

@@ -77,8 +77,9 @@ def _elide(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dry_run(cfg: Any, engines: dict[str, tuple[Any, dict, bool]], items: list[Any], out: Any = sys.stdout) -> int:
+def dry_run(cfg: Any, engines: dict[str, tuple[Any, dict, bool]], items: list[Any], out: Any = None) -> int:
     """Plan and check every engine; 0 when every check passed, else 2 (one line per failure on stderr)."""
+    out = out or sys.stdout
     reqs = requests_of(cfg, items)
     failures: list[str] = []
     print(f"inferlab run --dry-run: {cfg.name}: {len(engines)} engine(s), model {cfg.model}, dtype {cfg.dtype}; "

@@ -18,7 +18,8 @@
 # OUT/engines.txt, then runs `inferlab run` on a copy of the config listing the engines found
 # (OUT/gpu_compare.toml) and writes OUT/gpu_compare/report.md. Set MODEL=/path/to/hf-model to
 # compare on a real model instead of the generated one (then set DTYPE to what it was trained in).
-# --dry-run stops after writing OUT/engines.txt and OUT/gpu_compare.toml.
+# It then runs `inferlab run OUT/gpu_compare.toml --dry-run` (OUT/dry_run.txt) and stops if any check
+# fails; --dry-run stops after it, having started nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0; [ "${1:-}" = "--dry-run" ] && { DRY=1; shift; }
@@ -83,7 +84,14 @@ for e in "${!opts[@]}"; do
   else printf '\n[engine_options.%s]\n%s\n' "$e" "${opts[$e]}" >> "$CFG"; fi
 done
 
-[ "$DRY" = 1 ] && { echo "config: $CFG (dry run: nothing started)"; exit 0; }
+# The dry run first: every launch command, version and first request checked against the engines'
+# own parsers and request models (or the tables recorded at the pinned tags) before any GPU minute.
+"$PY" -m experiments.cli run "$CFG" --out "$OUT" --dry-run | tee "$OUT/dry_run.txt"; rc=${PIPESTATUS[0]}
+if [ "$rc" -ne 0 ]; then
+  echo "gpu_compare: the dry run failed (the lines above; $OUT/dry_run.txt): nothing was started" >&2
+  exit "$rc"
+fi
+[ "$DRY" = 1 ] && { echo "config: $CFG (dry run: nothing started; $OUT/dry_run.txt)"; exit 0; }
 "$PY" -m experiments.cli run "$CFG" --out "$OUT"; rc=$?
 echo "report: $OUT/$NAME/report.md (engines: $OUT/engines.txt)"
 exit $rc

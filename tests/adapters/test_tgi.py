@@ -15,6 +15,12 @@ from adapters.tgi import VERSIONS, TGIEngine, max_batch_total_tokens
 from tests.adapters.adapter_util import check_stream, random_prompts, tokens
 from tests.adapters.replay import Replay, facts, fixture
 
+# What each tag's server reports as its version: Cargo.toml's workspace version at that tag
+# (adapters/upstream/tgi.json `tags`, read from Cargo.toml at each tag)
+TAG_FACTS = json.loads((Path(__file__).parents[2] / "adapters/upstream/tgi.json").read_text())["tags"]
+TAG_REPORTS = {tag: fact["reports"] for tag, fact in TAG_FACTS.items()}
+TAG_COMMITS = {tag: fact["commit"] for tag, fact in TAG_FACTS.items()}
+
 FACTS = facts("tgi")
 
 RECORDED_IDS = [13, 32072, 30499, 32611, 32246, 30329, 30449, 32126, 32001, 30412, 29973, 13, 33676, 32709,
@@ -68,7 +74,9 @@ def test_kv_capacity_from_the_recorded_startup_log():
 async def test_recorded_stream():
     """TGI 2.0.3's real /generate_stream body (fixtures/tgi/SOURCE.md), through huggingface_hub."""
     stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
-    info_203 = (200, "application/json", b'{"version": "2.0.3"}')  # built: only the version the recorded server ran
+    # built from the facts of the image the recorded server ran (2.0.3): /info `version` is Cargo.toml@v2.0.3's
+    # "2.0.2" and `sha` the tag's commit (adapters/upstream/tgi.json tags); the sha tells it from v2.0.2
+    info_203 = (200, "application/json", json.dumps({"version": TAG_REPORTS["v2.0.3"], "sha": TAG_COMMITS["v2.0.3"]}).encode())
     with Replay({("POST", "/"): stream, ("POST", "/generate_stream"): stream, ("GET", "/info"): info_203}) as srv:
         e = TGIEngine("tokyotech-llm/Swallow-7b-hf", "float16", {"url": srv.url})
         info = await e.start()
@@ -85,10 +93,6 @@ async def test_recorded_stream():
     assert body["parameters"]["details"] is True and body["stream"] is True
 
 
-# What each tag's server reports as its version: Cargo.toml's workspace version at that tag
-# (adapters/upstream/tgi.json `tags`, read from Cargo.toml at each tag)
-TAG_REPORTS = {tag: fact["reports"] for tag, fact in
-               json.loads((Path(__file__).parents[2] / "adapters/upstream/tgi.json").read_text())["tags"].items()}
 
 
 @pytest.mark.parametrize("tag", sorted(TAG_REPORTS))
@@ -108,6 +112,12 @@ def test_each_tags_reported_version_maps_to_the_row_of_that_tag(tag):
     else:  # e.g. "2.0.2": v2.0.2 (not in the table) reports it too
         with pytest.raises(EngineUnavailable, match="launch the container image by its release tag"):
             VERSIONS.row(said)
+
+
+def test_the_build_commit_decides_between_releases_reporting_the_same_string():
+    assert VERSIONS.row("2.0.2", VERSIONS.release_of(TAG_COMMITS["v2.0.3"])) is VERSIONS.row(None, tag="2.0.3")
+    assert {VERSIONS.release_of(TAG_COMMITS[t]) for t in ("v3.3.6", "v3.3.7")} == {"3.3.6", "3.3.7"}
+    assert VERSIONS.release_of(TAG_COMMITS["v3.3.5"]) is None  # its string alone names it
 
 
 def test_a_version_string_no_release_reports_is_refused():
@@ -165,8 +175,9 @@ async def test_capacity_from_the_gauge_and_an_ignored_budget_is_not_called_pinne
 async def test_tgi_before_2_3_reports_capacity_and_dtype_in_info():
     """facts: info.fields_before_2_3_0 (router/src/lib.rs @ v2.2.0)."""
     stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
-    routes = {("GET", "/info"): (200, "application/json", info_v3(max_batch_total_tokens=15232, version="2.0.3",
-                                                                   model_dtype="torch.float16")),
+    routes = {("GET", "/info"): (200, "application/json", info_v3(
+        max_batch_total_tokens=15232, version=TAG_REPORTS["v2.0.3"], sha=TAG_COMMITS["v2.0.3"],
+        model_dtype="torch.float16")),
               ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
     with Replay(routes) as srv:
         e = TGIEngine("m", "float16", {"url": srv.url})

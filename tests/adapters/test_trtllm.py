@@ -12,12 +12,14 @@ import pytest
 
 from adapters.base import UNKNOWN_TOKEN_ID, EngineUnavailable, GenerationRequest, SamplingConfig
 from adapters.metric_names import TRTLLM
-from adapters.trtllm import INSTALL, TRTLLMEngine, llm_api_options
+from adapters.dryrun import facts as upstream
+from adapters.trtllm import DTYPES, INSTALL, TRTLLMEngine, llm_api_options
 from tests.adapters.adapter_util import check_stream, tokens
 from tests.adapters.replay import Replay, facts
 from tests.adapters.test_tgi import fake_venv
 
 FACTS = facts("trtllm")
+UPSTREAM = upstream("trtllm")  # read at v1.3.0rc24 (adapters/upstream/trtllm.json; fixtures/trtllm/SOURCE.md)
 REQ = FACTS["completion_request"]  # openai_protocol.py @ 0076e939: fields, extra="forbid"
 
 
@@ -121,10 +123,10 @@ async def test_text_only_stream_counts_tokens_from_running_usage():
 
 
 def test_options_file_turns_on_metrics_and_carries_dtype_and_kv(tmp_path):
-    """Defect 2. facts: serve (commands/serve.py @ 00209af1: flags, no --dtype, top-level merge
-    of the options file) and llm_args (llm_args.py: dtype, return_perf_metrics,
-    enable_iter_perf_stats, kv_cache_config fields). The free-memory fraction goes into the
-    file's kv_cache_config, since that dict replaces the command line's."""
+    """Defect 2. Checked against the tag's tables (adapters/upstream/trtllm.json: serve_flags from
+    tensorrt_llm/commands/serve.py @ v1.3.0rc24, llm_args from llm_args.py @ v1.3.0rc24: no --dtype;
+    dtype, return_perf_metrics, enable_iter_perf_stats, kv_cache_config fields). The free-memory
+    fraction goes into the file's kv_cache_config (the file is merged over the command line)."""
     e = TRTLLMEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path / "venv"), "kv_cache_tokens": 8192,
                                                    "kv_cache_free_gpu_memory_fraction": 0.9, "max_batch_size": 64})
     s = e._impl.server
@@ -134,13 +136,15 @@ def test_options_file_turns_on_metrics_and_carries_dtype_and_kv(tmp_path):
     assert argv == [str(tmp_path / "venv" / "bin" / "trtllm-serve"), "/models/llama", "--host", "127.0.0.1",
                     "--port", "8000", "--max_batch_size", "64",
                     "--extra_llm_api_options", str(tmp_path / "llm_api_options.yaml")]
-    assert {a for a in argv if a.startswith("--")} <= set(FACTS["serve"]["flags"]) and FACTS["serve"]["no_dtype_flag"]
-    opts = json.loads((tmp_path / "llm_api_options.yaml").read_text())
+    tag = UPSTREAM
+    assert {a for a in argv if a.startswith("--")} <= set(tag["serve_flags"]["options"])
+    assert "--dtype" not in tag["serve_flags"]["options"]
+    opts = json.loads(e._impl.server_files()[str(tmp_path / "llm_api_options.yaml")])
     assert opts == {"dtype": "bfloat16", "return_perf_metrics": True, "enable_iter_perf_stats": True,
                     "enable_chunked_prefill": True,
                     "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "max_tokens": 8192}}
-    assert set(opts) <= set(FACTS["llm_args"]["fields"])
-    assert set(opts["kv_cache_config"]) <= set(FACTS["llm_args"]["kv_cache_config_fields"])
+    assert set(opts) <= set(tag["llm_args"]["pytorch"])
+    assert set(opts["kv_cache_config"]) <= set(tag["llm_args"]["kv_cache_config"])
     # without a budget the file still turns metrics on
     assert llm_api_options({}, "float16") == {"dtype": "float16", "return_perf_metrics": True,
                                               "enable_iter_perf_stats": True, "enable_chunked_prefill": True}
@@ -175,11 +179,38 @@ def test_metric_table_uses_recorded_names():
 
 
 async def test_missing_trtllm_is_engine_unavailable(tmp_path):
-    e = TRTLLMEngine("m", "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
+    e = TRTLLMEngine("m", "bfloat16", {"launcher": sys.executable, "work_dir": str(tmp_path)})
     with pytest.raises(EngineUnavailable, match="trtllm-serve.*release container"):
         await e.start()
     with pytest.raises(EngineUnavailable, match="tensorrt_llm"):
-        await TRTLLMEngine("m", "float32", {"mode": "in_process"}).start()
+        await TRTLLMEngine("m", "bfloat16", {"mode": "in_process"}).start()
+
+
+@pytest.mark.parametrize("mode", ["server", "in_process"])
+def test_float32_is_refused_before_launch_in_one_line(mode):
+    """Defect 4 of issue 38: TensorRT-LLM's custom kernels do not support float32
+    (NVIDIA/TensorRT-LLM#5260; upstream/trtllm.json dtypes); the config error names what does run."""
+    with pytest.raises(ValueError) as err:
+        TRTLLMEngine("m", "float32", {"mode": mode})
+    assert str(err.value) == ("engine 'trtllm': dtype 'float32' is not supported by TensorRT-LLM's kernels "
+                              "(NVIDIA/TensorRT-LLM#5260); use one of bfloat16, float16")
+    assert set(DTYPES) <= set(UPSTREAM["dtypes"]["supported"]) and "float32" not in UPSTREAM["dtypes"]["supported"]
+
+
+def test_chat_requests_carry_no_detokenize_and_count_tokens_from_usage():
+    """Defect 3 of issue 38: ChatCompletionRequest has no `detokenize` and forbids unknown fields
+    (upstream/trtllm.json requests, openai_protocol.py near v1.3.0rc24): every chat request got a 400."""
+    impl = TRTLLMEngine("m", "bfloat16", {"url": "http://127.0.0.1:9"})._impl
+    impl.served_model_name = "m"
+    req = GenerationRequest("c", [1, 2], SamplingConfig(max_tokens=4), messages=[{"role": "user", "content": "hi"}])
+    route, body = impl.request_body(req)
+    chat = UPSTREAM["requests"]["/v1/chat/completions"]
+    assert route == "/v1/chat/completions" and "detokenize" not in body
+    assert set(body) <= set(chat["fields"]) | set(chat["aliases"])
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert set(body["stream_options"]) <= set(UPSTREAM["requests"]["stream_options"]["fields"])
+    route, body = impl.request_body(GenerationRequest("p", [1, 2], SamplingConfig(max_tokens=4)))
+    assert route == "/v1/completions" and body["detokenize"] is False  # the completion route streams ids
 
 
 def test_install_hint_is_not_the_old_stub_index():
@@ -205,9 +236,8 @@ def test_features_go_into_the_options_file():
     assert FACTS["kv_cache_config_reuse"]["field"] in FACTS["llm_args"]["kv_cache_config_fields"]
     with pytest.raises(ValueError, match="contradict"):
         TRTLLMEngine("m", "float16", {"enable_prefix_caching": True, "enable_block_reuse": False})
-    with pytest.raises(ValueError, match="backend pytorch"):
-        TRTLLMEngine("m", "float16", {"backend": "tensorrt", "speculative_config": {
-            "method": "ngram", "num_speculative_tokens": 2}})
+    with pytest.raises(ValueError, match=r"backend 'tensorrt' is not one of \['pytorch'\]"):
+        TRTLLMEngine("m", "float16", {"backend": "tensorrt"})  # gone at 1.3.0rc24 (--backend pytorch|_autodeploy)
 
 
 def config_gauges(spec: dict | None, reuse: bool) -> bytes:

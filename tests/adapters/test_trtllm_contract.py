@@ -1,8 +1,9 @@
 """The TensorRT-LLM options file (`--extra_llm_api_options`) against TensorRT-LLM's own
-argument models, rebuilt as pydantic models with `extra="forbid"` from the field lists recorded
-in fixtures/trtllm/llm_args_fields.json (SOURCE.md): BaseLlmArgs + TorchLlmArgs for the PyTorch
-backend, BaseLlmArgs + TrtLlmArgs for the TensorRT backend. A key the model does not define is
-what makes trtllm-serve exit with a validation error at start."""
+argument models at the pinned tag, rebuilt as pydantic models with `extra="forbid"` from the field
+lists recorded at v1.3.0rc24 (adapters/upstream/trtllm.json `llm_args`: TorchLlmArgs, its
+BaseLlmArgs fields included, and KvCacheConfig). A key the model does not define is what makes
+trtllm-serve exit with a validation error at start. The TensorRT backend (TrtLlmArgs) is gone at
+that tag (`--backend` takes pytorch or _autodeploy), so the adapter refuses it."""
 from __future__ import annotations
 
 import json
@@ -12,10 +13,11 @@ import pydantic
 import pytest
 
 from adapters.trtllm import BACKEND_KEYS, STOP_MATCH, TRTLLMEngine, llm_api_options
-from tests.adapters.replay import Replay, facts, fixture
+from adapters.dryrun import facts as upstream
+from tests.adapters.replay import Replay, facts
 from tests.adapters.test_trtllm import gauges, trtllm_routes
 
-FIELDS = json.loads(fixture("trtllm", "llm_args_fields.json"))
+ARGS = upstream("trtllm")["llm_args"]
 SPEC = facts("trtllm")["speculative"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 DRAFT = {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/draft"}
@@ -27,14 +29,11 @@ def forbidding(name: str, fields: list[str], **typed: Any) -> type[pydantic.Base
                                  **{f: (Optional[t], None) for f, t in typed.items()})
 
 
-def args_model(backend: str) -> type[pydantic.BaseModel]:
-    rec = FIELDS[backend]
-    own = rec["TorchLlmArgs"] if backend == "pytorch" else rec["TrtLlmArgs"]
-    kv = forbidding("KvCacheConfig", rec["KvCacheConfig"])
+def args_model() -> type[pydantic.BaseModel]:
+    kv = forbidding("KvCacheConfig", ARGS["kv_cache_config"])
     ngram = forbidding("NGramDecodingConfig", ["decoding_type", *SPEC["base_fields"], *SPEC["ngram_fields"]])
     draft = forbidding("DraftTargetDecodingConfig", ["decoding_type", *SPEC["base_fields"]])
-    return forbidding(f"{backend}LlmArgs", [*rec["BaseLlmArgs"], *own], kv_cache_config=kv,
-                      speculative_config=ngram | draft)
+    return forbidding("TorchLlmArgs", ARGS["pytorch"], kv_cache_config=kv, speculative_config=ngram | draft)
 
 
 OPTION_SETS = [
@@ -45,31 +44,25 @@ OPTION_SETS = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "tensorrt"])
 @pytest.mark.parametrize("i", range(len(OPTION_SETS)))
-def test_options_file_validates_against_the_backends_recorded_model(backend, i):
-    opts = llm_api_options({**OPTION_SETS[i], "backend": backend}, "bfloat16")
-    args_model(backend).model_validate({"model": "/models/llama", **opts})
-    assert set(opts) <= set(BACKEND_KEYS[backend]) and opts["return_perf_metrics"] is True
+def test_options_file_validates_against_the_tags_argument_model(i):
+    opts = llm_api_options(OPTION_SETS[i], "bfloat16")
+    args_model().model_validate({"model": "/models/llama", **opts})
+    assert set(opts) <= set(BACKEND_KEYS["pytorch"]) and opts["return_perf_metrics"] is True
 
 
 @pytest.mark.parametrize("spec", [NGRAM, DRAFT], ids=["ngram", "draft"])
 def test_speculative_options_validate_on_pytorch(spec):
     opts = llm_api_options({"speculative_config": spec}, "float16")
-    args_model("pytorch").model_validate({"model": "/m", **opts})
-    with pytest.raises(ValueError, match="needs backend pytorch"):
-        llm_api_options({"speculative_config": spec, "backend": "tensorrt"}, "float16")
+    args_model().model_validate({"model": "/m", **opts})
 
 
-def test_iteration_stats_key_is_the_pytorch_backends_only():
-    """Issue 25, defect 1: enable_iter_perf_stats is a TorchLlmArgs field; TrtLlmArgs (via
-    BaseLlmArgs, extra="forbid") rejects it, so the TensorRT backend's file must leave it out."""
-    assert "enable_iter_perf_stats" in FIELDS["pytorch"]["TorchLlmArgs"]
-    assert "enable_iter_perf_stats" not in FIELDS["tensorrt"]["BaseLlmArgs"] + FIELDS["tensorrt"]["TrtLlmArgs"]
-    with pytest.raises(pydantic.ValidationError, match="enable_iter_perf_stats"):
-        args_model("tensorrt").model_validate({"model": "/m", "enable_iter_perf_stats": True})
-    assert llm_api_options({}, "bfloat16")["enable_iter_perf_stats"] is True
-    assert "enable_iter_perf_stats" not in llm_api_options({"backend": "tensorrt"}, "bfloat16")
+def test_the_backends_the_tag_accepts():
+    """`--backend` at v1.3.0rc24: pytorch | _autodeploy (serve_flags); TrtLlmArgs no longer exists."""
+    assert upstream("trtllm")["serve_flags"]["options"]["--backend"]["choices"] == ["pytorch", "_autodeploy"]
+    assert set(BACKEND_KEYS) == {"pytorch"} and "enable_iter_perf_stats" in ARGS["pytorch"]
+    with pytest.raises(ValueError, match=r"backend 'tensorrt' is not one of \['pytorch'\]"):
+        llm_api_options({"backend": "tensorrt"}, "bfloat16")
 
 
 def test_chunked_prefill_is_on_by_default_like_the_other_engines():

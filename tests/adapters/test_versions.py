@@ -60,7 +60,7 @@ def test_list_engines_says_per_engine_what_runs_here_and_the_command():
                          cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 3 * len(registry.names())
+    assert len(lines) == 3 * len(registry.names()) + 2 and "inferlab run CONFIG --dry-run" in lines[-1]
     for i, name in enumerate(registry.names()):
         head, facts, command = lines[3 * i: 3 * i + 3]
         assert head.startswith(f"{name:<10} can run here: ") and "GPU " in facts and command.strip().startswith("$ ")

@@ -61,9 +61,10 @@ def test_container_argv_has_no_module(tiny_llama, tmp_path, monkeypatch):
     s = e._impl.server
     s.launcher, s.port = Launcher.parse(s.options["launcher"]), 9000
     argv = e._impl.server_argv()
-    assert argv[:9] == ["docker", "run", "--name", "inferlab-vllm-9000", "--gpus", "all", "--network", "host",
-                        "vllm/vllm-openai:v0.32.0"]
-    assert argv[9:11] == ["--model", str(tiny_llama)]  # the image's entrypoint is the server
+    # the model folder is mounted at its own path (issue 38: a container sees what the adapter hands it)
+    assert argv[:11] == ["docker", "run", "--name", "inferlab-vllm-9000", "-v", f"{tiny_llama}:{tiny_llama}",
+                         "--gpus", "all", "--network", "host", "vllm/vllm-openai:v0.32.0"]
+    assert argv[11:13] == ["--model", str(tiny_llama)]  # the image's entrypoint is the server
 
 
 @pytest.mark.parametrize("options, match", [
@@ -205,11 +206,14 @@ def test_kv_budget_is_per_gpu_under_tensor_parallelism(tiny_llama):
     assert four["kv_cache_memory_bytes"] == 4096 * 1024  # fewer heads than GPUs: each keeps (a copy of) one
 
 
-def test_capacity_sums_engines_and_usage_averages_them():
-    """Defect 6: under data parallelism vLLM exports one label set per engine; capacity is the
-    sum of their blocks, KV usage their mean (prom.value summed the ratios)."""
+def test_capacity_is_per_replica_and_usage_averages_engines():
+    """Issue 38, defect 6: under data parallelism vLLM exports one cache_config_info label set per
+    engine core, each a replica with its own pool asked the same per-GPU budget. The capacity is one
+    replica's (summing them reported "asked N, runs with 2N", a fairness break that was not one);
+    KV usage is the mean of the engines (prom.value summed the ratios)."""
     from adapters import prom
     from adapters.metric_names import VLLM
+    from adapters.serving import kv_pin_gap
 
     text = fixture("vllm", "metrics.txt").decode()
     second = [ln.replace('engine="0"', 'engine="1"') for ln in text.splitlines()
@@ -219,8 +223,9 @@ def test_capacity_sums_engines_and_usage_averages_them():
                            + "\n".join(s.replace("} 0.0", "} 0.5") for s in second) + "\n")
     cap, bs = prom.kv_capacity(m, VLLM)
     snap = prom.snapshot(m, VLLM, cap)
-    assert (cap, bs) == (2 * 512 * 128, 128)
-    assert snap.kv_usage == 0.5 and snap.kv_used_tokens == 512 * 128
+    assert (cap, bs) == (512 * 128, 128)
+    assert snap.kv_usage == 0.5 and snap.kv_used_tokens == 512 * 128 // 2
+    assert kv_pin_gap(512 * 128, cap, bs, "vllm", "kv_cache_memory_bytes") is None  # the budget each replica got
 
 
 def test_features_become_vllms_flags(tiny_llama, tmp_path, monkeypatch):
