@@ -165,3 +165,18 @@ async def test_managed_server_keeps_tmp_in_a_long_work_dir(tmp_path):
         alias = s._alias
         await s.stop()
     assert alias is not None and not alias.exists() and not alias.parent.exists()
+
+
+def test_a_container_launcher_mounts_what_the_adapter_writes_unless_already_mounted(tmp_path):
+    """Issue 38, defect 2: the TRT-LLM options file lives in the work dir on the host; a container
+    launcher that mounted only the model made `--extra_llm_api_options` unreadable inside."""
+    from adapters.launcher import Launcher, mounted
+
+    work, model = tmp_path / "work", tmp_path / "models" / "m"
+    lx = Launcher.parse("docker run --gpus all -v {model}:{model} img:1", installed=False)
+    argv = lx.argv(args=["--x"], port=1, model=str(model), name="n", mounts=[str(work), str(model)])
+    assert argv[:6] == ["docker", "run", "--name", "n", "-v", f"{work}:{work}"]
+    assert argv.count(f"{model}:{model}") == 1 and argv[-2:] == ["img:1", "--x"]
+    assert mounted(argv, str(work / "llm_api_options.yaml")) and not mounted(argv, str(tmp_path / "other"))
+    assert mounted(["docker", "run", "--mount", f"type=bind,source={tmp_path},target={tmp_path}", "i"], str(work))
+    assert not mounted(["docker", "run", "-v", f"{tmp_path}:/data", "i"], str(work))  # elsewhere inside

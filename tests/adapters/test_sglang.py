@@ -361,3 +361,31 @@ async def test_attached_server_features_are_compared_and_ngram_window_is_unhonou
     assert "speculative_config" not in got.unhonoured  # NGRAM with 3 drafts, as asked
     assert "prompt_lookup" in got.unhonoured["speculative_config.prompt_lookup"]
     assert got.effective["speculative"]["num_speculative_tokens"] == 3 and got.memory["kv_allocated"] > 0
+
+
+def test_seeded_sampling_is_read_back_and_a_seeded_sampled_run_without_it_is_flagged():
+    """Issue 38, defect 5: SGLang builds its per-request seed tensor only with
+    --enable-deterministic-inference (srt/sampling/sampling_batch_info.py, 0.5.23); otherwise a seeded
+    sampled workload runs unseeded. The option passes the flag (parsed by SGLang's own parser in
+    test_exp_dry_run.py); the setting is read back from /server_info and the report flags the run."""
+    from types import SimpleNamespace
+
+    from adapters.sglang_settings import read_back
+    from experiments.report import sections
+
+    on = SGLangEngine("/m", "bfloat16", {"launcher": "docker run --gpus all lmsysorg/sglang:v0.5.23-cu130",
+                                         "enable_deterministic_inference": True})._impl
+    assert "--enable-deterministic-inference" in on.flags()
+    off, _ = read_back({"enable_deterministic_inference": False, "dtype": "bfloat16"})
+    assert off["seeded_sampling"] is False and "sampling_batch_info.py" in off["sources"]["seeded_sampling"]
+    assert read_back({"enable_deterministic_inference": True})[0]["seeded_sampling"] is True
+
+    def flags(temperature: float, seed: int | None, effective: dict) -> list[str]:
+        run = SimpleNamespace(label="sglang", run_dir="d", summary={}, manifest={"info": {"effective": effective}})
+        runs = SimpleNamespace(engines=[run], configs=[("d", {"sampling": {"temperature": temperature,
+                                                                          "seed": seed}}, None)])
+        return [f for f in sections.flags(runs) if "sampling seed" in f]
+
+    assert len(flags(0.8, 7, off)) == 1 and "ignored the sampling seed" in flags(0.8, 7, off)[0]
+    assert flags(0.0, 7, off) == [] and flags(0.8, None, off) == []  # greedy, or no seed: nothing to honour
+    assert flags(0.8, 7, read_back({"enable_deterministic_inference": True})[0]) == []
