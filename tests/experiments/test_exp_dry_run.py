@@ -36,19 +36,21 @@ def dry(path: Path, capsys) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 def test_every_gpu_config_dry_runs_clean_and_shows_what_it_would_do(smollm2, tmp_path, capsys):
+    outs = {}
     for name in GPU_CONFIGS:
         code, out, err = dry(on_model(name, smollm2, tmp_path), capsys)
         assert code == 0, (name, err, out)
+        outs[name] = out
         for engine in re.findall(r"(?m)^== (\w+) \((?:vllm|sglang|trtllm|tgi),", out):
             block = out.split(f"== {engine} (")[1].split("\n== ")[0]
             for head in ("launch: ", "version: ", "request (first ", "metrics: ", "reads back: ", "check ok: "):
                 assert head in block, (name, engine, head, block)
         assert not (tmp_path / "results").exists()  # nothing written, nothing started
-    # the four peers of gpu_compare.toml, not installed here, are shown through their pinned images,
-    # each mounting the folder its option files go to
-    code, out, _ = dry(on_model("gpu_compare", smollm2, tmp_path), capsys)
-    for image in ("vllm/vllm-openai:v0.32.0", "lmsysorg/sglang:v0.5.23-cu130",
-                  "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24", "text-generation-inference:3.3.7"):
+    # the peers of gpu_compare.toml not installed here are shown through their pinned images, each
+    # mounting the folder its option files go to (vLLM runs from .venv-vllm where that exists)
+    out = outs["gpu_compare"]
+    for image in ("lmsysorg/sglang:v0.5.23-cu130", "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24",
+                  "text-generation-inference:3.3.7"):
         line = next(ln for ln in out.splitlines() if ln.startswith("launch: docker run") and image in ln)
         work = re.search(r"work dir: (\S+);", out.split(line)[1]).group(1)
         assert f"-v {work}:{work}" in line and f"-v {smollm2}:{smollm2}" in line
