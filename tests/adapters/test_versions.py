@@ -86,3 +86,24 @@ def test_a_server_answering_at_the_usual_address_is_reported_with_its_version():
     with Replay({("GET", "/server_info"): (200, "application/json", b'{"version": "0.5.23"}')}) as srv:
         assert engines_here.answers((srv.url, "/server_info")) == f"{srv.url} (version 0.5.23)"
     assert engines_here.answers(("http://127.0.0.1:9", "/info"), timeout_s=0.2) is None
+
+
+def test_the_pinned_trtllm_tags_reported_version_maps_to_its_row():
+    """What the v1.3.0rc24 server reports at GET /version (adapters/upstream/trtllm.json)."""
+    from adapters.dryrun import facts
+
+    said = facts("trtllm")["reported_version"]["value"]
+    assert TRTLLM.row(said).covers(image_tag_version(["docker", "run", IMAGES["trtllm"]]))
+
+
+def test_the_pinned_sglang_releases_reported_version_maps_to_its_row():
+    """/server_info `version` is sglang's `__version__`, read here from the pinned release's own
+    generated sglang/_version.py (.venv-sglang, made by .ci/run)."""
+    version_py = next(REPO.glob(".venv-sglang/lib/python3*/site-packages/sglang/_version.py"), REPO / "absent")
+    if not version_py.exists():
+        if os.environ.get("CI"):
+            pytest.fail(".venv-sglang is absent although .ci/run makes it (make sglang)")
+        pytest.skip(".venv-sglang is absent: run scripts/setup_sglang_venv.sh (make sglang)")
+    said = re.search(r"__version__ = version = '([^']+)'", version_py.read_text()).group(1)
+    pinned = image_tag_version(["docker", "run", IMAGES["sglang"]])
+    assert said == pinned and SGLANG.row(said).covers(pinned)
