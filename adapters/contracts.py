@@ -190,6 +190,13 @@ def _tgi(adapter: Any, d: DryRun) -> None:
     flags = f["launcher_flags"].get(f"v{release}") or f["launcher_flags"]["v3.3.7"]
     if d.launch is not None:
         d.checks += check_flags(d.launch.server_args, flags["options"], 0, flags["source"])
+        env = {**d.launch.env, **dict(a.split("=", 1) for a, b in zip(d.launch.argv[1:], d.launch.argv)
+                                      if b == "-e" and "=" in a)}
+        if "PREFIX_CACHING" in env:  # the one switch of a uniform feature; PROMETHEUS_PORT may go unread
+            said_env = f["launcher_env_not_flags"]["PREFIX_CACHING"].get(f"v{release}", "")
+            ok = not said_env.startswith("not read")
+            d.checks.append(Check(ok, f"environment PREFIX_CACHING={env['PREFIX_CACHING']}", f"v{release} source",
+                                  "" if ok else said_env))
     model = f["requests"]["POST / (compat_generate)"].get(f"v{release}") or \
         f["requests"]["POST / (compat_generate)"]["v3.3.7"]
     for label, route, body in d.requests:

@@ -140,3 +140,17 @@ def test_defect_4_float32_fails_before_launch(smollm2, tmp_path, capsys, monkeyp
     code, _, err = dry(peers(smollm2, tmp_path, "float32"), capsys)
     fails = [ln for ln in err.splitlines() if ln.startswith("inferlab: dry run: FAIL: trtllm: dtype float32")]
     assert code == 2 and fails and "llm_api_options" not in fails[0] and "llm_args.py@v1.3.0rc24" in fails[0]
+
+
+def test_a_tgi_prefix_caching_switch_its_release_never_reads_fails(smollm2, tmp_path, capsys):
+    """TGI v2.0.3 reads no PREFIX_CACHING (adapters/upstream/tgi.json launcher_env_not_flags): the
+    uniform prefix-caching setting would be dropped silently there; at 3.3.7 it is the switch."""
+    text = peers(smollm2, tmp_path, engines=("tgi",)).read_text()
+    text = text.replace("[engine_options.tgi]", "[engine_options.tgi]\nenable_prefix_caching = false")
+    (tmp_path / "planted.toml").write_text(text)
+    code, out, _ = dry(tmp_path / "planted.toml", capsys)
+    assert code == 0 and "check ok: tgi: environment PREFIX_CACHING=0" in out
+    (tmp_path / "planted.toml").write_text(text.replace("inference:3.3.7", "inference:2.0.3"))
+    code, _, err = dry(tmp_path / "planted.toml", capsys)
+    assert code == 2 and one_failure(err).startswith("inferlab: dry run: FAIL: tgi: environment PREFIX_CACHING=0: "
+                                                     "not read anywhere")
