@@ -38,12 +38,12 @@ COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits"
             "tp_decode_allreduce_seconds", "tp_decode_allreduce_bytes")
 
 
-def read_back(engine) -> tuple[dict, dict[str, int]]:
+async def read_back(engine) -> tuple[dict, dict[str, int]]:
     """EngineInfo.effective / .memory from a started `AsyncEngine`'s own reports."""
     rb = ReadBack()
     for k, v in engine.effective_config().items():
         rb.put(k, v if k != "speculative" else (v or False), "LLMEngine.effective_config()")
-    for k, v in engine.memory_report().items():
+    for k, v in (await engine.memory_report()).items():
         rb.mem(k, v, "LLMEngine.memory_report()")
     return rb.result()
 
@@ -97,7 +97,7 @@ class ReferenceInProcess(Engine):
         st = self.engine.stats()
         knobs = {k: getattr(self.engine.config, k) for k in KNOBS if hasattr(self.engine.config, k)}
         knobs["max_model_len"] = self.engine.max_model_len
-        effective, memory = read_back(self.engine)
+        effective, memory = await read_back(self.engine)
         self.info = EngineInfo(engine=self.name, version=self.engine.version,
                                model=self.engine.model_name, dtype=effective.get("dtype", self.dtype),
                                kv_capacity_tokens=st.kv_capacity_tokens, block_size=st.block_size, knobs=knobs,
@@ -123,7 +123,7 @@ class ReferenceInProcess(Engine):
             self.engine.abort(request_id)
 
     async def reset_prefix_cache(self) -> bool:
-        return bool(self.engine.reset_prefix_cache()) if self.engine is not None else False
+        return bool(await self.engine.reset_prefix_cache()) if self.engine is not None else False
 
     async def snapshot(self) -> MemorySnapshot:
         snap = MemorySnapshot(t_ns=time.perf_counter_ns())
@@ -138,7 +138,7 @@ class ReferenceInProcess(Engine):
         return snap
 
     async def memory(self) -> dict[str, int]:
-        return read_back(self.engine)[1] if self.engine is not None else {}
+        return (await read_back(self.engine))[1] if self.engine is not None else {}
 
     async def stop(self) -> None:
         engine, self.engine = self.engine, None

@@ -5,8 +5,26 @@ KV-cache manager: block pool, prefix cache) -> model_runner (attention backend, 
 -> output_processor -> engine / async_engine -> server. Who owns what, and the import rules the
 tests enforce: docs/architecture.md; a walkthrough: docs/engine.md.
 """
-from reference_engine.config import EngineConfig
-from reference_engine.sampling_params import SamplingParams
+import os as _os
+import sys as _sys
+
+_TORCH_FIRST = "torch" in _sys.modules
+import torch as _torch  # noqa: E402  (counted just below)
+
+
+def _count_threads() -> int | None:
+    try:
+        return len(_os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+# This process's threads right after `import torch`; None when torch was imported before this package
+# (torch ops may have run: OpenMP's pool may exist). engine_process.start_method forks only at this count.
+THREADS_AFTER_TORCH = None if _TORCH_FIRST else _count_threads()
+
+from reference_engine.config import EngineConfig  # noqa: E402
+from reference_engine.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer"]
 

@@ -12,8 +12,8 @@ gets a team of its own. Two teams on two cores measured 7-15 % slower per step t
 (docs/perf/cpu_vs_vllm.md). The core is built in the same thread (the thread count torch
 sets there is that thread's).
 
-Invariants: the core is only ever touched by the engine thread (and by `reset_prefix_cache`
-under the step lock); streams are only touched on the event loop; every stream ends with
+Invariants: the core is only ever touched by the engine thread (and by `memory_report` /
+`reset_prefix_cache` under the step lock); streams are only touched on the event loop; every stream ends with
 exactly one delta whose `finished` is True (finish_reason "abort" when aborted), or with the
 exception that broke the step.
 """
@@ -71,9 +71,15 @@ class RequestStream:
         return item
 
 
+class StartAborted(Exception):
+    """`start()` was abandoned by `abort_start()` (a signal during start-up)."""
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        self.on_death = None  # called on the event loop with the reason when the step loop dies
+        self._starting: tuple | None = None  # (loop, aborted) while start() waits for the core
         self.core: LLMEngine | None = None
         self._streams: dict[str, RequestStream] = {}
         self._ops: list[AddRequest | AbortRequest] = []  # queued by the event loop, taken by the engine thread
@@ -93,13 +99,30 @@ class AsyncEngine:
             built: concurrent.futures.Future = concurrent.futures.Future()
             self._thread = threading.Thread(target=self._run, args=(built,), name="inferlab-engine", daemon=True)
             self._thread.start()
+            aborted = asyncio.Event()
+            self._starting = (self._aloop, aborted)
             try:
-                await asyncio.wrap_future(built)  # the core's constructor error, if any, raises here
+                waits = {asyncio.wrap_future(built), asyncio.ensure_future(aborted.wait())}
+                done, rest = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for w in rest:
+                    w.cancel()
+                if not built.done():  # the loading thread cannot be interrupted: it is a daemon, left behind
+                    self._stop = True
+                    raise StartAborted("engine start-up aborted (a signal came during start-up)")
+                built.result()  # the core's constructor error, if any, raises here
             except BaseException:
                 self._thread = None
                 raise
+            finally:
+                self._starting = None
             self.config = self.core.cfg  # as the engine resolved it (backends chosen for the device)
         return self
+
+    def abort_start(self) -> None:
+        """Abandon a `start()` in progress (safe from a signal handler): it raises StartAborted."""
+        if self._starting is not None:
+            loop, aborted = self._starting
+            loop.call_soon_threadsafe(aborted.set)
 
     async def shutdown(self) -> None:
         if self._thread is not None:
@@ -148,9 +171,10 @@ class AsyncEngine:
         """The settings the engine runs with, read back from its parts (`LLMEngine.effective_config`)."""
         return self._started().effective_config()
 
-    def memory_report(self) -> dict[str, int]:
-        """Bytes: weights, KV allocated and peak used, and device readings (`LLMEngine.memory_report`)."""
-        return self._started().memory_report()
+    async def memory_report(self) -> dict[str, int]:
+        """Bytes: weights, KV allocated and peak used, and device readings (`LLMEngine.memory_report`),
+        read between two steps in a worker thread (the event loop keeps serving)."""
+        return await self._between_steps(lambda core: core.memory_report())
 
     def stats(self) -> EngineStats:
         s = self._started().stats()
@@ -158,12 +182,19 @@ class AsyncEngine:
             s.num_waiting += sum(1 for op in self._ops if isinstance(op, AddRequest))
         return s
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """`LLMEngine.reset_prefix_cache` between two steps (waits for a running step to end, so it
-        may block the event loop for one step). False while requests hold blocks, as in vLLM."""
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """`LLMEngine.reset_prefix_cache` between two steps. False while requests hold blocks, as in vLLM."""
+        return await self._between_steps(lambda core: core.reset_prefix_cache(reset_running_requests))
+
+    async def _between_steps(self, fn):
+        """`fn(core)` under the step lock, in a worker thread: waiting for a running step to end must
+        not stop the event loop (every stream would freeze for that step)."""
         core = self._started()
-        with self._step_lock:
-            return core.reset_prefix_cache(reset_running_requests)
+
+        def locked():
+            with self._step_lock:
+                return fn(core)
+        return await asyncio.to_thread(locked)
 
     # ---- requests -------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
@@ -241,6 +272,8 @@ class AsyncEngine:
                     out += self._step()
             if core.failure:  # a tensor-parallel rank died: stop stepping; /health turns 503
                 self._stop = True
+                if self.on_death is not None:
+                    self._aloop.call_soon_threadsafe(self.on_death, core.failure)
             if out:
                 # Wait until the event loop has taken them, so that it gets the GIL once per step
                 # (as with one to_thread call per step); without this, back-to-back steps of a

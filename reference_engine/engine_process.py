@@ -3,279 +3,202 @@
 vLLM serves the same way (vllm/v1/engine/core.py, `EngineCoreProc`: a busy loop in its own process;
 the API server talks to it over ZMQ). Here the channel is two one-way pipes
 (`multiprocessing.Pipe`): the front end sends batches of typed messages (`AddRequest`,
-`AbortRequest`, `Call`); the core answers once per loop turn with one `TurnOutput` that carries
-every delta of the step, its counters and any replies. The front end reads it on the event loop
-(`loop.add_reader`), so no thread of the HTTP process ever competes with the model for the GIL;
-sends go through one sender thread, so the event loop never blocks on a full pipe (two processes
-each writing to a full pipe would deadlock).
+`AbortRequest`, `Call`); the core (engine_core.py) answers once per loop turn with one `TurnOutput`
+that carries every delta of the step, its counters and any replies. The front end reads it on the
+event loop (`loop.add_reader`), so no thread of the HTTP process ever competes with the model for
+the GIL; sends go through one sender thread, so the event loop never blocks on a full pipe (two
+processes each writing to a full pipe would deadlock). Control calls (`memory_report`,
+`reset_prefix_cache`) are awaited too: their replies come in a later `TurnOutput`, so streams keep
+flowing while one waits, and a core that never answers costs the caller a timeout, not the server.
 
 Why a process and not the thread of `AsyncEngine`: in one interpreter the engine thread must take
 the GIL back after every torch op (a decode step of SmolLM2 is ~2,000 of them), and each time the
 event loop holds it (writing SSE events, parsing requests) the step waits;
-docs/perf/2026-12-02-served-decode-profile.md measures both modes against each other: the process
-wins with a core left to the front end (serve's default, cores - 1 threads); with every core given
-to the engine's threads, the thread was ~10 % ahead on a quiet machine (no handshake here yet).
+docs/perf/2026-12-02-served-decode-profile.md measures both modes against each other.
 
-An idle core that gets a message waits up to 2 ms for the next one (10 ms in all) before it steps
-(`_burst`): a burst of clients reaches the front end over a few milliseconds, and stepping the
-first request alone makes the rest wait a whole prefill step. When the core went idle because
-several requests finished within `WAVE_S` (a closed loop's wave: their clients send the next ones
-together, some a step earlier than the rest), it waits for as many new requests as finished, at
-most `WAVE_MAX_S`: 8 closed-loop streams on SmolLM2 split 1 + 7 at every wave without it, and
-the seven waited for the one's prefill (docs/perf/2026-12-03-closed-loop-waves.md).
-
-The child is forked from the server before the server has run any torch op (no OpenMP pool,
-no tokenizer threads to inherit), so it starts without re-importing torch; `INFERLAB_ENGINE_START`
-= "spawn" starts a fresh interpreter instead. A process that has started threads since this module
-was imported (a multi-threaded torch op starts OpenMP's pool, and a child forked after it hangs in
-its first parallel region) spawns instead (`start_method`).
+The core's life, as the front end sees it (docs/architecture.md draws it):
+- start: fork (no re-import of torch) when that is safe, else spawn (`start_method`); the core
+  loads the model and sends its facts. No facts within INFERLAB_ENGINE_READY_TIMEOUT_S (default
+  600 s, vLLM's VLLM_ENGINE_READY_TIMEOUT_S) or `abort_start()` (a signal during start-up): the
+  child is killed and `start()` raises.
+- serving: one `TurnOutput` per step. The step watchdog declares a core that sends nothing for
+  `step_timeout` seconds while work is pending dead (default: 20x the longest step seen, at least
+  60 s); the core is then killed: a stopped or deadlocked process is as dead as an exited one.
+- death (exit, kill -9, OOM, watchdog): every open stream ends with a RuntimeError naming the cause,
+  pending calls fail, `is_alive` turns False (/health 503) and `on_death(why)` runs (`inferlab serve`
+  exits non-zero then, as vLLM's API server does, unless --keep-alive-on-engine-death).
+- stop: `shutdown()` sends "stop" (the core aborts what it holds and exits), waits `STOP_S`, then
+  kills. A front end that never awaits `shutdown()` still leaves no core behind: the core dies with
+  its parent (engine_core.die_with_parent), and interpreter exit kills it before multiprocessing's
+  own exit hook would wait on it.
 
 Invariants: the core is only touched in the child; streams only on the event loop; every stream
-ends with one finished delta, the error of its step, or (when the child dies) a RuntimeError
-naming it, after which `is_alive` is False (`/health` answers 503). Ops are applied in the order sent.
+ends with one finished delta, the error of its step, or (when the core dies) a RuntimeError naming
+it, after which `is_alive` is False. Ops are applied in the order sent.
 """
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import copy
-import gc
+import functools
 import itertools
 import multiprocessing
 import os
-import pickle
 import queue
-import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
-from reference_engine.async_engine import AbortRequest, AddRequest, AsyncEngine, apply_ops, step_or_fail
+import reference_engine
+from reference_engine.async_engine import AbortRequest, AddRequest, AsyncEngine, StartAborted
 from reference_engine.config import EngineConfig
 from reference_engine.engine import EngineStats, LLMEngine
+from reference_engine.engine_core import BURST_GAP_S, WAVE_MAX_S, Call, TurnOutput, core_main
 from reference_engine.outputs import TokenDelta
+
+READY_TIMEOUT_S = float(os.environ.get("INFERLAB_ENGINE_READY_TIMEOUT_S", 600))
+WATCHDOG_FLOOR_S, WATCHDOG_STEPS = 60.0, 20  # default step timeout: max(floor, steps x longest step)
+STOP_S = 5.0  # a stopping core ends its step and exits; after this it is killed
 
 
 def _threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
-    except OSError:  # not Linux: no way to tell, so assume nothing was started
-        return _BASE_THREADS
-
-
-_BASE_THREADS = 0
-_BASE_THREADS = _threads()  # after `import torch` (reference_engine's imports): its own threads are harmless
+    except OSError:
+        return -1  # not Linux: no way to tell
 
 
 def start_method() -> str:
-    """"fork" (no re-import of torch) while this process runs no more threads than it did when this
-    module was imported; "spawn" once it does: a forked child inherits the memory of threads that do
-    not exist in it (OpenMP's pool after a multi-threaded torch op hangs the child's first parallel
-    region). INFERLAB_ENGINE_START = fork | spawn | forkserver decides instead."""
-    return os.environ.get("INFERLAB_ENGINE_START") or ("fork" if _threads() <= _BASE_THREADS else "spawn")
-
-
-@dataclass(frozen=True)
-class Call:
-    """Front -> core: run `LLMEngine.<name>(*args)` between two steps and reply with its result
-    ("stop": abort everything and exit)."""
-    call_id: int
-    name: str
-    args: tuple = ()
-
-
-@dataclass
-class TurnOutput:
-    """Core -> front, once per loop turn that did anything."""
-    deltas: list[tuple[str, TokenDelta | BaseException]]
-    stats: EngineStats
-    applied: int  # ops applied since start (the front forgets that many of those it sent)
-    replies: dict[int, Any] = field(default_factory=dict)  # call_id -> result or exception
-    failure: str | None = None  # the core can no longer step (LLMEngine.failure, tensor parallel)
-
-
-def _portable(e: BaseException) -> BaseException:
-    """An exception that survives pickling (its type when it can, its repr otherwise)."""
-    try:
-        return pickle.loads(pickle.dumps(e))
-    except Exception:
-        return RuntimeError(repr(e))
-
-
-def core_main(cfg: EngineConfig, inbox, outbox, front_ends: tuple) -> None:
-    """The child: build the core, report its facts, then loop: take messages (block only when
-    idle), apply them in order, step, send one `TurnOutput`. Exits on "stop" or when the front is gone."""
-    for c in front_ends:  # forked: our copies of the front's ends, or EOF would never come
-        c.close()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front drains requests on SIGINT/SIGTERM, then stops us
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        core = LLMEngine(cfg)
-    except BaseException as e:
-        outbox.send(_portable(e))
-        return
-    # Everything built so far (torch, the model's modules, the kernels: ~300k objects for SmolLM2)
-    # lives as long as the process: out of the cyclic GC's sight. A full pass over it took ~200 ms,
-    # inside whatever step it lands in; rare (60 s of SmolLM2 steps in process saw none), but a
-    # long-running server gets there. vLLM's EngineCore does the same after its start-up
-    # (vllm/v1/engine/core.py, `freeze_gc_heap` in vllm/utils/gc_utils.py, 0.32).
-    gc.collect()
-    gc.freeze()
-    outbox.send(SimpleNamespace(cfg=core.cfg, model_config=core.model_config, max_model_len=core.max_model_len,
-                                kv_capacity_tokens=core.runner.kv_capacity_tokens, stats=core.stats(),
-                                effective={**core.effective_config(), "gc_frozen_objects": gc.get_freeze_count()},
-                                pid=os.getpid()))
-    applied, running = 0, True
-    finished: collections.deque = collections.deque()  # when each recent request finished
-    try:
-        while running:
-            now = time.monotonic()
-            while finished and finished[0] < now - WAVE_S:
-                finished.popleft()
-            batches = [] if core.has_unfinished() else _burst(inbox, expect=len(finished))
-            while inbox.poll():
-                batches.append(inbox.recv())
-            out, replies = [], {}
-            for msg in (m for b in batches for m in b):
-                if isinstance(msg, Call):
-                    running = running and msg.name != "stop"
-                    replies[msg.call_id] = _reply(core, msg)
-                else:
-                    out += apply_ops(core, [msg])
-                    applied += 1
-            if running and core.has_unfinished():
-                out += step_or_fail(core)
-                done = time.monotonic()
-                finished.extend(done for _, d in out if getattr(d, "finished", False))
-            outbox.send(TurnOutput([(r, _portable(d) if isinstance(d, BaseException) else d) for r, d in out],
-                                   core.stats(), applied, replies, getattr(core, "failure", None)))
-            running = running and not getattr(core, "failure", None)  # a dead TP rank: nothing left to step
-    except (EOFError, OSError):
-        pass  # the front end is gone
-    finally:
-        if hasattr(core, "close"):
-            core.close()
-
-
-BURST_GAP_S, BURST_MAX_S = 0.002, 0.010
-WAVE_S, WAVE_MAX_S = 0.100, 0.030
-
-
-def _burst(inbox, expect: int = 0) -> list:
-    """An idle core's first message, and whatever follows it within `BURST_GAP_S` of the previous
-    one (at most `BURST_MAX_S` in all): requests that clients send together (a burst) reach the
-    front end over a few milliseconds; stepping the first one alone would make the rest wait a
-    whole prefill step. Costs an idle server's first request 2 ms. With `expect` > 1 (that many
-    requests finished just before the core went idle: a closed loop's wave) it also waits, up to
-    `WAVE_MAX_S` in all, until `expect` new requests have come."""
-    batches = [inbox.recv()]
-    adds = sum(isinstance(m, AddRequest) for m in batches[0])
-    deadline = time.monotonic() + (WAVE_MAX_S if expect > 1 else BURST_MAX_S)
-    while (left := deadline - time.monotonic()) > 0:
-        if not inbox.poll(left if adds < expect else min(left, BURST_GAP_S)):
-            break
-        batches.append(inbox.recv())
-        adds += sum(isinstance(m, AddRequest) for m in batches[-1])
-    return batches
-
-
-def _reply(core: LLMEngine, call: Call) -> Any:
-    if call.name == "stop":
-        for rid in list(core.requests):
-            core.abort(rid)
-        return None
-    try:
-        return getattr(core, call.name)(*call.args)
-    except Exception as e:
-        return _portable(e)
+    """"fork" (no re-import of torch) only while this process runs no more threads than it did
+    right after `import torch`, counted when the reference_engine package first imported torch; else
+    "spawn". A forked child inherits the memory of threads that do not exist in it: OpenMP's pool,
+    started by a multi-threaded torch op, hangs the child's first parallel region. When torch was
+    imported before this package, ops may already have run, so nothing proves fork safe: spawn.
+    INFERLAB_ENGINE_START = fork | spawn | forkserver decides instead."""
+    base = reference_engine.THREADS_AFTER_TORCH
+    safe = base is not None and 0 < _threads() <= base
+    return os.environ.get("INFERLAB_ENGINE_START") or ("fork" if safe else "spawn")
 
 
 class CoreFacts:
     """What `AsyncEngine` reads from its core, answered in the front end: facts the core sent when
-    it started, its counters after its last turn, and calls through the pipe."""
+    it started and its counters after its last turn. Calls into the core are the engine's (`call`)."""
 
     validate = LLMEngine.validate  # the same checks, over the facts below (model_config, max_model_len, runner, cfg)
 
-    def __init__(self, facts: SimpleNamespace, call):
+    def __init__(self, facts: SimpleNamespace, start: str):
         from reference_engine.tokenizer import Tokenizer
 
         self.cfg, self.model_config, self.max_model_len = facts.cfg, facts.model_config, facts.max_model_len
         self.runner = SimpleNamespace(kv_capacity_tokens=facts.kv_capacity_tokens)
         self.tokenizer = Tokenizer(facts.cfg.model)
-        self.last_stats, self._effective, self.pid, self._call = facts.stats, facts.effective, facts.pid, call
+        self.last_stats, self._effective, self.pid, self.start = facts.stats, facts.effective, facts.pid, start
 
     def effective_config(self) -> dict:
-        return {**self._effective, "engine_process": True, "burst_wait_ms": BURST_GAP_S * 1e3,
-                "wave_wait_max_ms": WAVE_MAX_S * 1e3}
+        return {**self._effective, "engine_process": True, "engine_start": self.start,
+                "burst_wait_ms": BURST_GAP_S * 1e3, "wave_wait_max_ms": WAVE_MAX_S * 1e3}
 
     def stats(self) -> EngineStats:
         return copy.copy(self.last_stats)
 
-    def memory_report(self) -> dict[str, int]:
-        return self._call("memory_report")
-
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return self._call("reset_prefix_cache", reset_running_requests)
-
 
 class ProcessAsyncEngine(AsyncEngine):
-    """`AsyncEngine`'s API with the core in a child process (module docstring)."""
+    """`AsyncEngine`'s API with the core in a child process (module docstring). `step_timeout`:
+    seconds without a step while work is pending before the core is declared dead (None: adaptive);
+    `on_death(why)`: called on the event loop once the core died other than by `shutdown()`."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, step_timeout: float | None = None,
+                 on_death: Callable[[str], None] | None = None):
         super().__init__(config)
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}")
+        self.step_timeout, self.on_death = step_timeout, on_death
         self._proc = None
         self._sent: collections.deque = collections.deque()  # ops sent, not yet applied by the core
-        self._replies: dict[int, Any] = {}
+        self._pending: dict[int, asyncio.Future] = {}  # control calls awaiting the core's reply
         self._calls = itertools.count()
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
         self._dead: str | None = None
+        self._starting = None  # (loop, aborted) while start() waits for the core's facts
+        self._longest_step, self._progress = 0.0, time.monotonic()
 
     @property
     def core_pid(self) -> int | None:
         return self.core.pid if self.core is not None else None
 
+    # ---- start and stop -------------------------------------------------------------
     async def start(self) -> "ProcessAsyncEngine":
         if self._proc is not None:
             return self
-        ctx = multiprocessing.get_context(start_method())
+        method = start_method()
+        ctx = multiprocessing.get_context(method)
         to_core_r, to_core_w = ctx.Pipe(duplex=False)
         from_core_r, from_core_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=core_main, args=(self.config, to_core_r, from_core_w, (to_core_w, from_core_r)),
-                           name="inferlab-engine-core", daemon=True)
-        proc.start()
-        to_core_r.close()
-        from_core_w.close()
+        parent = None if method == "forkserver" else os.getpid()
+        proc = ctx.Process(target=core_main, name="inferlab-engine-core", daemon=True,
+                           args=(self.config, to_core_r, from_core_w, (to_core_w, from_core_r), parent))
+        loop, aborted = asyncio.get_running_loop(), asyncio.Event()
+        self._starting = (loop, aborted)
         try:
-            facts = await asyncio.to_thread(from_core_r.recv)
-        except EOFError:
-            facts = RuntimeError(f"the engine process exited during start-up (exit code {proc.exitcode})")
-        if isinstance(facts, BaseException):
-            await asyncio.to_thread(proc.join, 10)
+            proc.start()
+            to_core_r.close()
+            from_core_w.close()
+            facts = await self._facts(proc, from_core_r, aborted)
+        except BaseException:
+            _kill(proc)
             to_core_w.close()
             from_core_r.close()
-            raise facts
+            raise
+        finally:
+            self._starting = None
         self._proc, self._w, self._r, self._stop, self._dead, self._applied = proc, to_core_w, from_core_r, False, None, 0
-        self.core = CoreFacts(facts, self._call)
+        # Runs before multiprocessing's exit hook (registered earlier, so run later), which would wait on a live core.
+        self._at_exit = functools.partial(_kill, proc)
+        atexit.register(self._at_exit)
+        self.core = CoreFacts(facts, method)
         self.config = facts.cfg
-        self._aloop = asyncio.get_running_loop()
+        self._aloop = loop
         self._aloop.add_reader(self._r.fileno(), self._on_readable)
         self._sender = threading.Thread(target=self._send_loop, name="inferlab-engine-send", daemon=True)
         self._sender.start()
+        self._watch()
         return self
+
+    async def _facts(self, proc, conn, aborted: asyncio.Event) -> SimpleNamespace:
+        """The core's start-up facts; raises its start-up error, StartAborted or RuntimeError."""
+        got = asyncio.ensure_future(asyncio.to_thread(_recv, conn))
+        stop = asyncio.ensure_future(aborted.wait())
+        done, _ = await asyncio.wait({got, stop}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if got not in done:
+            _kill(proc)  # the reader thread then sees EOF and ends
+            await asyncio.wait({got})
+            if aborted.is_set():
+                raise StartAborted("engine start-up aborted (a signal came during start-up)")
+            raise RuntimeError(f"the engine process sent nothing within {READY_TIMEOUT_S:.0f} s of starting "
+                               "(INFERLAB_ENGINE_READY_TIMEOUT_S); it was killed")
+        facts = got.result()
+        if facts is None:
+            await asyncio.to_thread(proc.join, STOP_S)
+            facts = RuntimeError(f"the engine process exited during start-up (exit code {proc.exitcode})")
+        if isinstance(facts, BaseException):
+            raise facts
+        return facts
 
     async def shutdown(self) -> None:
         if self._proc is not None:
             self._stop = True
             if self._dead is None:
                 self._outq.put([Call(next(self._calls), "stop")])
-            await asyncio.to_thread(self._proc.join, 30)
-            if self._proc.is_alive():
-                self._proc.kill()
-                await asyncio.to_thread(self._proc.join)
+            await asyncio.to_thread(self._proc.join, STOP_S)
+            _kill(self._proc)
+            atexit.unregister(self._at_exit)
             self._close_channel()
             self._proc = None
+        self._fail_calls(RuntimeError("the engine was shut down"))
         for rid, stream in list(self._streams.items()):
             stream.queue.put_nowait(TokenDelta(rid, [], "", finished=True, finish_reason="abort"))
         self._streams.clear()
@@ -289,10 +212,62 @@ class ProcessAsyncEngine(AsyncEngine):
         s.num_waiting += sum(1 for op in self._sent if isinstance(op, AddRequest))
         return s
 
+    def effective_config(self) -> dict:
+        return {**self._started().effective_config(), "step_timeout_s": self.step_timeout}
+
+    # ---- calls into the core ---------------------------------------------------------
+    async def memory_report(self) -> dict[str, int]:
+        return await self.call("memory_report")
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return await self.call("reset_prefix_cache", reset_running_requests)
+
+    async def call(self, name: str, *args) -> Any:
+        """`LLMEngine.<name>(*args)` in the core, between two steps. The event loop keeps serving
+        while it waits; TimeoutError after the step watchdog's limit, RuntimeError once the core is dead."""
+        if not self.is_alive:
+            raise RuntimeError(f"the engine process is not running ({self._dead or 'stopped'})")
+        cid = next(self._calls)
+        self._pending[cid] = fut = self._aloop.create_future()
+        self._send([Call(cid, name, args)])
+        try:
+            value = await asyncio.wait_for(asyncio.shield(fut), self.step_limit() + 1.0)
+        except TimeoutError:
+            raise TimeoutError(f"the engine core did not answer {name} within {self.step_limit():.0f} s") from None
+        finally:
+            self._pending.pop(cid, None)
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    # ---- the step watchdog ----------------------------------------------------------
+    def step_limit(self) -> float:
+        """Seconds the core may go without a turn while work is pending."""
+        return self.step_timeout or max(WATCHDOG_FLOOR_S, WATCHDOG_STEPS * self._longest_step)
+
+    def _busy(self) -> bool:
+        return bool(self._streams or self._sent or self._pending)
+
+    def _watch(self) -> None:
+        if self._dead is not None or self._stop or self._proc is None:
+            return
+        quiet = time.monotonic() - self._progress
+        if self._busy() and quiet > self.step_limit():
+            _kill(self._proc)
+            self._died(f"no step for {quiet:.1f} s while {len(self._streams)} requests were open: stuck "
+                       f"(the step watchdog's limit is {self.step_limit():.1f} s)")
+            return
+        self._aloop.call_later(min(1.0, self.step_limit() / 4), self._watch)
+
     # ---- the channel ----------------------------------------------------------------
+    def _send(self, batch: list) -> None:
+        if not self._busy():
+            self._progress = time.monotonic()  # idle until now: the watchdog's clock starts here
+        self._outq.put(batch)
+
     def _queue(self, op: AddRequest | AbortRequest) -> None:
+        self._send([op])
         self._sent.append(op)
-        self._outq.put([op])
 
     def _send_loop(self) -> None:
         """Sender thread: everything queued since the last send goes as one message."""
@@ -319,35 +294,29 @@ class ProcessAsyncEngine(AsyncEngine):
             self._died(f"exit code {self._proc.exitcode if self._proc else None}")
 
     def _handle(self, out: TurnOutput) -> None:
+        self._progress = time.monotonic()
+        self._longest_step = max(self._longest_step, out.step_s)
         for _ in range(out.applied - self._applied):
             self._sent.popleft()
         self._applied = out.applied
         self.core.last_stats = out.stats
-        self._replies.update(out.replies)
+        for cid, value in out.replies.items():
+            fut = self._pending.get(cid)
+            if fut is not None and not fut.done():
+                fut.set_result(value)
         if out.deltas:
             self._deliver(out.deltas)
         if out.failure:
             self._died(out.failure)
 
-    def _call(self, name: str, *args) -> Any:
-        """A core method between two steps; blocks the event loop until the core's turn ends."""
-        if not self.is_alive:
-            raise RuntimeError(f"the engine process is not running ({self._dead or 'stopped'})")
-        cid = next(self._calls)
-        self._outq.put([Call(cid, name, args)])
-        while cid not in self._replies:
-            try:
-                self._handle(self._r.recv())
-            except (EOFError, OSError):
-                self._died(f"exit code {self._proc.exitcode}")
-                raise RuntimeError("the engine process died") from None
-        value = self._replies.pop(cid)
-        if isinstance(value, BaseException):
-            raise value
-        return value
+    def _fail_calls(self, err: BaseException) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_result(err)
 
     def _died(self, why: str) -> None:
-        """The core is gone: every open stream ends with the error; /health turns 503."""
+        """The core is gone: every open stream and pending call ends with the error; /health turns
+        503; `on_death` runs (unless shut down on purpose)."""
         if self._dead is not None:
             return
         self._dead = why
@@ -355,7 +324,10 @@ class ProcessAsyncEngine(AsyncEngine):
         if self._stop:
             return  # shut down on purpose: `shutdown` ends the streams (finish_reason "abort")
         err = RuntimeError(f"the engine process died ({why})")
+        self._fail_calls(err)
         self._deliver([(rid, err) for rid in list(self._streams)])
+        if self.on_death is not None:
+            self.on_death(why)
 
     def _close_channel(self) -> None:
         if self._dead is None:
@@ -364,3 +336,18 @@ class ProcessAsyncEngine(AsyncEngine):
         self._sender.join(5)
         self._w.close()
         self._r.close()
+
+
+def _recv(conn):
+    """The core's first message, or None when it exited without one."""
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+def _kill(proc) -> None:
+    """SIGKILL (a stopped or stuck process too) and reap; nothing if it has exited."""
+    if proc.pid is not None and proc.exitcode is None:
+        proc.kill()
+        proc.join(STOP_S)

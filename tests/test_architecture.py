@@ -21,9 +21,10 @@ def test_the_repository_keeps_every_rule():
     assert violations(REPO) == []
 
 
-def test_architecture_page_has_both_diagrams_and_its_links_resolve():
+def test_architecture_page_has_its_three_diagrams_and_its_links_resolve():
     diagrams = hb.fences(ARCHITECTURE, "mermaid")
-    assert len(diagrams) == 2 and all(check(d) == [] for d in diagrams)
+    assert len(diagrams) == 3 and all(check(d) == [] for d in diagrams)
+    assert diagrams[2].startswith("stateDiagram-v2") and "watchdog" in diagrams[2]  # the engine core's life
     assert "Scheduler.schedule" in diagrams[1] and "OutputProcessor" in diagrams[1]
     assert "adapters" in diagrams[0] and "experiment TOML" in diagrams[0]
     assert [p for h in hb.links(ARCHITECTURE) if (p := hb.resolve(ARCHITECTURE, h))] == []

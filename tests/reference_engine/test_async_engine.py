@@ -83,13 +83,13 @@ async def test_reset_prefix_cache_and_speculative_streams(tiny_llama):
         deltas = [d async for d in engine.generate(prompt, params)]
         assert [t for d in deltas for t in d.new_token_ids] == offline.token_ids
         assert max(len(d.new_token_ids) for d in deltas) == 4  # k accepted + 1 in one delta
-        assert engine.stats().kv_cached_blocks > 0 and engine.reset_prefix_cache() is True
+        assert engine.stats().kv_cached_blocks > 0 and await engine.reset_prefix_cache() is True
         assert engine.stats().kv_cached_blocks == 0
 
         stream = engine.add_request(prompt, params)
         toks = list((await stream.__anext__()).new_token_ids)
-        assert engine.reset_prefix_cache() is False  # the stream holds blocks
-        assert engine.reset_prefix_cache(reset_running_requests=True) is True
+        assert await engine.reset_prefix_cache() is False  # the stream holds blocks
+        assert await engine.reset_prefix_cache(reset_running_requests=True) is True
         toks += [t async for d in stream for t in d.new_token_ids]
         assert toks == offline.token_ids and engine.stats().num_preemptions_total == 1
     finally:

@@ -34,17 +34,17 @@ async def test_streams_match_offline_aborts_free_blocks_and_calls_run_between_st
         for (toks, text, last), off in zip(await asyncio.gather(*(collect(p) for p in prompts)), offline):
             assert toks == off.token_ids and text == off.text and last.finished and last.finish_reason == "length"
         assert engine.stats().generation_tokens_total == 4 * 12 and engine.stats().num_running == 0
-        assert engine.memory_report()["kv_allocated"] > 0
+        assert (await engine.memory_report())["kv_allocated"] > 0
 
         long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
         streams = [engine.add_request(p, long) for p in prompts]
         assert (await streams[0].__anext__()).new_token_ids
-        assert engine.reset_prefix_cache() is False  # the streams hold blocks
+        assert await engine.reset_prefix_cache() is False  # the streams hold blocks
         for s in streams:
             engine.abort(s.request_id)
         for s in streams:
             assert [d async for d in s][-1].finish_reason == "abort"
-        assert engine.stats().kv_used_blocks == 0 and engine.reset_prefix_cache() is True
+        assert engine.stats().kv_used_blocks == 0 and await engine.reset_prefix_cache() is True
     finally:
         await engine.shutdown()
     assert not engine.is_alive
@@ -78,7 +78,7 @@ def test_an_idle_core_takes_a_burst_in_one_turn():
     alone: here all three are in the pipe before the core looks."""
     import multiprocessing
 
-    from reference_engine.engine_process import _burst
+    from reference_engine.engine_core import _burst
     r, w = multiprocessing.Pipe(duplex=False)
     for i in range(3):
         w.send([f"op{i}"])
@@ -95,9 +95,9 @@ def test_an_idle_core_waits_for_as_many_requests_as_just_finished(monkeypatch):
     import threading
     import time
 
-    from reference_engine import engine_process
+    from reference_engine import engine_core
     from reference_engine.async_engine import AddRequest
-    monkeypatch.setattr(engine_process, "WAVE_MAX_S", 600.0)
+    monkeypatch.setattr(engine_core, "WAVE_MAX_S", 600.0)
     adds = [AddRequest([1, 2], SamplingParams(max_tokens=1), f"r{i}") for i in range(3)]
     r, w = multiprocessing.Pipe(duplex=False)
 
@@ -110,7 +110,7 @@ def test_an_idle_core_waits_for_as_many_requests_as_just_finished(monkeypatch):
         w.send([adds[0]])
         sender = threading.Thread(target=send_later, args=(later, pause))
         sender.start()
-        got = engine_process._burst(r, expect=expect)
+        got = engine_core._burst(r, expect=expect)
         sender.join()
         return [m.request_id for b in got for m in b]
 
@@ -120,7 +120,8 @@ def test_an_idle_core_waits_for_as_many_requests_as_just_finished(monkeypatch):
 
 
 CHILD = """
-import asyncio, os, sys, torch
+import asyncio, os, sys
+import reference_engine, torch  # torch through the package: its threads after the import are counted
 from reference_engine import EngineConfig, SamplingParams
 from reference_engine.engine_process import ProcessAsyncEngine, start_method
 before = start_method()
