@@ -11,9 +11,14 @@ a failing one is one line naming the engine, the flag or field, and the upstream
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import json
+import os
+import select
 import subprocess
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,13 +143,54 @@ def venv_python(launcher_python: str | None, package: str, venv: str) -> str | N
     return None
 
 
+CHECK_TIMEOUT_S = 300
+REPLY = "@@inferlab-check@@"  # the checkers' reply marker (a log line on their stdout is not a reply)
+_checkers: dict[tuple[str, str], tuple[subprocess.Popen, Any]] = {}  # (python, script) -> (process, its stderr)
+
+
 def run_checker(python: str, script: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """Run adapters/upstream/<script> in `python` (the engine's venv) on `payload`."""
-    out = subprocess.run([python, str(UPSTREAM / script)], input=json.dumps(payload), capture_output=True,
-                         text=True, timeout=300, cwd=REPO)
-    if out.returncode != 0:
-        raise RuntimeError(f"{script} failed in {python}: {out.stderr.strip().splitlines()[-1:]}")
-    return json.loads(out.stdout)
+    """Run adapters/upstream/<script> in `python` (the engine's venv) on `payload`. One checker
+    process per (python, script) answers every payload of this process, one JSON line each: importing
+    vLLM or SGLang takes ~8 s, the check itself milliseconds."""
+    key = (python, script)
+    if key not in _checkers or _checkers[key][0].poll() is not None:
+        err = tempfile.TemporaryFile()  # a pipe nobody reads would fill with import warnings and block it
+        _checkers[key] = (subprocess.Popen([python, str(UPSTREAM / script)], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO), err)
+        if len(_checkers) == 1:
+            atexit.register(_close_checkers)
+    proc, err = _checkers[key]
+    try:
+        proc.stdin.write(json.dumps(payload) + "\n")
+        proc.stdin.flush()
+        deadline, buf = time.monotonic() + CHECK_TIMEOUT_S, b""
+        fd = proc.stdout.fileno()  # read raw: a buffered reader could hold the reply while select waits
+        while select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break  # it exited
+            buf += chunk
+            for line in buf.decode(errors="replace").splitlines():
+                if line.startswith(REPLY) and buf.endswith(b"\n"):
+                    return json.loads(line[len(REPLY):])
+    except BrokenPipeError:
+        pass  # it exited before reading
+    proc.kill()
+    proc.wait()
+    del _checkers[key]
+    err.seek(0)
+    tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+    raise RuntimeError(f"{script} failed in {python} (or gave no answer within {CHECK_TIMEOUT_S} s): {tail}")
+
+
+def _close_checkers() -> None:
+    for proc, _ in _checkers.values():
+        proc.stdin.close()  # end of input: the checker's loop ends
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    _checkers.clear()
 
 
 def own_code_checks(engine: str, python: str | None, script: str, args: list[str],

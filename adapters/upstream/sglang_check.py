@@ -6,8 +6,9 @@ read without importing it: it pulls CUDA-only modules), its `sampling_params` by
 OpenAI routes against `sglang.srt.entrypoints.openai.protocol`. tests/adapters/sglang_contract.py
 uses the same helpers.
 
-stdin: {"argv": [server args], "bodies": [[route, body], ...], "vocab_size": N};
-stdout: {"version", "argv": {"ok", "error", "deprecated"}, "bodies": [{"ok", "unknown", "error"}]}.
+stdin, one request per line: {"argv": [server args], "bodies": [[route, body], ...], "vocab_size": N};
+stdout, one line per request after REPLY: {"version", "argv": {"ok", "error", "deprecated"}, "bodies":
+[{"ok", "unknown", "error"}]}.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+
+REPLY = "@@inferlab-check@@"  # adapters/dryrun.run_checker reads the lines that start with it
 
 def package() -> Path:
     return Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
@@ -107,12 +110,13 @@ def validate(route: str, body: dict[str, Any], vocab_size: int) -> dict[str, Any
 
 
 def main() -> None:
-    req = json.load(sys.stdin)
     stub_triton()
-    vocab = int(req.get("vocab_size") or 1 << 20)
-    out = {"version": version("sglang"), "argv": parse_argv(parser(), req["argv"]),
-           "bodies": [validate(route, body, vocab) for route, body in req.get("bodies", [])]}
-    json.dump(out, sys.stdout)
+    for line in sys.stdin:  # one request per line; SGLang is imported once for all of them
+        req = json.loads(line)
+        vocab = int(req.get("vocab_size") or 1 << 20)
+        out = {"version": version("sglang"), "argv": parse_argv(parser(), req["argv"]),
+               "bodies": [validate(route, body, vocab) for route, body in req.get("bodies", [])]}
+        print(REPLY, json.dumps(out), flush=True)  # the marker: a log line on stdout is not a reply
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ request bodies against its own request models (CompletionRequest, ChatCompletion
 models accept unknown fields and ignore them (OpenAIBaseModel extra="allow", logged at debug
 level), so an unknown field is reported too: it would be dropped silently.
 
-stdin: {"argv": [server args], "bodies": [[route, body], ...]}; stdout: {"version", "argv":
-{"ok", "error"}, "bodies": [{"ok", "unknown", "error"}]}.
+stdin, one request per line: {"argv": [server args], "bodies": [[route, body], ...]}; stdout, one
+line per request after REPLY: {"version", "argv": {"ok", "error"}, "bodies": [{"ok", "unknown", "error"}]}.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import io
 import json
 import sys
 
+
+REPLY = "@@inferlab-check@@"  # adapters/dryrun.run_checker reads the lines that start with it
 
 def parse(argv: list[str]) -> dict:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -49,12 +51,13 @@ def validate(route: str, body: dict) -> dict:
 
 
 def main() -> None:
-    req = json.load(sys.stdin)
-    import vllm
+    for line in sys.stdin:  # one request per line; vLLM is imported once for all of them
+        req = json.loads(line)
+        import vllm
 
-    out = {"version": vllm.__version__, "argv": parse(req["argv"]),
-           "bodies": [validate(route, body) for route, body in req.get("bodies", [])]}
-    json.dump(out, sys.stdout)
+        out = {"version": vllm.__version__, "argv": parse(req["argv"]),
+               "bodies": [validate(route, body) for route, body in req.get("bodies", [])]}
+        print(REPLY, json.dumps(out), flush=True)  # the marker: a log line on stdout is not a reply
 
 
 if __name__ == "__main__":
