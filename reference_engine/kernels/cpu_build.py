@@ -3,16 +3,26 @@
 `HEADER` is prepended to each kernel's source: includes, and under AVX2 + FMA `load8` / `store8`
 (8 floats from fp32 or bf16 memory and back, bf16 rounded to nearest even), `reduce8` and `exp8`
 (Cephes' expf for x <= 0). `load(name, source, functions)` builds with
-`torch.utils.cpp_extension.load_inline` (a C++ compiler and OpenMP needed; cached on disk under
-TORCH_EXTENSIONS_DIR). The module name carries the CPU's vector ISA, so a cache shared between
-machines never loads code built for another instruction set.
+`torch.utils.cpp_extension.load_inline` (a C++ compiler and OpenMP needed) and keeps the library in
+$INFERLAB_CACHE/kernels (default ~/.cache/inferlab/kernels), keyed on everything it depends on:
+Python's version and ABI, torch's version, the compiler's path and `--version`, the source and the
+flags (`key_parts`). The module name carries the CPU's vector ISA, so a cache shared between
+machines never loads code built for another instruction set. A cached library that fails to load
+is reported in one warning line and rebuilt; a kernel that cannot be built is reported too
+(`builds`), never skipped silently, unless there is no compiler at all.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import json
+import logging
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -70,21 +80,57 @@ static inline __m256 exp8(__m256 x) {
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
              "AVX2": ["-mavx2", "-mfma"]}
 
+log = logging.getLogger(__name__)
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's build runs ($CXX, else c++), resolved on PATH; None where there is none."""
+    return shutil.which(os.environ.get("CXX") or "c++")
+
 
 def compiler_available() -> bool:
-    return shutil.which("c++") is not None or shutil.which("g++") is not None
+    return compiler() is not None
+
+
+@functools.cache
+def compiler_version(path: str) -> str:
+    """`path --version` (its first lines name the compiler and its release)."""
+    try:
+        run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({e})"
+    return (run.stdout or run.stderr).strip()
 
 
 def builds(module) -> bool:
-    """Does `module()` (a kernel's cached builder) build and load here? False without a C++ compiler,
-    headers or OpenMP: the PyTorch code serves instead."""
-    if not compiler_available():
+    """Does `module()` (a kernel's cached builder) build and load here? False without a C++ compiler
+    (the documented fallback: the PyTorch code serves instead); a build or load that fails with a
+    compiler present says so in one warning line, naming the kernel and the error."""
+    if compiler() is None:
         return False
     try:
         module()
-    except Exception:
+    except Exception as e:
+        log.warning("C++ kernel %s does not build or load here, the PyTorch code serves instead: %s",
+                    module.__module__, _first_line(e))
         return False
     return True
+
+
+def key_parts(source: str, functions: list[str], flags: list[str], cxx: str) -> dict[str, str]:
+    """Everything the built library depends on: Python's version and ABI (the extension's C API),
+    torch's version (its C++ ABI), the compiler (path and `--version`), the source, the exported
+    functions and the flags."""
+    return {"python": sys.version, "abi": sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag,
+            "torch": f"{torch.__version__} {torch.version.git_version}", "compiler": cxx,
+            "compiler_version": compiler_version(cxx), "source": hashlib.sha256(source.encode()).hexdigest(),
+            "functions": ",".join(functions), "flags": " ".join(flags)}
+
+
+def build_dir(module_name: str, parts: dict[str, str]) -> Path:
+    """The cache entry for these key parts: `<dir>.so` is the kept library, `<dir>/` torch's build."""
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    return _kernel_cache() / f"{module_name}-{key}"
 
 
 def load(name: str, source: str, functions: list[str]):
@@ -96,26 +142,42 @@ def load(name: str, source: str, functions: list[str]):
     isa = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-fopenmp", "-ffp-contract=off", *ISA_FLAGS.get(isa, [])]
     module_name = f"{name}_{isa.lower()}"
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError(f"{module_name}: no C++ compiler (CXX={os.environ.get('CXX') or 'c++'} not found)")
     # torch's own build cache rebuilds whenever the venv's path changes (its include paths are in
-    # the ninja command): every fresh clone paid ~1 min of CPU. The built library depends only on
-    # the source, the flags, the ISA and torch's version, so keep a copy under that key.
-    key = hashlib.sha256("\0".join([source, *functions, *flags, torch.__version__]).encode()).hexdigest()[:16]
-    kept = _kernel_cache() / f"{module_name}-{key}.so"
+    # the ninja command): every fresh clone paid ~1 min of CPU. Keep a copy of the library under a key
+    # of what it depends on (key_parts), so that a copy built for another Python, torch or compiler
+    # is never loaded.
+    where = build_dir(module_name, key_parts(source, functions, flags, cxx))
+    kept = where.with_suffix(".so")
     if kept.is_file():
-        spec = importlib.util.spec_from_file_location(module_name, kept)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    module = load_inline(name=module_name, cpp_sources=[source], functions=functions,
-                         extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+        try:
+            return _import(module_name, kept)
+        except Exception as e:  # truncated, corrupted, built elsewhere: say so and rebuild it
+            log.warning("C++ kernel %s: the cached build %s does not load (%s); rebuilding it",
+                        module_name, kept, _first_line(e))
+    where.mkdir(parents=True, exist_ok=True)
+    module = load_inline(name=module_name, cpp_sources=[source], functions=functions, extra_cflags=flags,
+                         extra_ldflags=["-fopenmp"], build_directory=str(where), verbose=False)
     try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
         tmp = kept.with_suffix(f".{os.getpid()}.tmp")
         shutil.copy2(module.__file__, tmp)
         os.replace(tmp, kept)  # atomic: a concurrent builder never loads half a file
     except OSError:  # a read-only cache only costs the next process a rebuild
         pass
     return module
+
+
+def _import(module_name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _kernel_cache() -> Path:
