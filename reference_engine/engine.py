@@ -14,11 +14,14 @@ from __future__ import annotations
 import itertools
 import json
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from reference_engine import fused_decode, fused_ops, packed_linear
+from reference_engine.attention import cpu_backend
 from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.model_runner import ModelRunner
 from reference_engine.output_processor import OutputProcessor
@@ -57,11 +60,34 @@ class EngineStats:
     tp_decode_allreduce_bytes: int = 0
 
 
+def kernel_problems(cfg: EngineConfig) -> list[str]:
+    """The kernel settings that cannot hold on this machine, one line each: the `INFERLAB_*` pins read
+    where the engine runs on CPU (packed_linear.pin_problems, fused_decode.pin_problems) and a config
+    that names a C++ kernel (attention_backend="cpu", fused_ops=True) that does not build or load here.
+    Each would otherwise fail every step it serves."""
+    if torch.device(cfg.device).type != "cpu":
+        return []
+    problems = fused_decode.pin_problems()
+    if cfg.linear_backend in (None, "onednn"):
+        problems += packed_linear.pin_problems()
+    if cfg.attention_backend == "cpu" and not cpu_backend.available():
+        problems.append("attention_backend='cpu': its C++ kernel does not build or load here; use 'torch'")
+    if cfg.fused_ops and not fused_ops.available():
+        problems.append("fused_ops=True: the C++ element-wise kernels do not build or load here; leave it unset")
+    return problems
+
+
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
+        """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold."""
         ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
+        if problems := kernel_problems(cfg):
+            raise ValueError("; ".join(problems))
         self.tokenizer = Tokenizer(cfg.model)
         self.runner = ModelRunner(cfg)
+        # the tensor-parallel workers stop when the engine is dropped, not at interpreter exit; the
+        # finalizer holds the runner, never the engine (no cycle keeps the engine alive)
+        self._finalizer = weakref.finalize(self, self.runner.close)
         self.cfg = cfg = self.runner.cfg  # with the backends the runner chose for the device
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
@@ -153,8 +179,9 @@ class LLMEngine:
         return self.runner.tp.failure if self.runner.tp else None
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent; the engine cannot step afterwards)."""
-        self.runner.close()
+        """Stop the tensor-parallel workers, if any (idempotent; the engine cannot step afterwards).
+        Dropping the last reference does the same."""
+        self._finalizer()  # runs runner.close once; later calls do nothing
 
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[TokenDelta]:
@@ -307,11 +334,23 @@ def _eos_ids(model_dir: str, model_config, tokenizer: Tokenizer) -> set[int]:
 
 
 class LLM:
-    """Offline batches: `LLM(model_dir).generate(prompts, sampling)` -> completions in prompt order."""
+    """Offline batches: `LLM(model_dir).generate(prompts, sampling)` -> completions in prompt order.
+    With `tensor_parallel_size` > 1 the worker processes stop at `close()`, at the end of a `with LLM(...)
+    as llm:` block, or when the last reference to the LLM is dropped (as vLLM's `LLM`)."""
 
     def __init__(self, model: str, **kwargs):
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs), keep_results=True)
         self.tokenizer = self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (idempotent; the LLM cannot generate afterwards)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts: list[str] | list[list[int]] | str,
                  sampling: SamplingParams | list[SamplingParams] | None = None) -> list[CompletionOutput]:

@@ -17,7 +17,8 @@ Taken when (`FusedDecode.build` returns None otherwise): CPU, the fused element-
 in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
 builds; per step (`takes`): every row is one decoding sequence and there are at most `SMALL_M` of
 them (`MID_M` where every projection has panels, and in bf16). Module hooks do not fire on it:
-`INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py).
+`INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py); `1`
+(the default) leaves it where it applies; anything else is refused at start (`pin_problems`).
 """
 from __future__ import annotations
 
@@ -100,6 +101,13 @@ class FusedDecode:
             k_cache, v_cache = self.backend.kv[i]
             x = run(x, *args, self.heads, self.kv_heads, self.scale, cos, sin, k_cache, v_cache, slots, tables, lens)
         return model.model.norm(x)
+
+
+def pin_problems() -> list[str]:
+    """Why `INFERLAB_FUSED_DECODE` as set cannot be honoured ("0" or "1": another value, such as
+    "false", would otherwise leave the path on without a word)."""
+    v = os.environ.get("INFERLAB_FUSED_DECODE", "1")
+    return [] if v in ("0", "1") else [f"INFERLAB_FUSED_DECODE={v!r}: expected '0' (off) or '1' (where it applies)"]
 
 
 @functools.cache

@@ -37,6 +37,10 @@ two (SmolLM2, one pass over its 121 products: 1.1-1.35x oneDNN's speed from 13 t
 256 and more, where oneDNN keeps prefill; docs/perf/2026-12-03-gemm.md). `INFERLAB_MID_GEMM=onednn`
 pins oneDNN and drops the copy.
 
+A pin that cannot hold here (`inferlab` for the GEMM without AVX-512, either kernel without a
+compiler, a value that names nothing) is refused when the engine starts (`pin_problems`), in one line
+naming the variable, its value and why, instead of failing every step it would serve.
+
 Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
 `weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
 (fp32) or 2 (bf16), and 4 more for the GEMM's panels where it is on (fp32 on AVX-512).
@@ -55,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.kernels import cpp_gemm, cpp_gemv
+from reference_engine.kernels import cpp_gemm, cpp_gemv, cpu_build
 
 
 def available() -> bool:
@@ -77,10 +81,8 @@ def prefill_gemm() -> str:
     """"mkl" or "onednn": the faster fp32 GEMM at prefill sizes on this CPU and thread count, measured
     once per process (best of 3 alternating runs of a 1024 x 1024 x 1024 product each) unless
     `INFERLAB_PREFILL_GEMM` names one."""
-    pinned = os.environ.get("INFERLAB_PREFILL_GEMM", "")
+    pinned = _pinned("INFERLAB_PREFILL_GEMM")
     if pinned:
-        if pinned not in ("mkl", "onednn"):
-            raise ValueError(f"INFERLAB_PREFILL_GEMM={pinned!r}: expected 'mkl' or 'onednn'")
         return pinned
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(1024, 1024, generator=g), torch.randn(1024, 1024, generator=g)
@@ -96,11 +98,48 @@ def prefill_gemm() -> str:
     return min(best, key=best.get)
 
 
-def _pinned(var: str, choices: tuple[str, ...]) -> str:
-    """The choice `var` names in the environment ("" when unset); anything else is an error."""
+PINS = {"INFERLAB_PREFILL_GEMM": ("mkl", "onednn"), "INFERLAB_DECODE_GEMV": ("inferlab", "onednn"),
+        "INFERLAB_MID_GEMM": ("inferlab", "onednn")}
+_MACHINE = object()  # pin_problem's default: this machine's ISA and compiler
+
+
+def pin_problem(var: str, value: str, isa: str | None = None, cxx: str | None | object = _MACHINE) -> str | None:
+    """Why `var=value` (one of `PINS`) cannot hold here, in one line naming both and what to do; None
+    where it can. A pin that could not hold would fail every step it serves (the GEMM's panels built
+    without AVX-512 raise at 13 rows), so the engine refuses it at start (`pin_problems`). `isa` (torch's
+    CPU capability, "AVX2" / "AVX512" / ...) and `cxx` (the C++ compiler's path, None: no compiler)
+    default to this machine's; the kernel must also build and load with this machine's."""
+    choices = PINS[var]
+    if value not in choices:
+        return f"{var}={value!r}: expected " + " or ".join(repr(c) for c in choices)
+    if value == "onednn" and not available():
+        return f"{var}=onednn needs torch with oneDNN (torch.backends.mkldnn is off here); unset it"
+    if value != "inferlab":
+        return None
+    isa = isa or torch.backends.cpu.get_cpu_capability()
+    if var == "INFERLAB_MID_GEMM" and isa != "AVX512":
+        return f"{var}=inferlab needs AVX-512 (this CPU has {isa.lower()} only); unset it or pick onednn"
+    cxx = cpu_build.compiler() if cxx is _MACHINE else cxx
+    if cxx is None:
+        return (f"{var}=inferlab needs a C++ compiler to build its kernel (CXX="
+                f"{os.environ.get('CXX') or 'c++'} is not on PATH); unset it or pick onednn")
+    kernel = cpp_gemm if var == "INFERLAB_MID_GEMM" else cpp_gemv
+    if not kernel.available():
+        return f"{var}=inferlab: its kernel ({kernel.__name__}) does not build or load here; unset it or pick onednn"
+    return None
+
+
+def pin_problems() -> list[str]:
+    """`pin_problem` for every `INFERLAB_*` GEMM pin set in the environment (the engine checks them at start)."""
+    return [p for var in PINS if (v := os.environ.get(var, "")) and (p := pin_problem(var, v))]
+
+
+def _pinned(var: str) -> str:
+    """The choice `var` names in the environment ("" when unset); one that cannot hold here is an error."""
     pinned = os.environ.get(var, "")
-    if pinned and pinned not in choices:
-        raise ValueError(f"{var}={pinned!r}: expected " + " or ".join(repr(c) for c in choices))
+    problem = pinned and pin_problem(var, pinned)
+    if problem:
+        raise ValueError(problem)
     return pinned
 
 
@@ -108,15 +147,14 @@ def _pinned(var: str, choices: tuple[str, ...]) -> str:
 def decode_gemv() -> str:
     """"inferlab" (kernels/cpp_gemv.py) or "onednn": who multiplies fp32 products of at most `SMALL_M`
     rows. The C++ kernel wherever it builds, unless `INFERLAB_DECODE_GEMV` names one."""
-    return _pinned("INFERLAB_DECODE_GEMV", ("inferlab", "onednn")) or \
-        ("inferlab" if cpp_gemv.available() else "onednn")
+    return _pinned("INFERLAB_DECODE_GEMV") or ("inferlab" if cpp_gemv.available() else "onednn")
 
 
 @functools.cache
 def mid_gemm() -> str:
     """"inferlab" (kernels/cpp_gemm.py) or "onednn": who multiplies fp32 products of `SMALL_M` + 1 to
     `MID_M` rows. The C++ GEMM wherever it builds (AVX-512 only), unless `INFERLAB_MID_GEMM` names one."""
-    return _pinned("INFERLAB_MID_GEMM", ("inferlab", "onednn")) or ("inferlab" if cpp_gemm.available() else "onednn")
+    return _pinned("INFERLAB_MID_GEMM") or ("inferlab" if cpp_gemm.available() else "onednn")
 
 
 class PackedLinear(nn.Module):

@@ -207,6 +207,7 @@ class Group:
             except RankFailure:
                 pass
         self._closed = True
+        atexit.unregister(self.close)  # the registration alone would keep a closed group (and its store) alive
         deadline = time.monotonic() + 5
         for p in self.procs:
             try:
