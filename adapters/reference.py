@@ -61,6 +61,13 @@ class ReferenceEngine(ModalEngine):
         options = dict(options or {})
         options.setdefault("mode", "attach" if options.get("url") else "in_process")
         super().__init__(model, dtype, options)
+        if options["mode"] != "attach":  # runs here: an impossible kernel pin fails now, not every step
+            from reference_engine import EngineConfig, kernel_problems
+
+            fields = set(EngineConfig.__dataclass_fields__) - {"model", "dtype"}
+            cfg = EngineConfig(model=model, dtype=dtype, **{k: v for k, v in options.items() if k in fields})
+            if problems := kernel_problems(cfg):
+                raise ValueError("; ".join(problems))
 
 
 def to_sampling_params(request: GenerationRequest):

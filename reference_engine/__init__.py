@@ -26,12 +26,12 @@ THREADS_AFTER_TORCH = None if _TORCH_FIRST else _count_threads()
 from reference_engine.config import EngineConfig  # noqa: E402
 from reference_engine.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer"]
+__all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer", "kernel_problems"]
 
 
 def __getattr__(name: str):
     # Lazy: importing the package does not load the engine, model or server modules.
-    if name in ("LLM", "LLMEngine"):
+    if name in ("LLM", "LLMEngine", "kernel_problems"):
         from reference_engine import engine
         return getattr(engine, name)
     if name == "AsyncEngine":

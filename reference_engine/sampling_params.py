@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it means greedy
 MIN_TEMPERATURE = 1e-2  # vLLM's _MAX_TEMP: a positive temperature below it is raised to it (no inf/nan)
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs (OpenAI's cap on top_logprobs)
+# Every stop string is searched for after every token, and stop ids are looked up per token, in the
+# engine's step loop, so a list of millions would stall every request in the batch. vLLM sets no cap
+# (OpenAI and TGI allow 4); 128 is vLLM's cap on the similar bad_words list (VLLM_MAX_NUM_BAD_WORDS).
+MAX_STOP = 128
+INT64_MAX = 2**63 - 1  # top_k becomes an int64 tensor in the sampler
 
 
 @dataclass
@@ -71,8 +77,8 @@ class SamplingParams:
             bad(f"temperature must be in [0, 2], got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or (self.top_k < -1):
-            bad(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k <= INT64_MAX:
+            bad(f"top_k must be -1 (off), 0 (off) or a positive integer up to 2**63-1, got {self.top_k!r}")
         if not (0.0 <= self.min_p <= 1.0):
             bad(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not (self.repetition_penalty > 0.0):
@@ -83,13 +89,18 @@ class SamplingParams:
             bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             bad(f"seed must be an integer, got {self.seed!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            bad(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            bad(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
             bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.min_tokens > self.max_tokens:
             bad(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}")
+        if len(self.stop) > MAX_STOP:
+            bad(f"stop holds {len(self.stop)} strings; at most {MAX_STOP} are allowed")
         if any((not isinstance(s, str)) or s == "" for s in self.stop):
             bad("stop must be a list of non-empty strings")
+        if len(self.stop_token_ids) > MAX_STOP:
+            bad(f"stop_token_ids holds {len(self.stop_token_ids)} ids; at most {MAX_STOP} are allowed")
         if any((not isinstance(t, int)) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids must be non-negative integers")

@@ -6,6 +6,7 @@ what `AutoTokenizer` gives for the same directory.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,14 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._special = {t.content for t in self._tok.get_added_tokens_decoder().values() if t.special}
         self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The most characters one token can stand for, computed as vLLM does: the longest vocabulary entry,
+        added tokens included. A byte-level entry spells one byte per character (`Ġthe`), so it counts the
+        bytes of what it covers, never fewer than the characters. The server bounds a prompt's characters
+        with it before tokenizing: more than `max_model_len * max_chars_per_token` cannot fit."""
+        return max(len(t) for t in self._tok.get_vocab(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids

@@ -1,10 +1,13 @@
-"""The FastAPI app: `build_app(engine, api_key=None, max_waiting=...)`.
+"""The FastAPI app: `build_app(engine, api_key=None, max_waiting=..., max_request_bytes=...)`.
 
 The app owns the engine's lifecycle: startup awaits `engine.start()` (uvicorn accepts
 connections only after that, so `/health` answering means the model is loaded), shutdown
 awaits `engine.shutdown()` after uvicorn has drained in-flight requests (graceful SIGTERM).
-`/health`, `/metrics`, `/version` and the OpenAPI docs need no key; every other route needs
-`Authorization: Bearer KEY` when `api_key` is set (401 otherwise).
+When `api_key` is set, every route but `/health` and `/metrics` (`OPEN_PATHS`, what a load balancer
+and a Prometheus scraper call) needs `Authorization: Bearer KEY` (401 otherwise): /version and the
+OpenAPI docs included. vLLM 0.32 checks the key only under /v1, /v2, /inference and /cohere and says in
+its own --help that everything else stays open; here a TGI route or /reset_prefix_cache must not be.
+A body over `max_request_bytes` gets 413 before it is parsed (`limits.BodyLimit`).
 """
 from __future__ import annotations
 
@@ -14,14 +17,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
-from . import errors, openai_routes, tgi_routes
+from . import errors, limits, openai_routes, tgi_routes
 from .generation import Gate
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .state import ServerState, get_state
 
 DEFAULT_MAX_WAITING = 256
-OPEN_PATHS = frozenset({"/health", "/metrics", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect",
-                        "/redoc"})
+OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 class APIKeyMiddleware:
@@ -41,7 +43,8 @@ class APIKeyMiddleware:
 
 
 def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX_WAITING,
-              served_model_name: str | None = None, chat_template: str | None = None) -> FastAPI:
+              served_model_name: str | None = None, chat_template: str | None = None,
+              max_request_bytes: int = limits.DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """`chat_template`: vLLM's `--chat-template` (a file or the template itself), over the model's own."""
     gate = Gate(max_waiting)  # validates max_waiting now, before anything starts
     if chat_template is not None:  # a missing file is a start-up error, not a 400 on every chat request
@@ -68,6 +71,8 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
     errors.install(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    # added last: the outermost; the size is checked now, a bad one is a start-up error
+    app.add_middleware(limits.BodyLimit, max_bytes=limits.positive("max_request_bytes", max_request_bytes))
     app.include_router(openai_routes.router)
     app.include_router(tgi_routes.router)
 

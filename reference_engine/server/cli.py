@@ -16,6 +16,7 @@ import sys
 import typing
 
 from .app import DEFAULT_MAX_WAITING
+from .limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, idle_timeout_protocol
 
 
 ENGINE_SKIP = ("model", "record_steps")  # the positional MODEL; per-step records are for offline analysis
@@ -69,9 +70,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("INFERLAB_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY, else no key)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                        "(default: $INFERLAB_API_KEY, else no key)")
     p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
                    help="sequences allowed to wait for their first token; beyond it requests get 503")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, metavar="BYTES",
+                   help="a request body over this size gets 413 before it is parsed (default: 16 MiB)")
+    p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, metavar="SECONDS",
+                   help="close a connection that has not sent a whole request head this long after connecting "
+                        "or after its last response (uvicorn's keep-alive timeout covers neither)")
     p.add_argument("--served-model-name", default=None,
                    help="the name clients use (default: the model argument as given, as vLLM's)")
     p.add_argument("--chat-template", default=None,
@@ -107,12 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = (ProcessAsyncEngine if args.engine_process else AsyncEngine)(engine_config(args))
         app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
-                        served_model_name=args.served_model_name, chat_template=args.chat_template)
+                        served_model_name=args.served_model_name, chat_template=args.chat_template,
+                        max_request_bytes=args.max_request_bytes)
+        http = idle_timeout_protocol(args.idle_timeout)
     except ValueError as err:
         print(f"inferlab serve: {err}", file=sys.stderr)
         return 2
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=args.shutdown_timeout, access_log=False))
+                                           timeout_graceful_shutdown=args.shutdown_timeout, access_log=False,
+                                           http=http))
     # uvicorn re-raises the signal it caught once it has shut down gracefully; make that an exit 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     signal.signal(signal.SIGINT, _exit_cleanly)

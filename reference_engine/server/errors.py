@@ -46,8 +46,15 @@ def is_tgi(path: str) -> bool:
     return path in TGI_PATHS
 
 
+def _printable(text: str | None) -> str | None:
+    """Messages may quote the client's input, which may hold lone surrogates (`"\\ud800"` in JSON)
+    that UTF-8 cannot encode: the response would fail to render (a 500). Spell them as escapes."""
+    return text if text is None or text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_response(path: str, status: int, message: str, param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    message, param = _printable(message), _printable(param)
     if is_tgi(path):
         # TGI answers validation failures with 422 and a full queue with 429; keep its codes on its routes.
         status = {400: 422, 503: 429}.get(status, status)

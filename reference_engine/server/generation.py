@@ -39,10 +39,14 @@ class Gate:
             raise ValueError(f"max_waiting must be >= 1, got {limit}")
         self.limit, self.pending = limit, 0
 
-    def reserve(self, k: int) -> None:
+    def check(self, k: int) -> None:
+        """400 for a request that could never be admitted; called before its prompts are tokenized."""
         if k > self.limit:
             raise APIError(f"this request needs {k} sequences (prompts x n) but the server admits at most "
                            f"{self.limit} waiting sequences", 400, param="n")
+
+    def reserve(self, k: int) -> None:
+        self.check(k)
         if self.pending + k > self.limit:
             raise APIError(f"server busy: {self.pending} sequences already waiting (limit {self.limit}); "
                            "retry later", 503, code="overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})

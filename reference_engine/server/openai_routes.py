@@ -18,8 +18,9 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from reference_engine.sampling_params import SamplingParams
+from reference_engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
+from . import limits
 from . import openai_format as fmt
 from .errors import bad_request, from_value_error
 from .generation import SAMPLING_FIELDS, Batch, Choice, run_whole
@@ -31,9 +32,10 @@ router = APIRouter()
 CLIENT_GONE = 499  # nginx's code: the client closed the connection before the answer
 
 
-def _params(req: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def _params(st: ServerState, req: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
     if (name := req.unsupported()) is not None:
         raise bad_request(f"`{name}` is not supported by this server", name)
+    limits.check_stop_token_ids(st.engine, req.stop_token_ids)
     kw = req.sampling_kwargs() | {"max_tokens": max_tokens}
     if logprobs is not None:
         kw["logprobs"] = logprobs
@@ -44,17 +46,25 @@ def _params(req: SamplingFields, max_tokens: int, logprobs: int | None) -> Sampl
 
 
 def _prompts(st: ServerState, req: CompletionRequest) -> list[list[int]]:
-    """prompt: str | list[int] | list[str] | list[list[int]] -> one id list per prompt, none empty."""
+    """prompt: str | list[int] | list[str] | list[list[int]] -> one id list per prompt, none empty.
+    Every cheap bound (count, characters, ids) is checked before the first prompt is tokenized."""
     raw = req.prompt
     items = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
     if not items:
         raise bad_request("prompt must not be empty", "prompt")
+    st.gate.check(len(items) * req.n)
+    for item in items:
+        if isinstance(item, str):
+            limits.check_text(st.engine, item, "prompt")
+        else:
+            limits.check_ids(st.engine, item)
     out = []
     for item in items:
         if isinstance(item, str):
             if not item:
                 raise bad_request("prompt must not be empty", "prompt")
             item = st.engine.tokenizer.encode(item, add_special_tokens=bool(req.add_special_tokens))
+            limits.check_ids(st.engine, item)
         if not item:
             raise bad_request("prompt must not be empty", "prompt")
         out.append(list(item))
@@ -73,10 +83,12 @@ def _chat_prompt(st: ServerState, req: ChatCompletionRequest) -> list[int]:
         if m.name:
             msg["name"] = m.name
         messages.append(msg)
+    limits.check_chat(st.engine, messages)
     try:
         text = st.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=bool(req.add_generation_prompt))
     except Exception as err:  # jinja raises its own types; any template failure is the request's fault
         raise bad_request(f"could not apply the chat template: {err}", "messages") from None
+    limits.check_text(st.engine, text, "messages", what="rendered chat")
     ids = st.engine.tokenizer.encode(text, add_special_tokens=False)  # the template already placed BOS
     if not ids:
         raise bad_request("the chat template produced an empty prompt", "messages")
@@ -133,7 +145,7 @@ async def models(request: Request) -> dict:
 async def completions(req: CompletionRequest, request: Request):
     st = get_state(request)
     st.check_model(req.model)
-    params = _params(req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
+    params = _params(st, req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
     batch = Batch(st, _prompts(st, req), params, n=req.n, prefix="cmpl", cache_salt=req.cache_salt)
     created, tok, ids = int(time.time()), st.engine.tokenizer, bool(req.return_token_ids)
 
@@ -176,6 +188,11 @@ async def completions(req: CompletionRequest, request: Request):
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     st = get_state(request)
     st.check_model(req.model)
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise bad_request(f"`top_logprobs` must be in [0, {MAX_LOGPROBS}], got {req.top_logprobs}", "top_logprobs")
+    if req.top_logprobs and not req.logprobs:  # vLLM's rule: asked-for alternatives must not be dropped silently
+        raise bad_request("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
+    st.gate.check(req.n)
     prompt = _chat_prompt(st, req)
     room = st.engine.max_model_len - len(prompt)
     if room < 1:
@@ -183,7 +200,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
                           f"{st.engine.max_model_len} tokens", "messages")
     max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None), room)
     top_n = req.top_logprobs or 0
-    params = _params(req, max_tokens, top_n if req.logprobs else None)
+    params = _params(st, req, max_tokens, top_n if req.logprobs else None)
     batch = Batch(st, [prompt], params, n=req.n, prefix="chatcmpl", cache_salt=req.cache_salt)
     created, tok, ids = int(time.time()), st.engine.tokenizer, bool(req.return_token_ids)
 

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 from reference_engine.sampling_params import SamplingParams
 
+from . import limits
 from .errors import bad_request, from_value_error
 from .generation import SAMPLING_FIELDS, Batch, Choice, run_whole
 from .openai_routes import CLIENT_GONE
@@ -68,15 +69,22 @@ def _params(st: ServerState, p: TGIParameters, input_len: int) -> tuple[Sampling
 
 
 def _input_ids(st: ServerState, req: TGIRequest) -> list[int]:
+    """With `truncate`, an input over the character bound is cut to its last `prompt_char_limit`
+    characters before tokenizing (vLLM's pre-trim for left truncation: those characters are at least
+    `max_model_len` tokens, more than `truncate` keeps); without it, such an input is refused."""
     if not req.inputs:
         raise bad_request("`inputs` cannot be empty", "inputs")
-    ids = st.engine.tokenizer.encode(req.inputs, add_special_tokens=True)
-    t = req.parameters.truncate
+    t, text = req.parameters.truncate, req.inputs
     if t is not None:
         if not 0 < t < st.engine.max_model_len:
             raise bad_request(f"`truncate` must be strictly positive and less than {st.engine.max_model_len}. "
                               f"Given: {t}", "truncate")
+        text = text[-limits.prompt_char_limit(st.engine):]
+    limits.check_text(st.engine, text, "inputs", what="input")
+    ids = st.engine.tokenizer.encode(text, add_special_tokens=True)
+    if t is not None:
         ids = ids[-t:]  # TGI keeps the last `truncate` tokens
+    limits.check_ids(st.engine, ids, "inputs")
     return ids
 
 
@@ -192,6 +200,7 @@ async def info(request: Request) -> dict:
 async def tokenize(req: TokenizeRequest, request: Request) -> list[dict]:
     """TGI's tokenize: [{id, text, start, stop}], offsets being character positions in `inputs`."""
     st = get_state(request)
+    limits.check_text(st.engine, req.inputs, "inputs", what="input")
     ids, offsets = st.engine.tokenizer.encode_with_offsets(req.inputs, add_special_tokens=req.add_special_tokens)
     if len(ids) > st.engine.max_model_len:
         raise bad_request(f"`inputs` is {len(ids)} tokens, more than the context of {st.engine.max_model_len}",

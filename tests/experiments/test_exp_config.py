@@ -56,6 +56,17 @@ def test_bad_engine_option_is_a_config_error(tmp_path, exp_model):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "max_btch_size" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("mode", ["in_process", "server"])
+def test_an_impossible_kernel_pin_is_a_config_error(tmp_path, exp_model, mode, monkeypatch):
+    """Refused before any engine starts: the pin would otherwise fail every step of the run."""
+    cfg = write_config(tmp_path / "c.toml", exp_model, f'engine = "reference"\n[engine_options.reference]\n'
+                                                        f'mode = "{mode}"\n')
+    monkeypatch.setenv("INFERLAB_FUSED_DECODE", "false")  # (the child inherits it)
+    p = cli("run", str(cfg), "--out", str(tmp_path / "res"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "INFERLAB_FUSED_DECODE" in p.stderr, p.stderr
+    assert not (tmp_path / "res").exists()
+
+
 def test_engine_override_and_defaults(tmp_path, exp_model):
     cfg = write_config(tmp_path / "c.toml", exp_model, """
         engines = ["reference", "hf"]
