@@ -42,6 +42,14 @@ class APIKeyMiddleware:
         return await self.app(scope, receive, send)
 
 
+async def _core_call(call):
+    """A control call into the engine core: a core that is dead or does not answer in time is a 503."""
+    try:
+        return await call
+    except (TimeoutError, RuntimeError) as e:
+        raise errors.APIError(str(e), 503, code="engine_unavailable") from None
+
+
 def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX_WAITING,
               served_model_name: str | None = None, chat_template: str | None = None,
               max_request_bytes: int = limits.DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
@@ -88,15 +96,15 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
     @app.post("/reset_prefix_cache", include_in_schema=False)  # an admin route: no body, nothing to fuzz
     async def reset_prefix_cache(request: Request, reset_running_requests: bool = Query(False)) -> Response:
         # vLLM's route: 200 once reset, 409 while requests hold blocks (unless reset_running_requests).
-        # Runs on the event loop: waits for the current step to end, then resets between steps.
-        if get_state(request).engine.reset_prefix_cache(reset_running_requests):
+        # Awaited: the reset runs between two steps while the event loop keeps serving.
+        if await _core_call(get_state(request).engine.reset_prefix_cache(reset_running_requests)):
             return Response(status_code=200)
         raise errors.APIError("Prefix cache reset failed: requests still hold KV blocks.", 409, code="conflict")
 
     @app.get("/server_info", include_in_schema=False)  # as vLLM's (dev mode): what the engine runs with
     async def server_info(request: Request) -> dict:
         engine = get_state(request).engine
-        return {"effective": engine.effective_config(), "memory": engine.memory_report()}
+        return {"effective": engine.effective_config(), "memory": await _core_call(engine.memory_report())}
 
     @app.get("/version")
     async def version(request: Request) -> dict:

@@ -3,11 +3,17 @@
 
 Binds loopback by default. SIGTERM / Ctrl-C: uvicorn stops accepting, lets in-flight
 requests (streams included) finish for up to --shutdown-timeout seconds, then the engine
-shuts down and the process exits 0.
+shuts down and the process exits 0; a second signal cuts the wait short. A signal while the
+model loads kills the engine core and exits 0 at once.
+
+Exit codes: 0 stopped by a signal; 1 the engine core died (as vLLM's API server does, so a
+supervisor restarts it; --keep-alive-on-engine-death serves 503s instead) or failed to start;
+2 a bad argument or engine setting (one line on stderr).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import os
@@ -90,6 +96,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="run the engine core in a process of its own, as vLLM's EngineCore (default); "
                         "--no-engine-process runs it in a thread of the server's process "
                         "(docs/perf/2026-12-02-served-decode-profile.md compares the two)")
+    p.add_argument("--engine-step-timeout", type=float, default=None, metavar="SECONDS",
+                   help="declare the engine core dead when it makes no step for this long while requests are "
+                        "open (default: 20x the longest step seen, at least 60 s)")
+    p.add_argument("--keep-alive-on-engine-death", action="store_true",
+                   help="when the engine core dies, keep serving (/health and requests answer 503) instead of "
+                        "exiting 1 (vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _engine_flags(p.add_argument_group("engine (EngineConfig fields; defaults are EngineConfig's)"))
     return p.parse_args(argv)
@@ -99,10 +111,14 @@ def _exit_cleanly(signum, frame) -> None:
     raise SystemExit(0)
 
 
+def _say(message: str) -> None:
+    print(f"inferlab serve: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     if not os.path.isdir(args.model):
-        print(f"inferlab serve: model directory {args.model!r} does not exist", file=sys.stderr)
+        _say(f"model directory {args.model!r} does not exist")
         return 2
     import uvicorn
 
@@ -111,26 +127,82 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import build_app
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:  # a second SIGTERM ends the drain too, not only a second Ctrl-C
+                self.force_exit = True
+            super().handle_exit(sig, frame)
+
+    died: list[str] = []
+
+    def on_death(why: str) -> None:  # on the event loop
+        died.append(why)
+        if args.keep_alive_on_engine_death:
+            _say(f"the engine core died ({why}); serving 503s (--keep-alive-on-engine-death)")
+        else:
+            _say(f"the engine core died ({why}); exiting 1 so that a supervisor restarts the server")
+            server.should_exit = True
+
     try:
-        engine = (ProcessAsyncEngine if args.engine_process else AsyncEngine)(engine_config(args))
+        cfg = engine_config(args)
+        engine = (ProcessAsyncEngine(cfg, step_timeout=args.engine_step_timeout) if args.engine_process
+                  else AsyncEngine(cfg))
+        engine.on_death = on_death
         app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
                         served_model_name=args.served_model_name, chat_template=args.chat_template,
                         max_request_bytes=args.max_request_bytes)
         http = idle_timeout_protocol(args.idle_timeout)
     except ValueError as err:
-        print(f"inferlab serve: {err}", file=sys.stderr)
+        _say(str(err))
         return 2
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=args.shutdown_timeout, access_log=False,
-                                           http=http))
-    # uvicorn re-raises the signal it caught once it has shut down gracefully; make that an exit 0.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
-    signal.signal(signal.SIGINT, _exit_cleanly)
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                   timeout_graceful_shutdown=args.shutdown_timeout, access_log=False, http=http))
+    # The engine starts before uvicorn binds: a bad setting is one line and exit 2, and a signal during
+    # the load kills the core at once (uvicorn would wait for its lifespan to finish starting).
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        try:
+            signals = runner.run(_start(engine))
+        except ValueError as err:
+            _say(str(err))
+            return 2
+        except Exception as err:
+            _say(f"the engine failed to start: {err}")
+            return 1
+        if signals:  # (the start may have finished just as the signal came)
+            runner.run(engine.shutdown())
+            _say(f"stopped by {signal.Signals(signals[0]).name} while starting")
+            return 0
+        # uvicorn re-raises the signal it caught once it has shut down gracefully; make that an exit 0.
+        signal.signal(signal.SIGTERM, _exit_cleanly)
+        signal.signal(signal.SIGINT, _exit_cleanly)
+        try:
+            runner.run(server.serve())
+        except SystemExit as done:
+            return int(done.code or 0)
+        finally:
+            runner.run(engine.shutdown())  # a forced exit skips the app's shutdown; idempotent otherwise
+    return 1 if died or not server.started else 0
+
+
+async def _start(engine) -> list[int]:
+    """Start the engine; SIGTERM / SIGINT meanwhile abort it. Returns the signals that came."""
+    from reference_engine.async_engine import StartAborted
+
+    came: list[int] = []
+
+    def abort(signum, frame) -> None:
+        came.append(signum)
+        engine.abort_start()
+
+    before = {sig: signal.signal(sig, abort) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run()
-    except SystemExit as done:
-        return int(done.code or 0)
-    return 0 if server.started else 1
+        await engine.start()
+    except StartAborted:
+        pass
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    return came
 
 
 if __name__ == "__main__":
