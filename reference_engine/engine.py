@@ -118,6 +118,8 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
             raise ValueError(f"prompt contains token ids outside the vocabulary [0, {vocab})")
+        if any(t >= vocab for t in params.stop_token_ids or ()):  # banned under min_tokens: an index into the logits
+            raise ValueError(f"stop_token_ids contains ids outside the vocabulary [0, {vocab})")
         n, m = len(prompt_token_ids), params.max_tokens
         if n + m > self.max_model_len:
             raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's "

@@ -3,7 +3,8 @@ TGI-compatible HTTP routes. It drives the engine through `AsyncEngine`'s public 
 
 Modules: app (app factory, auth, lifecycle), openai_routes / openai_format, tgi_routes,
 protocol (request bodies), generation (engine requests per HTTP request: admission gate,
-abort on disconnect, latency observation), sse, metrics (vLLM-named Prometheus), errors, cli.
+abort on disconnect, latency observation), sse, metrics (vLLM-named Prometheus), errors,
+limits (body size, idle connections, the prompt's character bound), cli (flags, exit codes, signals).
 
 Owns: HTTP (routes, request bodies, SSE, auth, admission, Prometheus names). Never touches the
 engine's internals (scheduler, runner, KV cache): only `AsyncEngine`. See docs/architecture.md.

@@ -36,6 +36,8 @@ def test_bad_prompts(tiny_llama):
         e.add_request([10, 10 ** 9], ok)
     with pytest.raises(ValueError, match="vocabulary"):
         e.add_request([-1], ok)
+    with pytest.raises(ValueError, match="stop_token_ids contains ids outside"):  # once failed the step
+        e.add_request([10, 11], SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[10 ** 6]))
     assert not e.has_unfinished()  # nothing half-queued
 
 
