@@ -50,6 +50,7 @@ def ch04(run, text):
     table = re.search(r"block table (\[[\d, ]+\])", out).group(1)
     big, tiny = num(r"= ([\d,]+) B/token", out), num(r"x 4 B = ([\d,]+) B", out)
     quoted(text, f"the block table `{table}`", f"{big:,} bytes = 128 KiB per token", f"= {tiny:,} bytes per token")
+    assert set(re.findall(r"block table (\[[\d, ]+\])", text)) == {table}, "the diagram's block table is not the lab's"
 
 
 def ch05(run, text):
@@ -61,6 +62,11 @@ def ch05(run, text):
     quoted(text, f"({p[0]} vs {p[1]})", f"({t[0]} vs {t[1]})",
            "renormalised to " + ", ".join(x.split(":")[1] for x in top_p.split()),
            "[" + ", ".join(v if float(v) else "0" for v in order) + "]")
+    # only T = 0 is greedy: a positive temperature below 0.01 is stored as 0.01 and samples
+    greedy = re.findall(r"temperature (\S+) -> stored as \S+: greedy", out)
+    raised = num(r"temperature 1e-06 -> stored as ([\d.]+): sampled", out, float)
+    assert greedy == ["0"], greedy
+    quoted(text, "Only temperature 0 is greedy", f"so T = 1e-6 samples at {raised:g}", 'argmax (T = 0)')
 
 
 def ch06(run, text):
@@ -86,6 +92,9 @@ def ch08(run, text):
     s = re.search(r"static:\s+(\d+) steps, seats busy (\d+)/(\d+) \((\d+)%\)", out).groups()
     quoted(text, f"**{s[0]} steps** with {s[1]} of {s[2]} seat-steps busy ({s[3]}%)",
            f"**{c[0]} steps** at {c[1]} of {c[2]} ({c[3]}%)")
+    fewer = num(r"continuous batching finished in (\d+) fewer steps than static batching", out)
+    assert fewer == int(s[0]) - int(c[0]) and "(the run agrees)" in out
+    quoted(text, f"continuous batching finished in {fewer} fewer steps")
 
 
 def ch09(run, text):
@@ -101,6 +110,9 @@ def ch10(run, text):
     q, h, pct = re.search(r"total: (\d+) tokens looked up, (\d+) found cached \((\d+)%\)", out).groups()
     hit1 = num(r"admitted: \{.1.: (\d+)", out)
     quoted(text, f"**{q} tokens queried, {h} hit ({pct}%)**", f"`hit {hit1} tokens`")
+    ab = re.search(r"^a and b (share their first \d+ blocks? \(\d+ tokens\)|share no block)", out, re.M).group(1)
+    ac = re.search(r"^a and c (share no block, though c contains a's first \d+ tokens)", out, re.M).group(1)
+    quoted(text, f"a and b {ab}", f"a and c {ac}")
     p1, a1, t2, same, hits = re.search(r"turn 1 = (\d+) prompt \+ (\d+) answer tokens; turn 2 = (\d+) tokens, of which "
                                        r"the first (\d+) repeat .*; (\d+) found cached", out).groups()
     quoted(text, f"turn 1 is {p1} prompt + {a1} answer tokens", f"is {t2} tokens, of which the first {same} repeat "
@@ -157,14 +169,19 @@ def ch14(run, text):
     assert not llc or w_mib >= 2 * int(llc.group(1))  # W is at least twice the detected last-level cache
     assert re.search(r"^(inconclusive on this machine|time per doubling of the batch)", out, re.M)
     best, rate = num(r"TB/s = ([\d.]+) ms", out, float), num(r"at most (\d+) tokens/s", out)
-    step, floor = num(r"~([\d.]+) ms per step", out, float), num(r"floor ([\d.]+) ms", out, float)
-    quoted(text, f"= **{best:.2f} ms per token at best, ~{rate} tokens/s**", f"~{round(step)} ms per step",
-           f"**{floor:.2f} ms**")
+    decodes, step = num(r"one prefill step \+ (\d+) decode steps", out), num(r"at most ~([\d.]+) ms per decode", out, float)
+    floor, share = num(r"floor ([\d.]+) ms", out, float), num(r"floor is at least ~([\d.]+)%", out, float)
+    rest = num(r"up to ~(\d+)% of it is not bandwidth", out)
+    quoted(text, f"= **{best:.2f} ms per token at best, ~{rate} tokens/s**", f"one prefill step and {decodes} decode",
+           f"~{step} ms is an upper bound on one decode step", f"**{floor} ms**", f"at least ~{share}%",
+           f"up to ~{rest}% of it is something else", "it was never profiled")
     prof = run("python docs/handbook/labs/14_profile.py")
     calls = num(r"(\d+) operator calls", prof)
     assert 100 <= calls < 1000, calls
     quoted(text, "several hundred operator calls")
-    assert re.search(r"inside the operators [\d.]+ ms = \d+%", prof) and "Chrome trace written to" in prof
+    assert re.search(r"inside the operators [\d.]+ ms = \d+%, outside them [\d.]+ ms", prof) and "Chrome trace written to" in prof
+    assert re.search(r"outside the operators, by phase \(from the profile's ranges\): .*runner [\d.]+ ms", prof)
+    assert re.search(r"^  (overhead-bound|operators-bound|inconclusive on this machine)", prof, re.M)
 
 
 def ch15(run, text):

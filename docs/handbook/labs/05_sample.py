@@ -37,6 +37,11 @@ assert torch.allclose(both, torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
 # Greedy is an argmax: no randomness at all.
 greedy = make_batch([SamplingParams(temperature=0.0)], [[]], [[]], [None], "cpu")
 print("greedy ->", words[int(sample(logits, greedy, torch.Generator().manual_seed(0)))])
+# Only T = 0 is greedy: a positive temperature below 0.01 is raised to 0.01 when the params are made,
+# before the greedy test (T < 1e-5), as vLLM's SamplingParams.__post_init__ does.
+for t in (0.0, 1e-6, 0.005, 0.5):
+    sp = SamplingParams(temperature=t)
+    print(f"temperature {t:g} -> stored as {sp.temperature:g}: {'greedy (argmax)' if sp.greedy else 'sampled'}")
 
 # The draw: exponential race, argmax(p / q) with q ~ Exp(1), equals sampling from p.
 p = (logits / 0.8).softmax(-1)

@@ -26,11 +26,32 @@ def chain(tokens):
     return hs
 
 
+def shared_blocks(x: list[str], y: list[str]) -> int:
+    """How many leading block hashes two chains have in common: the blocks a later request can reuse."""
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n
+
+
+def sharing(name_x: str, x: list[str], name_y: str, y: list[str], bs: int) -> str:
+    """The sentence the lab prints, from the hashes alone."""
+    n = shared_blocks(x, y)
+    return (f"{name_x} and {name_y} share their first {n} block{'s' * (n != 1)} ({n * bs} tokens)" if n else
+            f"{name_x} and {name_y} share no block")
+
+
+def contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i:i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
 a = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 b = [5, 6, 7, 8, 9, 10, 11, 12, 99, 98, 97, 96, 95]
-c = [0, 5, 6, 7, 8, 9, 10, 11, 12]  # same tokens shifted by one: nothing in common
-print("a:", chain(a), "\nb:", chain(b), "\nc:", chain(c))
-print("a and b share their first 2 blocks (8 tokens); c shares none, though it contains a's tokens")
+c = [0, 5, 6, 7, 8, 9, 10, 11, 12]  # a's first 8 tokens, shifted by one position
+ha, hb, hc = chain(a), chain(b), chain(c)
+print("a:", ha, "\nb:", hb, "\nc:", hc)
+print(sharing("a", ha, "b", hb, BS))
+print(sharing("a", ha, "c", hc, BS) + (f", though c contains a's first {2 * BS} tokens" if contains(c, a[:2 * BS]) else ""))
 
 # The engine: 3 requests = one prompt + a different suffix each; request 0 runs first, so its prompt
 # blocks are computed and cached when the others arrive (vLLM's rule: only computed blocks are cached).

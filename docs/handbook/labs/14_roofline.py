@@ -76,35 +76,48 @@ os.sched_setaffinity(0, saved[0])
 torch.set_num_threads(saved[1])
 
 # Conclusions, computed from the fastest passes; noise = how far the median pass is above the fastest.
-NOISY = 0.5
-noise = max(r[2] for r in rows)
-per_row = [r[1] / r[0] for r in rows]
-ratio2 = rows[1][1] / rows[0][1]
-if noise > NOISY:
-    worst = max(rows, key=lambda r: r[2])
-    print(f"inconclusive on this machine: the median pass at batch {worst[0]} was {worst[2]:.0%} slower than the "
-          f"fastest (limit {NOISY:.0%}); other processes are sharing the core. Run again on a quiet machine.")
-else:
+def conclude(rows: list[tuple], noisy: float = 0.5) -> list[str]:
+    """The lab's verdict lines from its rows (batch, fastest s, relative spread, flops, bytes) alone."""
+    noise = max(r[2] for r in rows)
+    if noise > noisy:
+        worst = max(rows, key=lambda r: r[2])
+        return [f"inconclusive on this machine: the median pass at batch {worst[0]} was {worst[2]:.0%} slower than "
+                f"the fastest (limit {noisy:.0%}); other processes are sharing the core. Run again on a quiet machine."]
     # per doubling of the batch: ~1x = the rows share one read of W (memory-bound); ~2x = FLOPs set it
     growth = [(rows[i][0], rows[i][1] / rows[i - 1][1]) for i in range(1, len(rows))]
-    print("time per doubling of the batch: " + ", ".join(f"{b // 2}->{b} {g:.2f}x" for b, g in growth))
+    out = ["time per doubling of the batch: " + ", ".join(f"{b // 2}->{b} {g:.2f}x" for b, g in growth)]
     shared = [b for b, g in growth if g < 1.5]
     outlier = growth[0][1] >= 1.7 and bool(shared) and min(shared) > 2  # 1->2 doubled, later ones did not
     doubled = [b for b, g in growth[outlier:] if g >= 1.7]
     if shared:
-        print(f"doublings that cost < 1.5x (the read of W shared, memory-bound): up to batch {max(shared)}"
-              + (f"; >= 1.7x (compute-bound): {', '.join(map(str, doubled))}" if doubled else
-                 "; no doubling cost >= 1.7x: compute never dominated up to batch 128"))
+        out.append(f"doublings that cost < 1.5x (the read of W shared, memory-bound): up to batch {max(shared)}"
+                   + (f"; >= 1.7x (compute-bound): {', '.join(map(str, doubled))}" if doubled else
+                      "; no doubling cost >= 1.7x: compute never dominated up to batch " + str(rows[-1][0])))
     else:
-        print("no doubling cost < 1.5x: no memory-bound range on this machine at these sizes")
+        out.append("no doubling cost < 1.5x: no memory-bound range on this machine at these sizes")
     if outlier:
-        print(f"batch 1 is an outlier: 1->2 cost {growth[0][1]:.2f}x, unlike the doublings after it; "
-              "this lab cannot tell why (a different library code path for a single row is a common cause)")
+        out.append(f"batch 1 is an outlier: 1->2 cost {growth[0][1]:.2f}x, unlike the doublings after it; "
+                   "this lab cannot tell why (a different library code path for a single row is a common cause)")
     bw, peak = rows[0][4] / rows[0][1], max(r[3] / r[1] for r in rows)
-    print(f"this CPU's ridge: {peak / 1e9:.0f} GFLOP/s (best FLOP rate) / {bw / 1e9:.1f} GB/s (batch 1, "
-          f"memory-bound) = {peak / bw:.0f} FLOP/byte; an H200's is ~206, so its memory-bound region lasts "
-          f"much longer;\n  in float32 a batch-b matmul does b/2 FLOP/byte, so the roofline puts the crossover near batch "
-          f"{2 * peak / bw:.0f}\n")
+    out.append(ridges(peak, bw))
+    return out
+
+
+def ridges(peak: float, bw: float, gpu_ridge: float = 989e12 / 4.8e12) -> str:
+    """This CPU's ridge against an H200's, and where each one's memory-bound region ends (from the numbers)."""
+    cpu_ridge = peak / bw
+    cross_cpu, cross_gpu = 2 * cpu_ridge, gpu_ridge  # float32 here: b/2 FLOP/byte; bf16 there: B FLOP/byte
+    longer = ("longer" if cross_gpu > cross_cpu else "shorter") + f" (to batch ~{cross_gpu:.0f} against ~{cross_cpu:.0f})"
+    if round(cross_gpu) == round(cross_cpu):
+        longer = f"as long (to batch ~{cross_gpu:.0f} on both)"
+    return (f"this CPU's ridge: {peak / 1e9:.0f} GFLOP/s (best FLOP rate) / {bw / 1e9:.1f} GB/s (batch 1, memory-bound)"
+            f" = {cpu_ridge:.0f} FLOP/byte; in float32 a batch-b matmul does b/2 FLOP/byte, so the roofline puts "
+            f"the crossover near batch {cross_cpu:.0f};\n  an H200's ridge is ~{gpu_ridge:.0f} FLOP/byte and a bf16 "
+            f"matmul does B FLOP/byte there, so an H200's memory-bound region lasts {longer}\n")
+
+
+for line in conclude(rows):
+    print(line)
 
 # The same arithmetic on an H200 (NVIDIA's data sheet: 4.8 TB/s HBM3e, ~989 TFLOPS dense BF16).
 BW, PEAK = 4.8e12, 989e12
@@ -128,7 +141,22 @@ weights = param_count(cfg) * 4
 kv_tok = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
 steps, seqs, mean_ctx = 128, 64, 128 + 64  # 128 prompt + 128 output tokens: mean context 192
 per_step = weights + seqs * mean_ctx * kv_tok
-print(f"our H200 run (reference, float32): {seconds} s for {seqs} x {steps} tokens -> ~{seconds / steps * 1e3:.1f} ms "
-      f"per step; bytes per step {per_step / 1e6:.0f} MB -> floor {per_step / BW * 1e3:.3f} ms: "
-      f"the floor is ~{per_step / BW / (seconds / steps):.1%} of the measured step; the other "
-      f"~{1 - per_step / BW / (seconds / steps):.0%} is not bandwidth (the GPU check's reading: Python and launches)")
+
+
+def h200_reading(seconds: float, tokens: int, seqs: int, per_step: float, bw: float) -> str:
+    """What the GPU check's one number allows. Its seconds hold the prefill step too (the first token) and
+    tokens - 1 decode steps, so seconds / (tokens - 1) is an upper bound on one decode step, and the
+    bandwidth floor's share of a decode step is at least floor / that bound."""
+    step = seconds / (tokens - 1)
+    share = per_step / bw / step
+    if share >= 1:
+        return (f"our H200 run: {seconds} s for {seqs} x {tokens} tokens is {step * 1e3:.3f} ms per decode step at most, "
+                f"less than the bandwidth floor {per_step / bw * 1e3:.3f} ms: the inputs disagree (a wrong byte count, "
+                f"or a wrong bandwidth); nothing can be read from them")
+    return (f"our H200 run (reference, float32): {seconds} s for {seqs} sequences x {tokens} tokens = one prefill "
+            f"step + {tokens - 1} decode steps -> at most ~{step * 1e3:.1f} ms per decode step; bytes per step "
+            f"{per_step / 1e6:.0f} MB -> floor {per_step / bw * 1e3:.3f} ms: the floor is at least ~{share:.1%} of a "
+            f"decode step, so up to ~{1 - share:.0%} of it is not bandwidth; what that time is, this run did not profile")
+
+
+print(h200_reading(seconds, steps, seqs, per_step, BW))

@@ -1,0 +1,125 @@
+"""Each lab's printed conclusion follows from its own numbers.
+
+A lab words its conclusion in a function of the numbers it measured. Here that function is taken out of
+the lab file (the file's imports, its literal constants and the named functions; nothing of the run) and
+fed numbers of the lab's kind, then a planted contrary number: the conclusion must change, or turn
+"inconclusive". A lab that printed a fixed sentence whatever it measured would fail here.
+"""
+from __future__ import annotations
+
+import ast
+from types import SimpleNamespace
+
+import pytest
+
+from tests.docs import handbook as hb
+
+
+def lab_functions(lab: str, *names: str) -> SimpleNamespace:
+    """The named top-level functions of docs/handbook/labs/<lab>, defined without running the lab."""
+    path = hb.LABS / lab
+    tree = ast.parse(path.read_text())
+
+    def literal(node) -> bool:
+        try:
+            ast.literal_eval(node.value)
+            return True
+        except ValueError:
+            return False
+
+    keep = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+            or (isinstance(n, ast.FunctionDef) and n.name in names)
+            or (isinstance(n, ast.Assign) and literal(n))]
+    found = {n.name for n in keep if isinstance(n, ast.FunctionDef)}
+    assert found == set(names), f"{lab} defines no {sorted(set(names) - found)}"
+    ns: dict = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
+    return SimpleNamespace(**{n: ns[n] for n in names})
+
+
+def test_lab_08_compares_the_two_runs_step_counts():
+    f = lab_functions("08_continuous_batching.py", "compare")
+    assert f.compare(12, 21) == "continuous batching finished in 9 fewer steps than static batching"
+    assert "the same number of steps" in f.compare(21, 21)  # planted: static no worse
+    assert "took 2 more steps" in f.compare(23, 21)
+
+
+def test_lab_10_shares_only_what_the_hashes_share():
+    f = lab_functions("10_prefix_cache.py", "shared_blocks", "sharing", "contains")
+    a, b = ["2a55", "c585"], ["2a55", "c585", "2d43"]
+    assert f.sharing("a", a, "b", b, 4) == "a and b share their first 2 blocks (8 tokens)"
+    assert f.sharing("a", a, "b", ["2a55", "ffff", "2d43"], 4) == "a and b share their first 1 block (4 tokens)"
+    assert f.sharing("a", a, "b", ["ffff", "c585"], 4) == "a and b share no block"  # equal 2nd hash, different parent
+    assert f.contains([0, 5, 6, 7], [5, 6]) and not f.contains([0, 5, 6, 7], [6, 5])
+
+
+def rows_of(times: list[float], spread: float = 0.05, k: int = 8192) -> list[tuple]:
+    """Rows as 14_roofline.py makes them: (batch, fastest s, spread, flops, bytes) for batch 1..128."""
+    return [(b, t, spread, 2 * b * k * k, 4 * (k * k + 2 * b * k)) for b, t in zip((1, 2, 4, 8, 16, 32, 64, 128), times)]
+
+
+def test_lab_14_roofline_reads_its_doublings_and_ridges():
+    f = lab_functions("14_roofline.py", "conclude", "ridges", "h200_reading")
+    memory_then_compute = rows_of([10, 10.5, 11, 11.5, 12, 13, 26, 52])
+    out = "\n".join(f.conclude(memory_then_compute))
+    assert "memory-bound): up to batch 32; >= 1.7x (compute-bound): 64, 128" in out and "outlier" not in out
+    assert "lasts longer" in out
+    noisy = rows_of([10, 10.5, 11, 11.5, 12, 13, 26, 52])
+    noisy[3] = (8, 11.5, 0.9, *noisy[3][3:])  # planted: the median pass at batch 8 was 90 % slower
+    assert f.conclude(noisy)[0].startswith("inconclusive on this machine: the median pass at batch 8")
+    flat = rows_of([1, 2, 4, 8, 16, 32, 64, 128])  # planted: every doubling costs 2x
+    assert "no doubling cost < 1.5x: no memory-bound range" in "\n".join(f.conclude(flat))
+    outlier = rows_of([5, 10, 10.5, 11, 11.5, 12, 13, 26])
+    assert "batch 1 is an outlier: 1->2 cost 2.00x" in "\n".join(f.conclude(outlier))
+    # ridges: an H200 (206 FLOP/byte, crossover ~206) against a CPU whose crossover is ~8, then ~1000
+    assert "lasts longer (to batch ~206 against ~8)" in f.ridges(77e9, 20e9)
+    assert "lasts shorter (to batch ~206 against ~1000)" in f.ridges(500e9, 1e9)
+    # the GPU check: 1.54 s for 128 tokens -> at most 12.1 ms per decode step; a planted 0.01 s disagrees
+    reading = f.h200_reading(1.54, 128, 64, 705e6, 4.8e12)
+    assert "at most ~12.1 ms per decode step" in reading and "at least ~1.2%" in reading
+    assert "not profile" in reading and "Python" not in reading
+    assert "the inputs disagree" in f.h200_reading(0.01, 128, 64, 705e6, 4.8e12)
+
+
+def test_lab_14_profile_splits_the_step_from_the_profile():
+    f = lab_functions("14_profile.py", "verdict", "phases")
+    assert f.verdict(5e-3, 5e-3, 1.2e-3) == "overhead-bound: 76% of the step is spent outside the operators"
+    assert f.verdict(5e-3, 5e-3, 4e-3) == "operators-bound: 80% of the step is spent inside the operators"
+    assert f.verdict(10e-3, 5e-3, 1.2e-3).startswith("inconclusive on this machine")  # planted: waited for a core
+    assert f.verdict(10e-3, 1e-3, 1e-3, cuda=True).startswith("overhead-bound")  # wall vs CPU is no test on a GPU
+
+    def ev(name, total=0.0, self_=0.0, parent=None):
+        return SimpleNamespace(name=name, cpu_time_total=total, self_cpu_time_total=self_, self_device_time_total=0,
+                               cpu_parent=parent)
+    runner = ev("lab: runner", total=4000)
+    mm = ev("aten::mm", total=900, self_=700, parent=runner)
+    events = [runner, mm, ev("aten::t", 200, 200, parent=mm), ev("lab: scheduler", total=100), ev("aten::add", 50, 50)]
+    got = f.phases(events, cuda=False)
+    assert got["runner"] == pytest.approx([4000e-6, 900e-6]) and got["scheduler"] == [100e-6, 0.0]
+    assert got["(no phase)"] == pytest.approx([0.0, 50e-6])
+
+
+def test_lab_13_moves_only_what_the_intervals_separate_and_explains_ttft_from_its_numbers():
+    f = lab_functions("13_measure.py", "verdict", "ratio_range", "explain", "prefill_flops")
+
+    def row(ttft, tpot, e2el, ci=0.05):
+        med = {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el}
+        return {"median": med, "tok/s": 1.0, "ci": {k: (v * (1 - ci), v * (1 + ci)) for k, v in med.items()}}
+    lo, hi = row(50, 30, 80), row(400, 31, 430)
+    said = f.verdict("prompt tokens", 16, 192, lo, hi)
+    assert "moved (intervals apart): TTFT 8.0x, E2EL 5.4x" in said and "intervals overlap): TPOT" in said
+    wide = row(400, 31, 430, ci=0.9)  # planted: intervals wide enough to cover both ends
+    assert "nothing moved beyond its interval" in f.verdict("prompt tokens", 16, 192, lo, wide)
+
+    mc = SimpleNamespace(head_dim=64, hidden_size=576, num_heads=9, num_kv_heads=3, intermediate_size=1536,
+                         num_layers=30, vocab_size=49152)
+    mm, at = f.prefill_flops(mc, 1024)
+    assert at / mm == pytest.approx(0.167, abs=0.001)  # chapter 13: attention at 1,024 tokens, +17 % over the matmuls
+    flops = {n: f.prefill_flops(mc, n) for n in (16, 1024)}
+    by_flops = sum(flops[1024]) / sum(flops[16])
+    timed = {16: (0.05, 0.002, 0.06), 1024: (2.0, 0.5, 2.4)}  # ratios 33-48 from the prefill times
+    assert f.explain(16, 1024, flops, timed, by_flops, (by_flops * 0.9, by_flops * 1.1)).endswith(
+        "the FLOPs explain the growth")
+    assert "the prefill times do: at 1024 tokens attention ran at" in f.explain(16, 1024, flops, timed, 40, (35, 45))
+    assert "unexplained on this machine" in f.explain(16, 1024, flops, timed, 93, (85, 100))  # planted: neither fits
+    assert f.ratio_range(lo, hi) == pytest.approx((380 / 52.5, 420 / 47.5))
