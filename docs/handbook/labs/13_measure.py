@@ -24,6 +24,7 @@ each end in this process with the attention backend's calls timed apart, and say
 import argparse
 import asyncio
 import datetime
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -213,11 +214,13 @@ async def main():
             f"Written by `python docs/handbook/labs/13_measure.py{' --full' if args.full else ''} --out {args.out}` "
             f"(git {commit or 'unknown'}); model {Path(model).name}, {N} requests per point (x concurrency), greedy, "
             f"fixed output length, the engine {'in the client' if args.same_process else 'in its own'} process. "
-            f"One run, no repeats: the intervals are over the requests of this run.\n\n"
+            f"One run, no repeats: the intervals are over the requests of this run. Load average (1 min) on "
+            f"{os.cpu_count()} cores: {LOAD[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end.\n\n"
             f"## Sweep\n\n" + "\n".join(table) + "\n\n## Verdicts\n\n```text\n" + "\n".join(verdicts + lines)
             + "\n```\n")
         print(f"written to {args.out}")
 
 
+LOAD = os.getloadavg()  # the machine's load as the run starts (the record states it)
 HEADER = "| sweep | value | TTFT ms [95% CI] | TPOT ms [95% CI] | E2EL ms | tok/s |"
 asyncio.run(main())

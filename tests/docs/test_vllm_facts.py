@@ -1,0 +1,153 @@
+"""The vLLM facts the handbook cites, pinned against the vLLM source installed in `.venv-vllm`.
+
+Each fact is a sentence the chapter says (read with its whitespace collapsed) and a check of the file it
+cites, read as text (vLLM is never imported: the checks take milliseconds). Where `.venv-vllm` is absent
+the source checks are skipped; the chapter's wording is checked everywhere. A vLLM upgrade that moves a
+default or reorders a rule fails here, naming the chapter to re-read.
+"""
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from tests.docs import handbook as hb
+
+VLLM = next(iter(sorted(hb.REPO.glob(".venv-vllm/lib/python3*/site-packages/vllm"))), None)
+VERSION = "0.32.0"
+
+
+def chapter(stem: str) -> str:
+    """A chapter's text, whitespace collapsed, by the part of its file name after the number."""
+    path = next(p for p in hb.CHAPTERS if p.stem.split("-", 1)[1] == stem)
+    return " ".join(path.read_text().split())
+
+
+def source(rel: str) -> str:
+    if VLLM is None:
+        pytest.skip(".venv-vllm is not installed here (CI installs it)")
+    return (VLLM / rel).read_text()
+
+
+def segment(rel: str, qualname: str) -> str:
+    """The source text of a function or method (`Class.method`) in a vLLM file."""
+    text = source(rel)
+    body, node = ast.parse(text).body, None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part), None)
+        assert node is not None, f"{rel} defines no {qualname}"
+        body = node.body
+    return ast.get_source_segment(text, node)
+
+
+def in_order(text: str, *parts: str) -> None:
+    """Every part occurs in text, each after the one before it."""
+    at = 0
+    for p in parts:
+        i = text.find(p, at)
+        assert i >= 0, f"{p!r} not found after offset {at}"
+        at = i + len(p)
+
+
+def said(stem: str, *phrases: str) -> None:
+    text = chapter(stem)
+    missing = [p for p in phrases if p not in text]
+    assert not missing, f"chapter {stem} no longer says {missing}"
+
+
+def test_the_installed_vllm_is_the_version_the_book_cites():
+    assert re.search(rf"__version__ = version = '{re.escape(VERSION)}'", source("_version.py"))
+
+
+def test_kv_cache_gpu_memory_utilization_default():
+    said("kv-cache", "0.92 by default (`CacheConfig.gpu_memory_utilization` in `vllm/config/cache.py`, vLLM 0.32.0)")
+    assert re.search(r"gpu_memory_utilization: float = Field\(default=0\.92\b", source("config/cache.py"))
+
+
+def test_sampling_order():
+    said("sampling", "`Sampler.forward` and `Sampler.sample` in `vllm/v1/sample/sampler.py`",
+         "logits to float32, the non-argmax-invariant processors (min-tokens, logit bias), penalties, the greedy "
+         "argmax, temperature, the argmax-invariant processors (min-p")
+    in_order(segment("v1/sample/sampler.py", "Sampler.forward"),
+             "logits = logits.to(torch.float32)", "self.apply_logits_processors(", "self.sample(logits")
+    in_order(segment("v1/sample/sampler.py", "Sampler.apply_logits_processors"),
+             "logitsprocs.non_argmax_invariant", "self.apply_penalties(")
+    in_order(segment("v1/sample/sampler.py", "Sampler.sample"), "self.greedy_sample(logits)",
+             "self.apply_temperature(", "logitsprocs.argmax_invariant", "self.topk_topp_sampler(")
+    assert "class MinPLogitsProcessor" in source("v1/sample/logits_processor/builtin.py")
+
+
+def test_only_temperature_zero_is_greedy():
+    said("sampling", "vLLM raises any 0 < T < 0.01 to 0.01", "`__post_init__` in `vllm/sampling_params.py`",
+         "*before* its greedy test T < 1e-5 (`_SAMPLING_EPS`)")
+    text = source("sampling_params.py")
+    assert re.search(r"^_SAMPLING_EPS = 1e-5$", text, re.M) and re.search(r"^_MAX_TEMP = 1e-2$", text, re.M)
+    in_order(segment("sampling_params.py", "SamplingParams.__post_init__"),
+             "if 0 < self.temperature < _MAX_TEMP:", "self.temperature = max(self.temperature, _MAX_TEMP)",
+             "if self.temperature < _SAMPLING_EPS:")
+
+
+def test_scheduling_budget_defaults():
+    said("scheduling", "least 160 GiB (B200, B300) `vllm serve` and the offline `LLM` class both use "
+                       "`max_num_batched_tokens` = 16,384",
+         "with at least 70 GiB and not an A100", "`vllm serve` uses 8,192 and `LLM` 16,384; on smaller GPUs 2,048 "
+                                                 "and 8,192; on a CPU 2,048 and 4,096, each × world size")
+    code = re.sub(r"\s+", " ", segment("engine/arg_utils.py", "EngineArgs.get_batch_defaults"))
+    in_order(code, "if device_memory >= 160 * GiB_bytes:", "UsageContext.LLM_CLASS: 16384,",
+             "UsageContext.OPENAI_API_SERVER: 16384,",
+             'elif device_memory >= 70 * GiB_bytes and "a100" not in device_name:',
+             "UsageContext.LLM_CLASS: 16384,", "UsageContext.OPENAI_API_SERVER: 8192,", "else:",
+             "UsageContext.LLM_CLASS: 8192,", "UsageContext.OPENAI_API_SERVER: 2048,", "if current_platform.is_cpu():",
+             "UsageContext.LLM_CLASS: 4096 * world_size,", "UsageContext.OPENAI_API_SERVER: 2048 * world_size,")
+
+
+def test_block_size_default():
+    said("paged-memory", "vLLM's default is 16 tokens (`CacheConfig.DEFAULT_BLOCK_SIZE`",
+         "vLLM-CPU uses 128")
+    assert "DEFAULT_BLOCK_SIZE: ClassVar[int] = 16" in source("config/cache.py")
+    in_order(source("platforms/cpu.py"), "elif not cache_config.user_specified_block_size:",
+             "cache_config.block_size = 128")
+    assert "preferred = cls._preferred_block_size_for_backends(" in source("platforms/interface.py")
+
+
+def test_cuda_graph_capture_sizes():
+    said("gpu-and-roofline", "vLLM 0.32.0 captures `[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)`",
+         "min(2 × `max_num_seqs` × decode query length, 512) (1,024 on data-centre Blackwell)")
+    code = segment("config/vllm.py", "VllmConfig._set_cudagraph_sizes")
+    assert "1024 if current_platform.is_device_capability_family(100) else 512" in code
+    assert "max_num_seqs * decode_query_len * 2, default_max_graph_size" in code
+    in_order(code, "range(8, min(max_cudagraph_capture_size + 1, 256), 8)", "range(256, max_cudagraph_capture_size + 1, 16)")
+
+
+def test_async_scheduling_default_and_its_exceptions():
+    said("engines-compared", "`SchedulerConfig.async_scheduling` defaults to `None` (`vllm/config/scheduler.py`)",
+         "the model is a pooling model; speculation uses a method other than those of `EagleModelTypes` (EAGLE, "
+         "EAGLE-3, MTP, DFlash, `extract_hidden_states`), `ngram_gpu`, `draft_model` or `dspark`",
+         "speculation sets `disable_padded_drafter_batch`", "ROCm runs DeepEP high-throughput all-to-all with "
+         "dual-batch overlap; or pipeline parallelism runs on the V1 model runner")
+    assert re.search(r"async_scheduling: bool \| None = None", source("config/scheduler.py"))
+    code = segment("config/vllm.py", "VllmConfig.__post_init__")
+    branch = code[code.index("elif self.scheduler_config.async_scheduling is None:"):]
+    in_order(branch, 'runner_type == "pooling"', "not in get_args(EagleModelTypes)", "not in get_args(NgramGPUTypes)",
+             '!= "draft_model"', '!= "dspark"', '!= "dflash"', "disable_padded_drafter_batch",
+             "not executor_supports_async_sched", "uses_rocm_deepep_ht_dbo", "pipeline_parallel_size > 1",
+             "not self.use_v2_model_runner", "async_scheduling = True")
+    eagle = re.search(r"^EagleModelTypes = Literal\[(.*?)\]", source("config/speculative.py"), re.S | re.M).group(1)
+    assert all(m in eagle for m in ('"eagle"', '"eagle3"', '"extract_hidden_states"', "MTPModelTypes", "DFlashModelTypes"))
+
+
+def test_the_functions_chapter_15_cites_exist():
+    said("engines-compared", "[1] vLLM `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`",
+         "[3] vLLM `vllm/v1/engine/core.py` (`EngineCoreProc.run_busy_loop`)")
+    segment("v1/core/sched/scheduler.py", "Scheduler.schedule")
+    segment("v1/engine/core.py", "EngineCoreProc.run_busy_loop")
+
+
+def test_every_vllm_path_the_handbook_names_exists():
+    """Every `vllm/...py` path a chapter names is a file of the installed vLLM."""
+    named = {m for c in hb.CHAPTERS for m in re.findall(r"`vllm/([\w/]+\.py)`", c.read_text())}
+    assert named
+    source("version.py")  # skips where vLLM is absent
+    missing = sorted(p for p in named if not (VLLM / p).is_file())
+    assert not missing, missing
