@@ -195,4 +195,27 @@ def ch15(run, text):
     assert cited and all(c in tables for c in cited), [c for c in cited if c not in tables]
 
 
+def ch16(run, text):
+    out = run("python docs/handbook/labs/16_attention.py")
+    verdicts = re.findall(r"^(.*?): (agree to rounding|DISAGREE) \(max \|difference\|", out, re.M)
+    assert [v for _, v in verdicts] == ["agree to rounding"] * 4, verdicts  # softmax, tiles, by hand, C++ kernel
+    held, keys = re.search(r"scores held at once: (\d+) of (\d+)", out).groups()
+    quoted(text, f"one query over {keys} keys in tiles of {held} holds {held} scores at a time and matches the "
+                 "untiled formula to rounding")
+    table = re.search(r"block table (\[[\d, ]+\]), block size", out).group(1)
+    walk = re.findall(r"tokens (\d+)-(\d+) in block (\d+)", out)
+    slot = num(r"slot mapping \[(\d+)\]", out)
+    h, hkv = re.search(r"model: (\d+) query heads, (\d+) KV heads", out).groups()
+    quoted(text, f"the block table `{table}` (tokens {walk[0][0]}–{walk[0][1]} in block {walk[0][2]}, "
+                 + ", ".join(f"{a}–{b} in block {blk}" for a, b, blk in walk[1:]) + f", the decoding token at slot {slot})",
+           f"{h} query heads over {hkv} KV heads", f"block table {table}")
+    gqa = num(r"it would be [\d,]+ \((\d+)x\)", out)
+    mla, mha, x = re.search(r"([\d,]+) B/token; the same heads as MHA would cache ([\d,]+) \((\d+)x\)", out).groups()
+    full, win = re.search(r"holds ([\d.]+) GiB with full attention, ([\d.]+) GiB within the window", out).groups()
+    need, total = re.search(r"= (\d+) blocks of 16 before it, not all (\d+)", out).groups()
+    quoted(text, f"multi-head attention ({gqa}×)", f"MLA ({mla} B per token against {mha}, {x}×)",
+           f"at {win} GiB instead of {full} GiB", f"needs {need} cached blocks of 16 for a prefix hit instead of {total}",
+           f"shrinks ~{x}×")
+
+
 CHECKS = {f"{int(name[2:]):02d}": fn for name, fn in dict(globals()).items() if re.fullmatch(r"ch\d\d", name)}

@@ -123,3 +123,21 @@ def test_lab_13_moves_only_what_the_intervals_separate_and_explains_ttft_from_it
     assert "the prefill times do: at 1024 tokens attention ran at" in f.explain(16, 1024, flops, timed, 40, (35, 45))
     assert "unexplained on this machine" in f.explain(16, 1024, flops, timed, 93, (85, 100))  # planted: neither fits
     assert f.ratio_range(lo, hi) == pytest.approx((380 / 52.5, 420 / 47.5))
+
+
+def test_lab_16_attention_checks_its_comparisons_against_a_stated_tolerance():
+    f = lab_functions("16_attention.py", "agreement", "online_softmax", "tiled_attention")
+    assert f.agreement("x and y", 3e-16, 8 * 2.2e-16).startswith("x and y: agree to rounding")
+    assert f.agreement("x and y", 1e-3, 1e-5).startswith("x and y: DISAGREE (max |difference| 1.0e-03 > 1e-05)")
+    import math
+
+    import torch
+    x = torch.tensor([1.0, 5.0, -2.0, 3.0, 9.0], dtype=torch.float64)
+    assert (f.online_softmax(x, tile=2) - torch.softmax(x, 0)).abs().max() < 1e-15
+    k = v = torch.eye(4, dtype=torch.float64)
+    out, held = f.tiled_attention(torch.ones(4, dtype=torch.float64), k, v, tile=2)
+    assert held == 2 and torch.allclose(out, torch.full((4,), 0.25, dtype=torch.float64))
+    planted = f.online_softmax(x.clone(), tile=2)
+    planted[0] += 1e-6  # an error the check must see
+    assert "DISAGREE" in f.agreement("p", (planted - torch.softmax(x, 0)).abs().max().item(), 8 * 2.2e-16)
+    assert math.isclose(float(out.sum()), 1.0)
