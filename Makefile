@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 QUICKSTART := experiments/configs/quickstart.toml
 
-.PHONY: setup demo test test-fast bench vllm sglang clean
+.PHONY: setup demo test test-fast bench soak vllm sglang clean
 
 # Installs use uv where it can be had (scripts/venv_install.sh: pip's index settings passed on,
 # pip as the fallback; INSTALLER=pip forces pip); setup also builds the reference engine's C++
@@ -49,6 +49,16 @@ test-fast: setup
 # time, client vs server histograms on inferlab serve and vLLM): docs/perf/<date>-bench.md.
 bench: setup vllm
 	bash scripts/bench.sh
+
+# A bounded soak of `inferlab serve` on the real model (scripts/soak.py; a benchmark, not a test): a short
+# SLO search over the soak's own traffic mix (or SOAK_RATE=req/s), then SOAK_MIN minutes of that mix with
+# prefix caching and n-gram speculation on; verdicts (no 5xx, KV blocks back, RSS slope, p99 drift, probes)
+# -> docs/perf/<date>-soak.md and .png; raw samples -> results/soak/<timestamp>/ (outside git).
+SOAK_MIN ?= 30
+SOAK_MODEL := models/smollm2-135m-instruct
+soak: setup
+	@[ -f $(SOAK_MODEL)/config.json ] || $(BIN)/inferlab make-model $(SOAK_MODEL) --preset smollm2-135m-instruct
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python scripts/soak.py --model $(SOAK_MODEL) --minutes $(SOAK_MIN) $(if $(SOAK_RATE),--rate $(SOAK_RATE))
 
 clean:
 	rm -rf $(VENV) .venv-vllm models .pytest_cache
