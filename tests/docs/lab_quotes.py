@@ -218,4 +218,30 @@ def ch16(run, text):
            f"shrinks ~{x}×")
 
 
+def ch17(run, text):
+    out = run("python docs/handbook/labs/17_quantize.py")
+    kinds = dict(re.findall(r"(Q4_1|Q8_0) [\d.]+ M weights in [\d.]+ MB \(([\d.]+) bits per weight\)", out))
+    q4 = num(r"Q4_1 ([\d.]+) M weights", out, float)
+    quoted(text, f"{q4} M weights in Q4_1 at {kinds['Q4_1']} bits per weight, the embedding in Q8_0 at {kinds['Q8_0']}",
+           f"**{kinds['Q4_1'][:1]} bits per weight**")
+    name = re.search(r"^(\S+) \(\d+, \d+\) Q4_1, first block", out, re.M).group(1)
+    assert "gguf.quants.dequantize of the same 20 bytes: bit-identical over 32 weights" in out
+    quoted(text, f"first block of `{name}` by hand", "bit-identical to `gguf.quants.dequantize` of the same 20 bytes")
+    # the timing verdicts: computed, or inconclusive; never quoted as numbers
+    assert re.search(r"^(fp32 \(the baseline\): [\d.]+ GB/s = \d+% of the copy bandwidth|inconclusive on this machine)",
+                     out, re.M)
+    errs = dict(part.rsplit(" ", 1) for part in
+                re.search(r"error in y \(relative, against fp64\): (.*)", out).group(1).split("; "))
+    kv_err = num(r"fp8 e4m3 KV cache \(one scale per tensor\): relative error ([\d.]+%)", out, str)
+    quoted(text, f"bf16 {errs['bf16 weights and activations']}, int8 with a scale per row "
+                 f"{errs['int8 weights, a scale per row']}, fp8 e4m3 with a scale per row "
+                 f"{errs['fp8 e4m3 weights, a scale per row']}, int4 with a scale and minimum per 32 (Q4_1-style) "
+                 f"{errs['int4 weights, scale and min per 32 (Q4_1-style)']}", f"over an fp8 KV cache, {kv_err}")
+    for fmt, gb, ms, tps in re.findall(r"H200, (bf16|fp8|int4)[^:]*: ([\d.]+) GB per step -> ([\d.]+) ms, at most (\d+)",
+                                       out):
+        quoted(text, f"{gb} GB, **{ms} ms**", f"{tps} tokens/s")
+    kv16, kv8, g16, g8 = re.search(r"bf16 ([\d,]+) B, fp8 ([\d,]+) B.*?need (\d+) GiB in bf16, (\d+) GiB in fp8", out).groups()
+    quoted(text, f"{kv16} B per token in bf16, {kv8} B in fp8", f"need {g16} GiB of KV in bf16, {g8} GiB in fp8")
+
+
 CHECKS = {f"{int(name[2:]):02d}": fn for name, fn in dict(globals()).items() if re.fullmatch(r"ch\d\d", name)}

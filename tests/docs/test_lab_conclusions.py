@@ -141,3 +141,21 @@ def test_lab_16_attention_checks_its_comparisons_against_a_stated_tolerance():
     planted[0] += 1e-6  # an error the check must see
     assert "DISAGREE" in f.agreement("p", (planted - torch.softmax(x, 0)).abs().max().item(), 8 * 2.2e-16)
     assert math.isclose(float(out.sum()), 1.0)
+
+
+def test_lab_17_quantize_reads_each_format_from_its_bytes_and_time():
+    f = lab_functions("17_quantize.py", "verdicts", "q4_1_block")
+    mib = 2**20
+    rows = {"fp32": (0.016, 0.03, 256 * mib), "bf16": (0.015, 0.02, 128 * mib), "int8": (0.0055, 0.01, 64 * mib)}
+    out = f.verdicts(rows, copy_gbs=24.0)
+    assert out[0].startswith("fp32 (the baseline): 16.8 GB/s = 70% of the copy bandwidth, near")
+    assert "bf16: 2x fewer bytes than fp32 and 1.07x its speed (no faster)" in out[1] and "at a fraction" in out[1]
+    assert "int8: 4x fewer bytes than fp32 and 2.91x its speed (faster)" in out[2]
+    slow = dict(rows, int8=(0.075, 0.01, 64 * mib))  # planted: the int8 product slower than fp32
+    assert "(slower)" in f.verdicts(slow, 24.0)[2] and "its kernel, not memory, sets the time" in f.verdicts(slow, 24.0)[2]
+    noisy = dict(rows, bf16=(0.015, 0.8, 128 * mib))  # planted: the median bf16 pass 80 % above its fastest
+    assert f.verdicts(noisy, 24.0)[0].startswith("inconclusive on this machine: the median bf16 pass")
+    import numpy as np
+    raw = np.float16(0.5).tobytes() + np.float16(-1.0).tobytes() + bytes([0x10] * 16)  # codes 0 (low) and 1 (high)
+    w = f.q4_1_block(raw)
+    assert w[:16].tolist() == [-1.0] * 16 and w[16:].tolist() == [-0.5] * 16

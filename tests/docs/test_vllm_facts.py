@@ -151,3 +151,28 @@ def test_every_vllm_path_the_handbook_names_exists():
     source("version.py")  # skips where vLLM is absent
     missing = sorted(p for p in named if not (VLLM / p).is_file())
     assert not missing, missing
+
+
+def test_attention_kernel_facts():
+    said("attention-kernel", "(`MLAAttentionSpec` in `vllm/v1/kv_cache_interface.py`, vLLM 0.32.0)",
+         "(`SlidingWindowManager.find_longest_cache_hit` in `vllm/v1/core/single_type_kv_cache_manager.py`, vLLM 0.32.0)",
+         "vLLM looks for ⌈(w − 1) / block size⌉ contiguous cached blocks, scanning from the right")
+    spec = segment("v1/kv_cache_interface.py", "MLAAttentionSpec")
+    assert "head_size_v: int = 0" in spec and "no separate V" in spec
+    blocks = segment("v1/core/single_type_kv_cache_manager.py", "SlidingWindowManager._contiguous_blocks_for_hit")
+    assert "cdiv(window_size - 1, block_size)" in blocks
+    hit = segment("v1/core/single_type_kv_cache_manager.py", "SlidingWindowManager.find_longest_cache_hit")
+    in_order(hit, "block_pool.null_block", "for i in range(max_num_blocks - 1, -1, -1):")
+
+
+def test_quantization_facts():
+    said("quantization", "vLLM lists `fp8` among its `QuantizationMethods`, with online shorthands such as "
+                         "`fp8_per_channel` and `int8_per_channel_weight_only`",
+         "(`--kv-cache-dtype fp8`, which is `fp8_e4m3`, or `fp8_e5m2`: `CacheConfig.cache_dtype` in `vllm/config/cache.py`)")
+    methods = re.search(r"^QuantizationMethods = Literal\[(.*?)^\]", source("model_executor/layers/quantization/__init__.py"),
+                        re.S | re.M).group(1)
+    assert all(f'"{m}"' in methods for m in ("fp8", "fp8_per_channel", "int8_per_channel_weight_only"))
+    cache = source("config/cache.py")
+    dtypes = re.search(r"^CacheDType = Literal\[(.*?)^\]", cache, re.S | re.M).group(1)
+    assert all(f'"{m}"' in dtypes for m in ("fp8", "fp8_e4m3", "fp8_e5m2"))
+    assert 'cache_dtype: CacheDType = "auto"' in cache and "supports fp8 (=fp8_e4m3) and fp8_e5m2" in cache
