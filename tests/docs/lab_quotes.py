@@ -244,4 +244,27 @@ def ch17(run, text):
     quoted(text, f"{kv16} B per token in bf16, {kv8} B in fp8", f"need {g16} GiB of KV in bf16, {g8} GiB in fp8")
 
 
+def ch18(run, text):
+    out = run("python docs/handbook/labs/18_parallel.py")
+    ranks = re.findall(r"rank (\d): query heads (\d+)-(\d+) \(\d+\), KV heads (\d+)-(\d+) \(\d+\), MLP columns (\d+)-(\d+)", out)
+    (_, q0, q1, k0, k1, i0, i1), (_, q2, q3, k2, k3, i2, i3) = ranks
+    quoted(text, f"rank 0 query heads {q0}-{q1} with KV heads {k0}-{k1}, rank 1 query heads {q2}-{q3} with KV head {k2}",
+           f"MLP columns {i0}-{i1} and {i2}-{i3}", f"heads {q0}-{q1}<br/>(KV heads {k0}-{k1})",
+           f"gate/up rows {i0}-{i1}", f"{int(q1) - int(q0) + 1} + {int(q3) - int(q2) + 1}",
+           f"{int(q1) - int(q0) + 1} heads against {int(q3) - int(q2) + 1}")
+    assert "(the same to fp32 rounding)" in out
+    calls, size = re.search(r"per step (\d+) all-reduces \(\d+ = 2 per layer\) of ([\d,]+) B", out).groups()
+    quoted(text, f"{calls} all-reduces of {size} B per step", "layer 0's MLP equals the sum of the two ranks' partial outputs")
+    # the verdict is computed from the measured numbers; its wording depends on them, never quoted as a number
+    assert re.search(r"^(the bytes explain the all-reduce time|measured \d+% against [\d.]+% estimated)", out, re.M)
+    for batch, nbytes, us, ms, read in re.findall(r"TP=8 over NVLink, batch (\d+): \d+ all-reduces of ([\d,]+) B per step, "
+                                                  r"bytes alone ([\d.]+) us each, ([\d.]+) ms per step, against ([\d.]+) ms", out):
+        quoted(text, f"{nbytes} B", f"{us} us", f"**{read} ms**" if batch == "1" else f"**{ms} ms**")
+    pp = num(r"PP=2: one send of ([\d,]+) B per token", out)
+    e, k, layers, per_layer, mb = re.search(r"EP=8: (\d+) routed experts, top-(\d+), (\d+) MoE layers.*?([\d,]+) B per MoE "
+                                            r"layer, ([\d.]+) MB per token", out).groups()
+    quoted(text, f"sends {pp:,} B per token once per step", f"({e} routed experts, top-{k}, {layers} MoE layers",
+           f"moves {per_layer} B per token per MoE layer, **{mb} MB per token**")
+
+
 CHECKS = {f"{int(name[2:]):02d}": fn for name, fn in dict(globals()).items() if re.fullmatch(r"ch\d\d", name)}

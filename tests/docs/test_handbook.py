@@ -15,7 +15,7 @@ from tests.docs.mermaid_check import check
 
 ORDER = ["tokenization", "prefill", "decode", "kv-cache", "sampling", "request-state", "scheduling",
          "continuous-batching", "paged-memory", "prefix-caching", "speculative-decoding", "serving-engine",
-         "measuring-inference", "gpu-and-roofline", "engines-compared", "attention-kernel", "quantization"]
+         "measuring-inference", "gpu-and-roofline", "engines-compared", "attention-kernel", "quantization", "parallelism"]
 
 
 def test_chapters_exist_in_course_order_and_the_index_lists_them():

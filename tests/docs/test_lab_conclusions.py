@@ -159,3 +159,14 @@ def test_lab_17_quantize_reads_each_format_from_its_bytes_and_time():
     raw = np.float16(0.5).tobytes() + np.float16(-1.0).tobytes() + bytes([0x10] * 16)  # codes 0 (low) and 1 (high)
     w = f.q4_1_block(raw)
     assert w[:16].tolist() == [-1.0] * 16 and w[16:].tolist() == [-0.5] * 16
+
+
+def test_lab_18_parallel_explains_the_all_reduce_share_from_its_numbers():
+    f = lab_functions("18_parallel.py", "explain", "ring_estimate")
+    assert f.ring_estimate(4608, 2, 20.0) == pytest.approx(4608 / 20e9)  # 2 (N - 1) / N = 1 at N = 2
+    assert f.ring_estimate(8192, 8, 450.0) == pytest.approx(1.75 * 8192 / 450e9)
+    waiting = f.explain(0.59, 0.0001, per_call=1086e-6, bare_call=337e-6)
+    assert waiting.startswith("measured 59% against 0.01% estimated") and "749 us of each call is rank 0 waiting" in waiting
+    latency = f.explain(0.59, 0.0001, per_call=400e-6, bare_call=337e-6)  # planted: the engine's call costs what a bare one does
+    assert "per-message latency (two processes meeting over loopback TCP) is most of it" in latency
+    assert f.explain(0.02, 0.015, per_call=1e-5, bare_call=1e-5) == "the bytes explain the all-reduce time"  # planted: big messages

@@ -176,3 +176,13 @@ def test_quantization_facts():
     dtypes = re.search(r"^CacheDType = Literal\[(.*?)^\]", cache, re.S | re.M).group(1)
     assert all(f'"{m}"' in dtypes for m in ("fp8", "fp8_e4m3", "fp8_e5m2"))
     assert 'cache_dtype: CacheDType = "auto"' in cache and "supports fp8 (=fp8_e4m3) and fp8_e5m2" in cache
+
+
+def test_tensor_parallel_facts():
+    said("parallelism", "it requires the attention heads to divide by the tensor-parallel size, and replicates KV heads "
+                        "when there are fewer of them than ranks: `ModelConfig.verify_with_parallel_config` and "
+                        "`ModelConfig.get_num_kv_heads` in `vllm/config/model.py`, vLLM 0.32.0")
+    assert "if total_num_attention_heads % tensor_parallel_size != 0:" in segment(
+        "config/model.py", "ModelConfig.verify_with_parallel_config")
+    assert "max(1, total_num_kv_heads // parallel_config.tensor_parallel_size)" in segment(
+        "config/model.py", "ModelConfig.get_num_kv_heads")
