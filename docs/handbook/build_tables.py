@@ -29,6 +29,7 @@ HANDBOOK = ROOT / "docs" / "handbook"
 H200 = "docs/perf/2026-11-30-gpu-check-h200.md"
 QUICK = "results/quickstart/report.md"
 COMPARE = "results/compare/report.md"
+SWEEP = "docs/perf/2026-12-04-handbook-13-sweep.md"  # written by labs/13_measure.py --full --out
 
 
 @dataclass
@@ -54,6 +55,7 @@ TABLES: dict[str, Table] = {
     "quickstart-agreement": Table(QUICK, section="Greedy-token agreement"),
     "compare-throughput": Table(COMPARE, section="Throughput", rows=r"output tokens/s|requests/s", optional=True),
     "compare-latency": Table(COMPARE, section="Latency", rows=r"(TTFT|TPOT|ITL) median", optional=True),
+    "measure-sweep": Table(SWEEP, section="Sweep"),
 }
 BEGIN = re.compile(r"<!-- table: ([\w-]+) -->\n(.*?)<!-- /table: \1 -->", re.S)
 
