@@ -38,23 +38,23 @@ def ch02(run, text):
     quoted(text, f"is {round(flops / 1e6)} MFLOPs of layer matmuls")
 
 
-def ch03(run, text):
-    out = run("python docs/handbook/labs/03_decode.py --steps 4")
+def ch04(run, text):
+    out = run("python docs/handbook/labs/04_decode.py --steps 4")
     intensity = num(r"= ([\d.]+) FLOP/byte", out, float)
     quoted(text, f"({intensity:.1f} in float32)")
     assert re.search(r"was faster at every step: recompute / decode = [\d.]+x median|inconclusive on this machine", out)
 
 
-def ch04(run, text):
-    out = run("python docs/handbook/labs/04_kv_cache.py")
+def ch06(run, text):
+    out = run("python docs/handbook/labs/06_kv_cache.py")
     table = re.search(r"block table (\[[\d, ]+\])", out).group(1)
     big, tiny = num(r"= ([\d,]+) B/token", out), num(r"x 4 B = ([\d,]+) B", out)
     quoted(text, f"the block table `{table}`", f"{big:,} bytes = 128 KiB per token", f"= {tiny:,} bytes per token")
     assert set(re.findall(r"block table (\[[\d, ]+\])", text)) == {table}, "the diagram's block table is not the lab's"
 
 
-def ch05(run, text):
-    out = run("python docs/handbook/labs/05_sample.py")
+def ch07(run, text):
+    out = run("python docs/handbook/labs/07_sample.py")
     p = re.search(r"softmax\(logits\)\s+the:([\d.]+) a:([\d.]+)", out).groups()
     t = re.search(r"temperature 0.5 \(sharper\)\s+the:([\d.]+) a:([\d.]+)", out).groups()
     top_p = re.search(r"top-p 0.8\s+(.*)", out).group(1)
@@ -69,8 +69,8 @@ def ch05(run, text):
     quoted(text, "Only temperature 0 is greedy", f"so T = 1e-6 samples at {raised:g}", 'argmax (T = 0)')
 
 
-def ch06(run, text):
-    out = run("python docs/handbook/labs/06_request_state.py")
+def ch08(run, text):
+    out = run("python docs/handbook/labs/08_request_state.py")
     r1 = re.search(r"r1: preempted with (\d+) tokens, re-admitted at step (\d+) with (\d+) of them .* it recomputes (\d+)", out)
     r2 = re.search(r"r2: preempted with (\d+) tokens, re-admitted at step \d+ with (\d+) of them", out)
     held, step, hit, redo = r1.groups()
@@ -78,16 +78,16 @@ def ch06(run, text):
            f"it recomputes {redo}", f"finds {r2.group(2)} of its {r2.group(1)}")
 
 
-def ch07(run, text):
-    out = run("python docs/handbook/labs/07_schedule.py")
+def ch09(run, text):
+    out = run("python docs/handbook/labs/09_schedule.py")
     chunks = [m for m in re.findall(r"long prefill (\d+)", out)]
     first_all_decode = next(int(m.group(1)) for m in re.finditer(r"step (\d+): .*", out)
                             if "prefill" not in m.group(0) and m.group(0).count("decode") == 3)
     quoted(text, "takes " + " + ".join(chunks), f"from step {first_all_decode} everyone decodes")
 
 
-def ch08(run, text):
-    out = run("python docs/handbook/labs/08_continuous_batching.py")
+def ch10(run, text):
+    out = run("python docs/handbook/labs/10_continuous_batching.py")
     c = re.search(r"continuous: (\d+) steps, seats busy (\d+)/(\d+) \((\d+)%\)", out).groups()
     s = re.search(r"static:\s+(\d+) steps, seats busy (\d+)/(\d+) \((\d+)%\)", out).groups()
     quoted(text, f"**{s[0]} steps** with {s[1]} of {s[2]} seat-steps busy ({s[3]}%)",
@@ -97,16 +97,16 @@ def ch08(run, text):
     quoted(text, f"continuous batching finished in {fewer} fewer steps")
 
 
-def ch09(run, text):
-    out = run("python docs/handbook/labs/09_paged_memory.py")
+def ch11(run, text):
+    out = run("python docs/handbook/labs/11_paged_memory.py")
     m = re.search(r"tokens stored (\d+), slots held (\d+) \((\d+)%.*would hold (\d+) slots for them \((\d+)%\)", out)
     stored, held, pct, reserved, rpct = m.groups()
     quoted(text, f"{stored} tokens of five requests occupy {held} slots ({pct}% used)",
            f"would hold {int(reserved):,} slots ({rpct}% used)", f"only {num(r'only (.) fit', out)} such")
 
 
-def ch10(run, text):
-    out = run("python docs/handbook/labs/10_prefix_cache.py")
+def ch12(run, text):
+    out = run("python docs/handbook/labs/12_prefix_cache.py")
     q, h, pct = re.search(r"total: (\d+) tokens looked up, (\d+) found cached \((\d+)%\)", out).groups()
     hit1 = num(r"admitted: \{.1.: (\d+)", out)
     quoted(text, f"**{q} tokens queried, {h} hit ({pct}%)**", f"`hit {hit1} tokens`")
@@ -119,8 +119,8 @@ def ch10(run, text):
                  f"turn 1's tokens exactly, and {hits} are found cached", f"the {int(same) - int(hits)} tokens of turn 1's")
 
 
-def ch11(run, text):
-    out = run("python docs/handbook/labs/11_speculative.py")
+def ch13(run, text):
+    out = run("python docs/handbook/labs/13_speculative.py")
     steps, n, drafts, acc = re.search(r"(\d+) steps for (\d+) tokens; drafts verified (\d+), accepted (\d+)", out).groups()
     quoted(text, f"{n} tokens take {steps} steps instead of {n}: {drafts} drafts verified, {acc} accepted")
     (q_steps, q_d, q_a, q_rate), (f_steps, f_d, f_a, _) = re.findall(
@@ -129,13 +129,13 @@ def ch11(run, text):
            f"24 tokens in {f_steps} steps with {f_a} of {f_d} drafts accepted")
 
 
-def ch12(run, text):
-    out = run("python docs/handbook/labs/12_serving.py")
+def ch14(run, text):
+    out = run("python docs/handbook/labs/14_serving.py")
     assert re.search(r"refused with HTTP 503: .*'Retry-After': '1'", out)
     quoted(text, "refuses the third with HTTP 503 and `Retry-After: 1`")
 
 
-def ch13(run, text):
+def ch15(run, text):
     # the worked number, computed by the harness's own functions
     from experiments.metrics import meets_slo, per_request
 
@@ -145,12 +145,12 @@ def ch13(run, text):
     quoted(text, f"**TTFT = {row['ttft_ms']:.0f} ms**", "the ITL values are " + ", ".join(f"{v:.0f}" for v in row["itl_ms"][:-1])
            + f" and {row['itl_ms'][-1]:.0f} ms", f"**E2EL = {row['e2el_ms']:.0f} ms**", f"= {row['tpot_ms']:.0f} ms**")
     assert meets_slo(row, {"ttft_ms": 500, "tpot_ms": 200}) and not meets_slo(row, {"ttft_ms": 80})
-    mem = run("python docs/handbook/labs/13_memory.py")
+    mem = run("python docs/handbook/labs/15_memory.py")
     w, kv, used = re.search(r"are (\d+)% and the KV pool (\d+)%; this workload used at most (\d+)% of the pool", mem).groups()
     quoted(text, f"the weights take {w} % of what is allocated, the pool {kv} %, and the workload uses at most "
                  f"{used} % of the pool")
     assert "every block is free again" in mem
-    out = run("python docs/handbook/labs/13_measure.py")
+    out = run("python docs/handbook/labs/15_measure.py")
     for var in ("prompt tokens", "output tokens", "concurrency"):  # one computed verdict per sweep
         assert re.search(rf"^{var} \d+ -> \d+: (moved \(intervals apart\)|nothing moved)", out, re.M), var
     assert re.search(r"^prompt tokens \d+ -> \d+: TTFT x[\d.]+ measured .*?: (the FLOPs explain the growth|the FLOPs do "
@@ -192,8 +192,8 @@ def ch13(run, text):
                  f"one user and {c4} at concurrency 4", f"from {load[0]} at the start to {load[1]} at the end")
 
 
-def ch14(run, text):
-    out = run("python docs/handbook/labs/14_roofline.py")
+def ch03(run, text):
+    out = run("python docs/handbook/labs/03_roofline.py")
     w_mib = num(r"float32 = (\d+) MiB", out)
     llc = re.search(r"last-level cache (\d+) MiB", out)
     assert not llc or w_mib >= 2 * int(llc.group(1))  # W is at least twice the detected last-level cache
@@ -205,7 +205,7 @@ def ch14(run, text):
     quoted(text, f"= **{best:.2f} ms per token at best, ~{rate} tokens/s**", f"one prefill step and {decodes} decode",
            f"~{step} ms is an upper bound on one decode step", f"**{floor} ms**", f"at least ~{share}%",
            f"up to ~{rest}% of it is something else", "it was never profiled")
-    prof = run("python docs/handbook/labs/14_profile.py")
+    prof = run("python docs/handbook/labs/03_profile.py")
     calls = num(r"(\d+) operator calls", prof)
     assert 100 <= calls < 1000, calls
     quoted(text, "several hundred operator calls")
@@ -214,8 +214,8 @@ def ch14(run, text):
     assert re.search(r"^  (overhead-bound|operators-bound|inconclusive on this machine)", prof, re.M)
 
 
-def ch15(run, text):
-    out = run("python docs/handbook/labs/15_engines.py")
+def ch18(run, text):
+    out = run("python docs/handbook/labs/18_engines.py")
     assert re.search(r"TPOT \(E2E - TTFT\) / \(tokens - 1\) = \([\d.]+ - [\d.]+\) / \d+ = [\d.]+ ms", out)
     quoted(text, "computes TTFT and TPOT from them exactly as the report does")
     # the prose that chooses engines quotes the measured tables above it: every decimal it cites is in them
@@ -225,8 +225,8 @@ def ch15(run, text):
     assert cited and all(c in tables for c in cited), [c for c in cited if c not in tables]
 
 
-def ch16(run, text):
-    out = run("python docs/handbook/labs/16_attention.py")
+def ch05(run, text):
+    out = run("python docs/handbook/labs/05_attention.py")
     verdicts = re.findall(r"^(.*?): (agree to rounding|DISAGREE) \(max \|difference\|", out, re.M)
     assert [v for _, v in verdicts] == ["agree to rounding"] * 4, verdicts  # softmax, tiles, by hand, C++ kernel
     held, keys = re.search(r"scores held at once: (\d+) of (\d+)", out).groups()
@@ -274,8 +274,8 @@ def ch17(run, text):
     quoted(text, f"{kv16} B per token in bf16, {kv8} B in fp8", f"need {g16} GiB of KV in bf16, {g8} GiB in fp8")
 
 
-def ch18(run, text):
-    out = run("python docs/handbook/labs/18_parallel.py")
+def ch16(run, text):
+    out = run("python docs/handbook/labs/16_parallel.py")
     ranks = re.findall(r"rank (\d): query heads (\d+)-(\d+) \(\d+\), KV heads (\d+)-(\d+) \(\d+\), MLP columns (\d+)-(\d+)", out)
     (_, q0, q1, k0, k1, i0, i1), (_, q2, q3, k2, k3, i2, i3) = ranks
     quoted(text, f"rank 0 query heads {q0}-{q1} with KV heads {k0}-{k1}, rank 1 query heads {q2}-{q3} with KV head {k2}",

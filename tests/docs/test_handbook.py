@@ -13,9 +13,9 @@ import pytest
 from tests.docs import handbook as hb
 from tests.docs.mermaid_check import check
 
-ORDER = ["tokenization", "prefill", "decode", "kv-cache", "sampling", "request-state", "scheduling",
-         "continuous-batching", "paged-memory", "prefix-caching", "speculative-decoding", "serving-engine",
-         "measuring-inference", "gpu-and-roofline", "engines-compared", "attention-kernel", "quantization", "parallelism"]
+ORDER = ["tokenization", "prefill", "gpu-and-roofline", "decode", "attention-kernel", "kv-cache", "sampling",
+         "request-state", "scheduling", "continuous-batching", "paged-memory", "prefix-caching", "speculative-decoding",
+         "serving-engine", "measuring-inference", "parallelism", "quantization", "engines-compared"]
 
 
 def test_chapters_exist_in_course_order_and_the_index_lists_them():
@@ -144,7 +144,7 @@ def test_runnable_command_runs(page, argv, workdir, monkeypatch, capsys):
 @pytest.mark.slow
 def test_a_lab_runs_as_a_script_from_the_repository(tiny_llama):
     """The labs are plain scripts: `python docs/handbook/labs/NN.py --model DIR` from the repo root."""
-    r = subprocess.run([sys.executable, "docs/handbook/labs/04_kv_cache.py", "--model", str(tiny_llama)],
+    r = subprocess.run([sys.executable, "docs/handbook/labs/06_kv_cache.py", "--model", str(tiny_llama)],
                        cwd=hb.REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "131,072 B/token" in r.stdout

@@ -37,15 +37,15 @@ def lab_functions(lab: str, *names: str) -> SimpleNamespace:
     return SimpleNamespace(**{n: ns[n] for n in names})
 
 
-def test_lab_08_compares_the_two_runs_step_counts():
-    f = lab_functions("08_continuous_batching.py", "compare")
+def test_lab_10_compares_the_two_runs_step_counts():
+    f = lab_functions("10_continuous_batching.py", "compare")
     assert f.compare(12, 21) == "continuous batching finished in 9 fewer steps than static batching"
     assert "the same number of steps" in f.compare(21, 21)  # planted: static no worse
     assert "took 2 more steps" in f.compare(23, 21)
 
 
-def test_lab_10_shares_only_what_the_hashes_share():
-    f = lab_functions("10_prefix_cache.py", "shared_blocks", "sharing", "contains")
+def test_lab_12_shares_only_what_the_hashes_share():
+    f = lab_functions("12_prefix_cache.py", "shared_blocks", "sharing", "contains")
     a, b = ["2a55", "c585"], ["2a55", "c585", "2d43"]
     assert f.sharing("a", a, "b", b, 4) == "a and b share their first 2 blocks (8 tokens)"
     assert f.sharing("a", a, "b", ["2a55", "ffff", "2d43"], 4) == "a and b share their first 1 block (4 tokens)"
@@ -54,12 +54,12 @@ def test_lab_10_shares_only_what_the_hashes_share():
 
 
 def rows_of(times: list[float], spread: float = 0.05, k: int = 8192) -> list[tuple]:
-    """Rows as 14_roofline.py makes them: (batch, fastest s, spread, flops, bytes) for batch 1..128."""
+    """Rows as 03_roofline.py makes them: (batch, fastest s, spread, flops, bytes) for batch 1..128."""
     return [(b, t, spread, 2 * b * k * k, 4 * (k * k + 2 * b * k)) for b, t in zip((1, 2, 4, 8, 16, 32, 64, 128), times)]
 
 
-def test_lab_14_roofline_reads_its_doublings_and_ridges():
-    f = lab_functions("14_roofline.py", "conclude", "ridges", "h200_reading")
+def test_lab_03_roofline_reads_its_doublings_and_ridges():
+    f = lab_functions("03_roofline.py", "conclude", "ridges", "h200_reading")
     memory_then_compute = rows_of([10, 10.5, 11, 11.5, 12, 13, 26, 52])
     out = "\n".join(f.conclude(memory_then_compute))
     assert "memory-bound): up to batch 32; >= 1.7x (compute-bound): 64, 128" in out and "outlier" not in out
@@ -81,8 +81,8 @@ def test_lab_14_roofline_reads_its_doublings_and_ridges():
     assert "the inputs disagree" in f.h200_reading(0.01, 128, 64, 705e6, 4.8e12)
 
 
-def test_lab_14_profile_splits_the_step_from_the_profile():
-    f = lab_functions("14_profile.py", "verdict", "phases")
+def test_lab_03_profile_splits_the_step_from_the_profile():
+    f = lab_functions("03_profile.py", "verdict", "phases")
     assert f.verdict(5e-3, 5e-3, 1.2e-3) == "overhead-bound: 76% of the step is spent outside the operators"
     assert f.verdict(5e-3, 5e-3, 4e-3) == "operators-bound: 80% of the step is spent inside the operators"
     assert f.verdict(10e-3, 5e-3, 1.2e-3).startswith("inconclusive on this machine")  # planted: waited for a core
@@ -99,8 +99,8 @@ def test_lab_14_profile_splits_the_step_from_the_profile():
     assert got["(no phase)"] == pytest.approx([0.0, 50e-6])
 
 
-def test_lab_13_moves_only_what_the_intervals_separate_and_explains_ttft_from_its_numbers():
-    f = lab_functions("13_measure.py", "verdict", "ratio_range", "explain", "prefill_flops")
+def test_lab_15_moves_only_what_the_intervals_separate_and_explains_ttft_from_its_numbers():
+    f = lab_functions("15_measure.py", "verdict", "ratio_range", "explain", "prefill_flops")
 
     def row(ttft, tpot, e2el, ci=0.05):
         med = {"ttft_ms": ttft, "tpot_ms": tpot, "e2el_ms": e2el}
@@ -114,7 +114,7 @@ def test_lab_13_moves_only_what_the_intervals_separate_and_explains_ttft_from_it
     mc = SimpleNamespace(head_dim=64, hidden_size=576, num_heads=9, num_kv_heads=3, intermediate_size=1536,
                          num_layers=30, vocab_size=49152)
     mm, at = f.prefill_flops(mc, 1024)
-    assert at / mm == pytest.approx(0.167, abs=0.001)  # chapter 13: attention at 1,024 tokens, +17 % over the matmuls
+    assert at / mm == pytest.approx(0.167, abs=0.001)  # chapter 15: attention at 1,024 tokens, +17 % over the matmuls
     flops = {n: f.prefill_flops(mc, n) for n in (16, 1024)}
     by_flops = sum(flops[1024]) / sum(flops[16])
     timed = {16: (0.05, 0.002, 0.06), 1024: (2.0, 0.5, 2.4)}  # ratios 33-48 from the prefill times
@@ -125,8 +125,8 @@ def test_lab_13_moves_only_what_the_intervals_separate_and_explains_ttft_from_it
     assert f.ratio_range(lo, hi) == pytest.approx((380 / 52.5, 420 / 47.5))
 
 
-def test_lab_16_attention_checks_its_comparisons_against_a_stated_tolerance():
-    f = lab_functions("16_attention.py", "agreement", "online_softmax", "tiled_attention")
+def test_lab_05_attention_checks_its_comparisons_against_a_stated_tolerance():
+    f = lab_functions("05_attention.py", "agreement", "online_softmax", "tiled_attention")
     assert f.agreement("x and y", 3e-16, 8 * 2.2e-16).startswith("x and y: agree to rounding")
     assert f.agreement("x and y", 1e-3, 1e-5).startswith("x and y: DISAGREE (max |difference| 1.0e-03 > 1e-05)")
     import math
@@ -161,8 +161,8 @@ def test_lab_17_quantize_reads_each_format_from_its_bytes_and_time():
     assert w[:16].tolist() == [-1.0] * 16 and w[16:].tolist() == [-0.5] * 16
 
 
-def test_lab_18_parallel_explains_the_all_reduce_share_from_its_numbers():
-    f = lab_functions("18_parallel.py", "explain", "ring_estimate")
+def test_lab_16_parallel_explains_the_all_reduce_share_from_its_numbers():
+    f = lab_functions("16_parallel.py", "explain", "ring_estimate")
     assert f.ring_estimate(4608, 2, 20.0) == pytest.approx(4608 / 20e9)  # 2 (N - 1) / N = 1 at N = 2
     assert f.ring_estimate(8192, 8, 450.0) == pytest.approx(1.75 * 8192 / 450e9)
     waiting = f.explain(0.59, 0.0001, per_call=1086e-6, bare_call=337e-6)

@@ -158,7 +158,7 @@ def test_inferlab_trace_command_line(tiny_llama, tmp_path):
 
 
 def test_numbers_the_handbook_quotes_from_traces_are_current(tiny_llama, capsys, monkeypatch):
-    """Chapters 10 and 11 quote these traces' counters; a change of model or tokenizer must update them."""
+    """Chapters 12 and 13 quote these traces' counters; a change of model or tokenizer must update them."""
     from tests.docs.handbook import HANDBOOK
 
     def text(name):
@@ -166,12 +166,12 @@ def test_numbers_the_handbook_quotes_from_traces_are_current(tiny_llama, capsys,
 
     d = doc(capsys, monkeypatch, "--model", str(tiny_llama), "--requests", "3")
     q, h = d["summary"]["prefix_cache_queries"], d["summary"]["prefix_cache_hits"]
-    assert f"{q} tokens queried, {h} hit ({h / q:.0%})" in text("10-prefix-caching.md")
+    assert f"{q} tokens queried, {h} hit ({h / q:.0%})" in text("12-prefix-caching.md")
     d = doc(capsys, monkeypatch, SPEC_PROMPT, "--model", str(tiny_llama), "--speculative", "ngram", "--max-tokens", "24")
     sm = d["summary"]
     quoted = (f"24 tokens take {sm['steps']} steps instead of 24: {sm['spec_draft_tokens']} drafts verified, "
               f"{sm['spec_accepted_tokens']} accepted")
-    assert quoted in text("11-speculative-decoding.md")
+    assert quoted in text("13-speculative-decoding.md")
 
 
 def test_every_request_has_a_state_each_step_with_counts_width_and_memory(tiny_llama, capsys, monkeypatch):
