@@ -170,3 +170,11 @@ def test_lab_16_parallel_explains_the_all_reduce_share_from_its_numbers():
     latency = f.explain(0.59, 0.0001, per_call=400e-6, bare_call=337e-6)  # planted: the engine's call costs what a bare one does
     assert "per-message latency (two processes meeting over loopback TCP) is most of it" in latency
     assert f.explain(0.02, 0.015, per_call=1e-5, bare_call=1e-5) == "the bytes explain the all-reduce time"  # planted: big messages
+
+
+def test_lab_04_decode_reads_its_timing_ratios():
+    f = lab_functions("04_decode.py", "verdict")
+    assert f.verdict([2.0, 2.5, 3.0, 2.2], 24).startswith("decode with the cache was faster at every step: "
+                                                           "recompute / decode = 2.35x median")
+    assert "inconclusive on this machine" in f.verdict([2.0, 0.9, 3.0, 2.2], 24)  # planted: one step the other way
+    assert f.verdict([0.5, 0.6, 0.7], 24).startswith("the full recompute was faster")

@@ -61,14 +61,18 @@ for step in range(args.steps):
     seq.append(tok)
 
 # The conclusion from the timings: the median ratio, against the spread of the ratios (the noise).
-mid, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
-if lo <= 1 <= hi or len(ratios) < 3:
-    print(f"recompute / decode time ratio {mid:.2f} (range {lo:.2f}-{hi:.2f} over {len(ratios)} steps): "
-          f"inconclusive on this machine at this context length; the tokens agree at every step")
-else:
+def verdict(ratios: list[float], context: int) -> str:
+    """recompute / decode time per step -> the lab's reading; inconclusive when the ratios straddle 1."""
+    mid, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+    if lo <= 1 <= hi or len(ratios) < 3:
+        return (f"recompute / decode time ratio {mid:.2f} (range {lo:.2f}-{hi:.2f} over {len(ratios)} steps): "
+                f"inconclusive on this machine at this context length; the tokens agree at every step")
     faster = "decode with the cache" if mid > 1 else "the full recompute"
-    print(f"{faster} was faster at every step: recompute / decode = {mid:.2f}x median "
-          f"(range {lo:.2f}-{hi:.2f}) at a context of ~{len(seq)} tokens; the tokens agree at every step")
+    return (f"{faster} was faster at every step: recompute / decode = {mid:.2f}x median "
+            f"(range {lo:.2f}-{hi:.2f}) at a context of ~{context} tokens; the tokens agree at every step")
+
+
+print(verdict(ratios, len(seq)))
 
 # Why a decode step leaves a GPU idle: per step every weight is read once for ONE token.
 params = sum(p.numel() for n, p in model.named_parameters() if "layers" in n)
