@@ -1,6 +1,7 @@
 """`inferlab serve --tensor-parallel-size 2`: it serves, reports its TP size, and when a rank is killed
-the request in flight fails naming the rank, then /health and new requests answer 503; SIGTERM then
-stops the server with no rank left behind."""
+the request in flight fails naming the rank, then /health and new requests answer 503 (with
+--keep-alive-on-engine-death; by default the server then exits 1, as for any dead engine core:
+test_engine_process_serve.py); SIGTERM then stops the server with no rank left behind."""
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ def workers(pid: int) -> list[psutil.Process]:
 
 
 def test_killed_rank_turns_the_server_503(launch):
-    s = launch("--tensor-parallel-size", "2")
+    s = launch("--tensor-parallel-size", "2", "--keep-alive-on-engine-death")
     r = httpx.post(s.url + "/v1/completions", json=BODY, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     family = psutil.Process(s.proc.pid).children(recursive=True)  # the engine core and rank 1
