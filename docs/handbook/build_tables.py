@@ -29,7 +29,7 @@ HANDBOOK = ROOT / "docs" / "handbook"
 H200 = "docs/perf/2026-11-30-gpu-check-h200.md"
 QUICK = "results/quickstart/report.md"
 COMPARE = "results/compare/report.md"
-SWEEP = "docs/perf/2026-12-04-handbook-13-sweep.md"  # written by labs/15_measure.py --full --out
+SWEEP = "docs/perf/2026-12-04-handbook-measure-sweep.md"  # written by labs/15_measure.py --full --out
 
 
 @dataclass
