@@ -19,6 +19,7 @@ import gc
 import os
 import pickle
 import signal
+import struct
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -162,3 +163,40 @@ def _reply(core: LLMEngine, call: Call) -> Any:
         return getattr(core, call.name)(*call.args)
     except Exception as e:
         return portable(e)
+
+
+class Frames:
+    """Whole messages from the core's end of the pipe, read without ever blocking the event loop.
+    `Connection.recv` waits for the rest of a message once its first bytes arrived, so a core stopped
+    (SIGSTOP, a debugger) or stuck in the middle of a send would freeze every stream and /health with
+    it. This reads what is there and unpickles the complete frames, in multiprocessing's framing
+    (`Connection._send_bytes`: a 4-byte big-endian length, or -1 and an 8-byte one, then the pickle)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, bytearray()
+        os.set_blocking(fd, False)
+
+    def read(self) -> tuple[list, bool]:
+        """(the complete messages now, whether the core's end is closed)"""
+        ended = False
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                ended = True
+                break
+            self.buf += chunk
+        out = []
+        while len(self.buf) >= 4:
+            (n,), head = struct.unpack("!i", self.buf[:4]), 4
+            if n == -1:
+                if len(self.buf) < 12:
+                    break
+                (n,), head = struct.unpack("!Q", self.buf[4:12]), 12
+            if len(self.buf) < head + n:
+                break
+            out.append(pickle.loads(self.buf[head:head + n]))
+            del self.buf[:head + n]
+        return out, ended

@@ -56,7 +56,7 @@ import reference_engine
 from reference_engine.async_engine import AbortRequest, AddRequest, AsyncEngine, StartAborted
 from reference_engine.config import EngineConfig
 from reference_engine.engine import EngineStats, LLMEngine
-from reference_engine.engine_core import BURST_GAP_S, WAVE_MAX_S, Call, TurnOutput, core_main
+from reference_engine.engine_core import BURST_GAP_S, WAVE_MAX_S, Call, Frames, TurnOutput, core_main
 from reference_engine.outputs import TokenDelta
 
 READY_TIMEOUT_S = float(os.environ.get("INFERLAB_ENGINE_READY_TIMEOUT_S", 600))
@@ -161,6 +161,7 @@ class ProcessAsyncEngine(AsyncEngine):
         self.core = CoreFacts(facts, method)
         self.config = facts.cfg
         self._aloop = loop
+        self._frames = Frames(self._r.fileno())
         self._aloop.add_reader(self._r.fileno(), self._on_readable)
         self._sender = threading.Thread(target=self._send_loop, name="inferlab-engine-send", daemon=True)
         self._sender.start()
@@ -288,9 +289,12 @@ class ProcessAsyncEngine(AsyncEngine):
 
     def _on_readable(self) -> None:
         try:
-            while self._r.poll():
-                self._handle(self._r.recv())
-        except (EOFError, OSError):
+            messages, ended = self._frames.read()
+        except OSError:
+            messages, ended = [], True
+        for out in messages:
+            self._handle(out)
+        if ended:
             self._died(f"exit code {self._proc.exitcode if self._proc else None}")
 
     def _handle(self, out: TurnOutput) -> None:

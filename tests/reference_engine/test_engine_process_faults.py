@@ -151,3 +151,29 @@ def test_a_torch_op_before_the_engine_is_imported_makes_it_spawn(tiny_llama):
     p = run_child(OP_BEFORE_IMPORT, tiny_llama)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split()[-2:] == ["spawn", "4"]
+
+
+@pytest.mark.parametrize("size", [100, 60_000])  # one write, and header + body written apart
+def test_half_a_message_never_blocks_the_reader(size):
+    """A core stopped in the middle of a send leaves half a frame in the pipe: the front end's reader
+    returns what is whole (nothing yet) instead of waiting on the event loop for the rest, as
+    `Connection.recv` did (the server hung with its core stopped mid-send: scripts/serve_faults.py)."""
+    import pickle
+    import struct
+
+    from reference_engine.engine_core import Frames
+
+    r, w = multiprocessing.Pipe(duplex=False)
+    body = pickle.dumps({"deltas": "x" * size})
+    frame = struct.pack("!i", len(body)) + body
+    frames = Frames(r.fileno())
+    os.write(w.fileno(), frame[:3])
+    assert frames.read() == ([], False)
+    os.write(w.fileno(), frame[3:len(frame) // 2])
+    assert frames.read() == ([], False)
+    os.write(w.fileno(), frame[len(frame) // 2:])
+    assert frames.read() == ([{"deltas": "x" * size}], False)
+    w.send({"next": 1})  # framed by Connection.send itself
+    assert frames.read() == ([{"next": 1}], False)
+    w.close()
+    assert frames.read() == ([], True)
