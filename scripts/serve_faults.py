@@ -58,11 +58,12 @@ def core(proc) -> psutil.Process:
 
 
 def streaming(url: str):
-    """A stream that has produced its first token (kept open by the caller)."""
+    """A stream that has produced its first token: (the context, its line iterator), both kept by the
+    caller (a dropped iterator closes the response, and the drain would have nothing to wait for)."""
     cm = httpx.stream("POST", url + "/v1/completions", json=STREAM, timeout=120)
     lines = cm.__enter__().iter_lines()
     next(line for line in lines if line.startswith("data: {"))
-    return cm
+    return cm, lines
 
 
 def timed_exit(proc, act) -> tuple[float, int]:
@@ -74,7 +75,7 @@ def timed_exit(proc, act) -> tuple[float, int]:
 
 def case_kill(model):
     proc, url = serve(model)
-    cm = streaming(url)
+    cm, lines = streaming(url)
     out = timed_exit(proc, core(proc).kill)
     cm.__exit__(None, None, None)
     return out
@@ -82,7 +83,7 @@ def case_kill(model):
 
 def case_watchdog(model):
     proc, url = serve(model, "--engine-step-timeout", "2")
-    cm = streaming(url)
+    cm, lines = streaming(url)
     out = timed_exit(proc, core(proc).suspend)
     cm.__exit__(None, None, None)
     return out
@@ -100,7 +101,7 @@ def case_load(model, sig):
 
 def case_drain(model):
     proc, url = serve(model, "--shutdown-timeout", "600")
-    cm = streaming(url)
+    cm, lines = streaming(url)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     out = timed_exit(proc, lambda: proc.send_signal(signal.SIGTERM))
