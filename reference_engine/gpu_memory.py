@@ -117,6 +117,19 @@ class Snapshot:
     reserved: int  # torch's caching allocator
 
 
+def expandable_segments() -> bool:
+    """Let torch's CUDA allocator grow its segments in place (`expandable_segments:True`), unless the
+    user configured the allocator (PYTORCH_CUDA_ALLOC_CONF). The KV budget subtracts the peaks torch
+    *allocated*; with fixed segments the memory it *reserved* around them (blocks split for one
+    shape and left unusable for the next) comes on top: on the H200 at gpu_memory_utilization=0.5,
+    Qwen3-0.6B's peak reserved memory overshot the share by 0.47-0.69 GiB with fixed segments and stayed
+    0.31 GiB under it with expandable ones (docs/perf/2026-12-04-gpu-check-h200.md). True if set here."""
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        return False
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")  # also what vLLM's sleep mode toggles
+    return True
+
+
 class DeviceMemory:
     """`torch.cuda` and NVML readings for one device. Off CUDA every reading is None / empty."""
 
@@ -124,6 +137,7 @@ class DeviceMemory:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self._nvml = None  # (pynvml module, handle), found on first use
+        self.expandable = self.cuda and expandable_segments()  # before the engine's first allocation
 
     def snapshot(self) -> Snapshot | None:
         if not self.cuda:
