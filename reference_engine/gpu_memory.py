@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 import platform
 from dataclasses import dataclass
 
@@ -126,7 +127,9 @@ def expandable_segments() -> bool:
     0.31 GiB under it with expandable ones (docs/perf/2026-12-04-gpu-check-h200.md). True if set here."""
     if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
         return False
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")  # also what vLLM's sleep mode toggles
+    with warnings.catch_warnings():  # torch 2.13 names a newer private setter; this one is the one run on the H200
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")  # also what vLLM's sleep mode toggles
     return True
 
 
