@@ -22,25 +22,26 @@ from prometheus_client.parser import text_string_to_metric_families
 from experiments import metrics
 from experiments.soak.mix import INTERACTIVE
 
-FIELDS = ("t_s", "rss_mib", "kv_blocks_used", "kv_blocks_total", "running", "waiting", "finished",
+FIELDS = ("t_s", "rss_mib", "rss_front_mib", "rss_children_mib", "kv_blocks_used", "kv_blocks_total", "running", "waiting", "finished",
           "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "server_errors", "prefix_hit_rate",
           "spec_accept_rate")
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants (0 for processes gone meanwhile)."""
+def tree_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of `pid`, and of all its descendants (the engine core), apart: a step in the
+    tree's RSS is then placed in the front end or the core (0 for processes gone meanwhile)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return 0, 0
+    sizes = []
     for p in procs:
         try:
-            total += p.memory_info().rss
+            sizes.append(p.memory_info().rss)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
+            sizes.append(0)
+    return sizes[0], sum(sizes[1:])
 
 
 def parse_metrics(text: str) -> dict:
@@ -110,8 +111,10 @@ class Sampler:
 
     async def sample(self) -> dict:
         new, self.seen = self.records[self.seen:], len(self.records)
+        front, children = tree_rss(self.pid)
         row = {"t_s": round((time.perf_counter_ns() - self.t0_ns) / 1e9, 2),
-               "rss_mib": round(tree_rss(self.pid) / 2**20, 2)}
+               "rss_mib": round((front + children) / 2**20, 2), "rss_front_mib": round(front / 2**20, 2),
+               "rss_children_mib": round(children / 2**20, 2)}
         try:
             row |= await scrape(self.http, self.base)
         except (aiohttp.ClientError, asyncio.TimeoutError):  # no answer: the row says so with empty gauges
