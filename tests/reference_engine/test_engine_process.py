@@ -119,14 +119,10 @@ def test_an_idle_core_waits_for_as_many_requests_as_just_finished(monkeypatch):
     assert [m.request_id for m in r.recv()] == ["r1"]
 
 
-CHILD = """
-import asyncio, os, sys
-import reference_engine, torch  # torch through the package: its threads after the import are counted
+# A child script's last part: start a ProcessAsyncEngine on argv[1] and count 4 greedy tokens (main()).
+GENERATE = """
 from reference_engine import EngineConfig, SamplingParams
 from reference_engine.engine_process import ProcessAsyncEngine, start_method
-before = start_method()
-torch.ones(512, 512) @ torch.ones(512, 512)  # two threads: OpenMP's pool now exists in this process
-after = start_method()
 async def main():
     engine = await ProcessAsyncEngine(EngineConfig(sys.argv[1], kv_cache_tokens=256, num_threads=2)).start()
     try:
@@ -134,6 +130,14 @@ async def main():
         return sum([len(d.new_token_ids) async for d in engine.generate([5, 6, 7], params)])
     finally:
         await engine.shutdown()
+"""
+CHILD = """
+import asyncio, os, sys
+import reference_engine, torch  # torch through the package: its threads after the import are counted
+""" + GENERATE + """
+before = start_method()
+torch.ones(512, 512) @ torch.ones(512, 512)  # two threads: OpenMP's pool now exists in this process
+after = start_method()
 print(before, after, asyncio.run(main()))
 """
 

@@ -20,6 +20,7 @@ import pytest
 from reference_engine import EngineConfig, SamplingParams
 from reference_engine.async_engine import StartAborted
 from reference_engine.engine_process import ProcessAsyncEngine
+from tests.reference_engine.test_engine_process import GENERATE
 
 REPO = Path(__file__).resolve().parents[2]
 LONG = SamplingParams(max_tokens=100_000 // 100, temperature=0.0, ignore_eos=True)
@@ -118,15 +119,7 @@ asyncio.run(main())
 OP_BEFORE_IMPORT = """
 import asyncio, sys, torch
 torch.ones(512, 512) @ torch.ones(512, 512)  # two threads: OpenMP's pool exists before the engine's import
-from reference_engine import EngineConfig, SamplingParams
-from reference_engine.engine_process import ProcessAsyncEngine, start_method
-async def main():
-    engine = await ProcessAsyncEngine(EngineConfig(sys.argv[1], kv_cache_tokens=256, num_threads=2)).start()
-    try:
-        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
-        return sum([len(d.new_token_ids) async for d in engine.generate([5, 6, 7], params)])
-    finally:
-        await engine.shutdown()
+""" + GENERATE + """
 print(start_method(), asyncio.run(main()))
 """
 
