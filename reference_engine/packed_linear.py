@@ -216,6 +216,19 @@ def packed_bytes(model: nn.Module) -> int:
     return sum(m.packed_bytes() for m in model.modules() if isinstance(m, PackedLinear))
 
 
+def layout_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of each weight layout held beside the parameters, by name ("onednn": oneDNN's packed
+    copies, "panels": the C++ GEMM's 32-column panels); a layout the model does not hold is absent.
+    The memory split shows each as its own column; their sum is `packed_bytes`."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            out["onednn"] = out.get("onednn", 0) + m.packed.numel() * m.packed.element_size()
+            if m.panels is not None:
+                out["panels"] = out.get("panels", 0) + m.panels.numel() * m.panels.element_size()
+    return out
+
+
 def compute_dtype(model: nn.Module) -> str:
     """The dtype the packed GEMMs multiply in ("float32" for bf16 weights on a CPU without bf16)."""
     kinds = {str(m.compute_dtype).removeprefix("torch.") for m in model.modules() if isinstance(m, PackedLinear)}
