@@ -10,13 +10,15 @@ import sys
 
 # name -> ("module:function", one-line help). The function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "make-model": ("reference_engine.make_model:main", "write a random-weight HF-format model + tokenizer"),
+    "make-model": ("reference_engine.model.make:main", "write a random-weight HF-format model + tokenizer"),
     "serve": ("reference_engine.server.cli:main", "serve the reference engine over OpenAI + TGI HTTP routes"),
     "run": ("experiments.commands:run_main", "run an experiment config and write results/<name>/report.md"),
     "report": ("experiments.commands:report_main", "rebuild or merge reports from run folders"),
     "check-observer": ("experiments.check_observer:main", "run one level with the harness and with a bare client, "
                                                          "beside the engine's own view: does the harness disturb it?"),
-    "trace": ("reference_engine.trace:main", "run the reference engine step by step and show each step's state"),
+    "simulate": ("experiments.simulate.cli:main", "predict a run in simulated time (the real scheduler, a fitted "
+                                                  "step-time model); --calibrate; --capacity planning"),
+    "trace": ("reference_engine.engine.trace:main", "run the reference engine step by step and show each step's state"),
     "list-engines": ("experiments.commands:list_engines_main", "list the registered engine adapters"),
 }
 

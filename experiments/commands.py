@@ -37,8 +37,8 @@ def ensure_model(cfg) -> None:
     mm = cfg.make_model
     if mm is None:
         return
-    from reference_engine.gguf_model import REAL_PRESETS, make_real_model
-    from reference_engine.make_model import make_model, truncate
+    from reference_engine.model.gguf import REAL_PRESETS, make_real_model
+    from reference_engine.model.make import make_model, truncate
 
     if mm.preset in REAL_PRESETS and not Path(cfg.model).is_dir():  # a real model (cached conversion)
         print(f"inferlab: making model {cfg.model} ({mm.preset}, {cfg.dtype})", file=sys.stderr)

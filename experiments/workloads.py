@@ -154,7 +154,7 @@ def real_text_items(model_dir: str | Path, tok: Tokenizer, w: Workload) -> list[
             "code": lambda: realtext.code(rng, w, tok)}[w.kind]()
     render = None
     if w.template != "none":
-        from reference_engine.tokenizer import Tokenizer as ChatTokenizer  # the template code `inferlab serve` runs
+        from reference_engine.tokenizer.tokenizer import Tokenizer as ChatTokenizer  # the template code `inferlab serve` runs
 
         chat_tok = ChatTokenizer(model_dir)
         if not chat_tok.chat_template:

@@ -32,12 +32,12 @@ __all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", 
 def __getattr__(name: str):
     # Lazy: importing the package does not load the engine, model or server modules.
     if name in ("LLM", "LLMEngine", "kernel_problems"):
-        from reference_engine import engine
+        from reference_engine.engine import llm_engine as engine
         return getattr(engine, name)
     if name == "AsyncEngine":
-        from reference_engine.async_engine import AsyncEngine
+        from reference_engine.engine.async_engine import AsyncEngine
         return AsyncEngine
     if name == "Tokenizer":
-        from reference_engine.tokenizer import Tokenizer
+        from reference_engine.tokenizer.tokenizer import Tokenizer
         return Tokenizer
     raise AttributeError(name)

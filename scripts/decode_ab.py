@@ -23,7 +23,7 @@ import time
 import torch
 
 from reference_engine.kernels import cpp_gemv
-from reference_engine.packed_linear import PackedLinear
+from reference_engine.model.packed_linear import PackedLinear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 

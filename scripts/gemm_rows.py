@@ -7,7 +7,7 @@ LM head) with distinct weights, so nothing stays in cache; 2 threads, best of 3 
 import sys, time
 import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from reference_engine.packed_linear import PackedLinear
+from reference_engine.model.packed_linear import PackedLinear
 torch.set_num_threads(2)
 shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 pls = [PackedLinear(torch.nn.Linear(k, n, bias=False), large="onednn") for n, k in shapes]

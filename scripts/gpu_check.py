@@ -32,7 +32,7 @@ import torch
 import gpu_check_common as common
 from gpu_check_common import Report, count_replays, free_memory, hf_from_pretrained, prompts_for
 from reference_engine import LLM, SamplingParams
-from reference_engine.make_model import make_model
+from reference_engine.model.make import make_model
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
 SECTIONS = ["kernels", "correctness", "bf16", "shapes"]  # bf16 before the long shapes: a timeout cuts shapes

@@ -43,7 +43,7 @@ async def main() -> int:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
     args = ap.parse_args()
-    from reference_engine.make_model import make_model
+    from reference_engine.model.make import make_model
 
     model = Path(tempfile.mkdtemp(prefix="inferlab-gpu-")) / "tiny-llama"
     make_model(model, preset="tiny", family="llama", seed=0)

@@ -25,7 +25,7 @@ import gpu_check_common as common
 from gpu_check_common import Report, free_memory, hf_from_pretrained, hf_generate_tok_s, prompts_for, timed
 from reference_engine import LLM, SamplingParams, attention
 from reference_engine.attention import CUDA_SDPA
-from reference_engine.make_model import make_model
+from reference_engine.model.make import make_model
 
 
 def default_sdpa() -> list[SDPBackend]:

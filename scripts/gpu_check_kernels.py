@@ -19,7 +19,7 @@ import torch
 import gpu_check_common as common
 from gpu_check_common import Report
 from reference_engine.attention import TorchBackend
-from reference_engine.input_batch import StepInputs, make_batch
+from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.attention.triton_backend import TritonBackend
 
 TOL = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 4e-3}

@@ -20,8 +20,8 @@ import gpu_check_common as common
 from gpu_check_common import (Report, count_replays, free_memory, gib, hf_from_config, hf_generate_tok_s, median,
                               prompts_for, timed)
 from reference_engine import LLM, SamplingParams
-from reference_engine.cuda_graphs import no_graphs
-from reference_engine.make_tokenizer import write_tokenizer
+from reference_engine.worker.cuda_graphs import no_graphs
+from reference_engine.tokenizer.make import write_tokenizer
 
 SHAPES = {  # the published config.json values that shape the compute
     "Qwen3-0.6B": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=1024,

@@ -40,7 +40,7 @@ bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" -e '.[test]'
 echo "$VENV: installed in $((SECONDS - start)) s"
 "$VENV/bin/python" - <<'PY' &
 import importlib
-for m in ("reference_engine.server.app", "reference_engine.engine", "reference_engine.make_model",
+for m in ("reference_engine.server.app", "reference_engine.engine.llm_engine", "reference_engine.model.make",
           "experiments.cli", "experiments.isolate", "experiments.runner", "experiments.report",
           "adapters.reference", "adapters.hf", "transformers.models.llama.modeling_llama"):
     try:

@@ -11,7 +11,7 @@ import asyncio, os, random, statistics, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference_engine import LLM, EngineConfig, SamplingParams  # noqa: E402
-from reference_engine.engine_process import ProcessAsyncEngine  # noqa: E402
+from reference_engine.engine.engine_process import ProcessAsyncEngine  # noqa: E402
 dt, nt = sys.argv[1], int(os.environ.get("NT", "2"))
 kw = dict(dtype=dt, kv_cache_tokens=16384, max_model_len=256, num_threads=nt)
 rng = random.Random(5)

@@ -19,14 +19,12 @@ MAX_LINES = 400
 LINE_LIMITED = PACKAGES + ("tests", "scripts")  # folders whose .py files must stay under MAX_LINES
 
 # Model layers: what runs a forward pass. They never learn about scheduling, KV blocks or requests.
-MODEL_LAYERS = ("reference_engine.model", "reference_engine.attention", "reference_engine.fused_ops", "reference_engine.packed_linear",
-                "reference_engine.kernels", "reference_engine.loader", "reference_engine.gguf_model",
+MODEL_LAYERS = ("reference_engine.model", "reference_engine.attention", "reference_engine.kernels",
                 "reference_engine.distributed.layers", "reference_engine.distributed.sharding")
-SCHEDULING_KV_REQUESTS = ("reference_engine.core", "reference_engine.engine", "reference_engine.async_engine")
+SCHEDULING_KV_REQUESTS = ("reference_engine.core", "reference_engine.engine")
 # The runner reads the scheduler's per-step record; it never holds the KV-cache manager or the pool.
 # Tensor parallelism (distributed/) runs the runner on every rank: the same rule holds there.
-RUNNER = ("reference_engine.model_runner", "reference_engine.input_batch", "reference_engine.cuda_graphs",
-          "reference_engine.distributed")
+RUNNER = ("reference_engine.worker", "reference_engine.distributed")
 KV_OWNERSHIP = ("reference_engine.core.kv_cache_manager", "reference_engine.core.block_pool",
                 "reference_engine.core.prefix_cache", "reference_engine.core.scheduler")
 # What launching a harness module as a program looks like: "-m experiments.cli", or the bare module name.

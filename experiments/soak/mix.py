@@ -84,7 +84,7 @@ class Mix:
     """`next()` -> the next Req; `done(req, text)` after a multi-turn answer (None: the turn failed)."""
 
     def __init__(self, model_dir: str | Path, served: str, max_model_len: int, seed: int = 0):
-        from reference_engine.tokenizer import Tokenizer as ChatTokenizer  # the template code the server runs
+        from reference_engine.tokenizer.tokenizer import Tokenizer as ChatTokenizer  # the template code the server runs
 
         self.served, self.max_len = served, max_model_len
         self.rng = np.random.default_rng(seed)

@@ -5,6 +5,6 @@ chunked prefill, preemption, committing each step) and, built and held by the sc
 KV-cache manager (`kv_cache_manager.py`) over the block pool (`block_pool.py`) and the prefix
 cache (`prefix_cache.py`). It hands the runner one plain record per step (`scheduler_output.py`).
 Never touches: tensors, the model, the device, attention backends or tokenizers; the runner sizes
-and allocates the KV tensors (`reference_engine/gpu_memory.py`) and only reads block tables.
+and allocates the KV tensors (`reference_engine/worker/gpu_memory.py`) and only reads block tables.
 See docs/architecture.md.
 """

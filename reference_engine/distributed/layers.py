@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.packed_linear import PackedLinear
+from reference_engine.model.packed_linear import PackedLinear
 
 
 class RowParallelLinear(nn.Module):

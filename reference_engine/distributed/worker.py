@@ -21,7 +21,7 @@ import time
 
 from reference_engine.config import EngineConfig
 from reference_engine.distributed import group
-from reference_engine.model_runner import ModelRunner
+from reference_engine.worker.model_runner import ModelRunner
 
 
 def die_with_parent(ppid: int) -> None:

@@ -1,5 +1,5 @@
 """C++ CPU kernels for the element-wise stages (`cpp_fused_ops.py`: RMSNorm, rotary,
-SiLU-and-multiply; used by `reference_engine/fused_ops.py`) and the build step every C++ kernel
+SiLU-and-multiply; used by `reference_engine/model/fused_ops.py`) and the build step every C++ kernel
 shares (`cpu_build.py`: compiled on first use, cached in ~/.cache/inferlab/kernels). The
 attention kernels live beside their backends in `reference_engine/attention/`.
 

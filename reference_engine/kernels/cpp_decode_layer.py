@@ -1,4 +1,4 @@
-"""One C++ call per decoder layer for an all-decode fp32 batch on CPU (reference_engine/fused_decode.py).
+"""One C++ call per decoder layer for an all-decode fp32 batch on CPU (reference_engine/model/fused_decode.py).
 
 At batch 1 a SmolLM2 decode step spent ~5 ms of ~17-20 outside its 121 GEMVs: ~15 small ops per
 layer (norms, split and views, rotary, the KV write, attention, residual adds, SiLU-and-multiply)

@@ -56,7 +56,7 @@ def build_app(engine, api_key: str | None = None, max_waiting: int = DEFAULT_MAX
     """`chat_template`: vLLM's `--chat-template` (a file or the template itself), over the model's own."""
     gate = Gate(max_waiting)  # validates max_waiting now, before anything starts
     if chat_template is not None:  # a missing file is a start-up error, not a 400 on every chat request
-        from reference_engine.tokenizer import resolve_chat_template
+        from reference_engine.tokenizer.tokenizer import resolve_chat_template
 
         chat_template = resolve_chat_template(engine.config.model, {}, override=chat_template)
 

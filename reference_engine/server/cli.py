@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from reference_engine import AsyncEngine
-    from reference_engine.engine_process import ProcessAsyncEngine
+    from reference_engine.engine.engine_process import ProcessAsyncEngine
 
     from .app import build_app
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _start(engine) -> list[int]:
     """Start the engine; SIGTERM / SIGINT meanwhile abort it. Returns the signals that came."""
-    from reference_engine.async_engine import StartAborted
+    from reference_engine.engine.async_engine import StartAborted
 
     came: list[int] = []
 

@@ -17,12 +17,12 @@ import torch
 
 from reference_engine.attention import get_backend
 from reference_engine.config import ModelConfig
-from reference_engine.input_batch import make_batch
-from reference_engine.gpu_memory import allocate_kv_cache, bytes_per_token
-from reference_engine.loader import load_model
-from reference_engine.sampler import draw
-from reference_engine.sampler import make_batch as sampling_batch
-from reference_engine.sampler import process
+from reference_engine.worker.input_batch import make_batch
+from reference_engine.worker.gpu_memory import allocate_kv_cache, bytes_per_token
+from reference_engine.model.loader import load_model
+from reference_engine.worker.sampler import draw
+from reference_engine.worker.sampler import make_batch as sampling_batch
+from reference_engine.worker.sampler import process
 from reference_engine.spec_decode.proposer import Draft, Proposer
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from reference_engine.sampler import make_batch, process
+from reference_engine.worker.sampler import make_batch, process
 from reference_engine.spec_decode.rejection_sampler import greedy_verify, rejection_sample
 
 

@@ -9,13 +9,13 @@ import pytest
 
 @pytest.fixture(scope="session")
 def cyclic_llama(tmp_path_factory) -> Path:
-    from reference_engine.make_model import make_model
+    from reference_engine.model.make import make_model
 
     return make_model(tmp_path_factory.mktemp("cyclic"), preset="tiny", family="llama", seed=0, cycle=8)
 
 
 @pytest.fixture(scope="session")
 def cyclic_draft(cyclic_llama, tmp_path_factory) -> Path:
-    from reference_engine.make_model import truncate
+    from reference_engine.model.make import truncate
 
     return truncate(cyclic_llama, tmp_path_factory.mktemp("cyclic-draft") / "draft", layers=1, force=True)

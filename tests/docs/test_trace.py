@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from experiments.cli import COMMANDS
-from reference_engine import trace
+from reference_engine.engine import trace
 
 SPEC_PROMPT = "one two three one two three one two three one two three"
 
@@ -27,7 +27,7 @@ def doc(capsys, monkeypatch, *argv: str) -> dict:
 
 
 def test_registered_as_an_inferlab_command():
-    assert COMMANDS["trace"][0] == "reference_engine.trace:main"
+    assert COMMANDS["trace"][0] == "reference_engine.engine.trace:main"
 
 
 def test_shared_prefix_marks_shared_blocks_and_counts_hits(tiny_llama, capsys, monkeypatch):
@@ -129,7 +129,7 @@ def test_preemption_shows_as_a_transition(tiny_llama, capsys, monkeypatch):
 
 
 def test_default_model_is_made_in_models_tiny_llama(tiny_llama, tmp_path, monkeypatch):
-    import reference_engine.make_model as mm
+    import reference_engine.model.make as mm
 
     made = []
     monkeypatch.setattr(mm, "make_model", lambda out, **kw: made.append(kw) or shutil.copytree(tiny_llama, out))

@@ -11,7 +11,7 @@ from adapters import registry
 
 @pytest.fixture(scope="session")
 def exp_model(tmp_path_factory) -> Path:
-    from reference_engine.make_model import make_model
+    from reference_engine.model.make import make_model
 
     d = tmp_path_factory.mktemp("models") / "tiny-llama"
     make_model(d, preset="tiny", family="llama", seed=0)

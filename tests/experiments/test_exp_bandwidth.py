@@ -10,8 +10,8 @@ from experiments.bandwidth import FORMULA, best_of, decode_estimate, model_shape
 
 def test_model_shape_reads_weights_and_kv_size_from_the_files(exp_model):
     from reference_engine.config import ModelConfig
-    from reference_engine.gpu_memory import bytes_per_token
-    from reference_engine.loader import load_model
+    from reference_engine.worker.gpu_memory import bytes_per_token
+    from reference_engine.model.loader import load_model
 
     shape = model_shape(exp_model, "float32")
     model, cfg = load_model(exp_model, torch.float32, "cpu", 64)

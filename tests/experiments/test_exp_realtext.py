@@ -130,7 +130,7 @@ def test_chat_route_sends_messages_and_the_report_counts_endings(exp_model, tmp_
     chat template (a system turn the harness's rendering lacks), so the prompt it reports is longer
     than the harness's ids, which proves the messages went through its chat route and its template."""
     own = tmp_path / "own.jinja"
-    from reference_engine.tokenizer import Tokenizer
+    from reference_engine.tokenizer.tokenizer import Tokenizer
 
     own.write_text("<|im_start|>system\nBe brief.<|im_end|>" + Tokenizer(exp_model).chat_template)
     cfg = tmp_path / "c.toml"

@@ -7,8 +7,8 @@ span of every token, and an incremental detokenizer that never emits half a char
 """
 import argparse
 
-from reference_engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from reference_engine.trace import resolve_model, resolve_real_model
+from reference_engine.tokenizer.tokenizer import IncrementalDetokenizer, Tokenizer
+from reference_engine.engine.trace import resolve_model, resolve_real_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from reference_engine.make_model import build_config, param_count
+from reference_engine.model.make import build_config, param_count
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=7, help="timed passes per batch size (median and spread)")

@@ -19,9 +19,9 @@ from transformers import DeepseekV3Config, LlamaConfig, MistralConfig
 from reference_engine.attention import cpu_backend
 from reference_engine.attention.torch_backend import TorchBackend
 from reference_engine.config import ModelConfig
-from reference_engine.gpu_memory import allocate_kv_cache
-from reference_engine.input_batch import make_batch
-from reference_engine.trace import resolve_model
+from reference_engine.worker.gpu_memory import allocate_kv_cache
+from reference_engine.worker.input_batch import make_batch
+from reference_engine.engine.trace import resolve_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

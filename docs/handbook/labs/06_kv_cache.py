@@ -11,10 +11,10 @@ import argparse
 import torch
 
 from reference_engine.config import ModelConfig
-from reference_engine.input_batch import make_batch
+from reference_engine.worker.input_batch import make_batch
 from reference_engine.core.block_pool import blocks_needed
-from reference_engine.gpu_memory import allocate_kv_cache, bytes_per_token
-from reference_engine.trace import resolve_model
+from reference_engine.worker.gpu_memory import allocate_kv_cache, bytes_per_token
+from reference_engine.engine.trace import resolve_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

@@ -1,14 +1,14 @@
 """Lab 07 — sampling: from logits to one token, stage by stage.
 
 Smallest working piece: one row of logits -> temperature -> min-p -> top-k -> top-p -> draw. We use the
-engine's own functions (`reference_engine/sampler.py`) on a small made-up vocabulary so every
+engine's own functions (`reference_engine/worker/sampler.py`) on a small made-up vocabulary so every
 probability fits on a line, then check the draw's frequencies and seeded reproducibility.
 
     python docs/handbook/labs/07_sample.py
 """
 import torch
 
-from reference_engine.sampler import apply_top_k_top_p, draw, make_batch, process, sample
+from reference_engine.worker.sampler import apply_top_k_top_p, draw, make_batch, process, sample
 from reference_engine.sampling_params import SamplingParams
 
 words = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "hat", "."]

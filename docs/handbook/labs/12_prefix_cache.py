@@ -9,7 +9,7 @@ requests that share a prompt, showing which blocks are reused and the hit counte
 import argparse
 
 from reference_engine.core.prefix_cache import ROOT, hash_block
-from reference_engine.trace import parse, resolve_model, run_trace
+from reference_engine.engine.trace import parse, resolve_model, run_trace
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
@@ -73,9 +73,9 @@ assert sm["prefix_cache_hits"] > 0
 # A real conversation on the real model: turn 2's prompt is turn 1's conversation (system prompt, question,
 # the model's answer) plus a new question, rendered by the chat template. How much of it is found cached?
 from reference_engine.config import EngineConfig  # noqa: E402
-from reference_engine.engine import LLMEngine  # noqa: E402
+from reference_engine.engine.llm_engine import LLMEngine  # noqa: E402
 from reference_engine.sampling_params import SamplingParams  # noqa: E402
-from reference_engine.trace import resolve_real_model  # noqa: E402
+from reference_engine.engine.trace import resolve_real_model  # noqa: E402
 
 eng = LLMEngine(EngineConfig(model=resolve_real_model(args.real_model), block_size=16, kv_cache_tokens=1024))
 tok = eng.tokenizer

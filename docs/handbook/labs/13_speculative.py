@@ -13,7 +13,7 @@ import torch
 
 from reference_engine.spec_decode.ngram import find_ngram
 from reference_engine.spec_decode.rejection_sampler import greedy_verify, rejection_sample
-from reference_engine.trace import parse, resolve_model, run_trace
+from reference_engine.engine.trace import parse, resolve_model, run_trace
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
@@ -49,9 +49,9 @@ print(f"{sm['steps']} steps for 24 tokens; drafts verified {sm['spec_draft_token
 
 # Real text on the real model: prompt lookup helps where the answer quotes the prompt, little elsewhere.
 from reference_engine.config import EngineConfig  # noqa: E402
-from reference_engine.engine import LLMEngine  # noqa: E402
+from reference_engine.engine.llm_engine import LLMEngine  # noqa: E402
 from reference_engine.sampling_params import SamplingParams  # noqa: E402
-from reference_engine.trace import resolve_real_model  # noqa: E402
+from reference_engine.engine.trace import resolve_real_model  # noqa: E402
 
 real = resolve_real_model(args.real_model)
 ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 3}

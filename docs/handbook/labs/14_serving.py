@@ -11,13 +11,13 @@ import argparse
 import asyncio
 import time
 
-from reference_engine.async_engine import AsyncEngine
+from reference_engine.engine.async_engine import AsyncEngine
 from reference_engine.config import EngineConfig
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.server.errors import APIError
 from reference_engine.server.generation import Gate
 from reference_engine.server.metrics import ServerMetrics
-from reference_engine.trace import resolve_model
+from reference_engine.engine.trace import resolve_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

@@ -40,7 +40,7 @@ from experiments.metrics import summarize
 from experiments.results import record
 from experiments.workloads import load_tokenizer, random_items
 from reference_engine.config import ModelConfig
-from reference_engine.trace import resolve_real_model
+from reference_engine.engine.trace import resolve_real_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/smollm2-135m-instruct, made if absent)")
@@ -134,7 +134,7 @@ async def timed_prefills(model: str, lengths: list[int], repeats: int = 3) -> di
     """n -> (fastest prefill seconds, its attention-backend seconds, slowest prefill seconds), one n-token prompt
     at a time, in this process."""
     from reference_engine.config import EngineConfig
-    from reference_engine.engine import LLMEngine
+    from reference_engine.engine.llm_engine import LLMEngine
     from reference_engine.sampling_params import SamplingParams
 
     eng = LLMEngine(EngineConfig(model=model, kv_cache_tokens=4096, enable_prefix_caching=False))

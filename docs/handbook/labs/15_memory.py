@@ -13,9 +13,9 @@ machine.
 import argparse
 
 from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
+from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.sampling_params import SamplingParams
-from reference_engine.trace import resolve_model
+from reference_engine.engine.trace import resolve_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

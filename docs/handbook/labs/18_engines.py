@@ -13,8 +13,8 @@ import time
 
 from adapters.base import GenerationRequest, SamplingConfig
 from adapters import registry
-from reference_engine.tokenizer import Tokenizer
-from reference_engine.trace import resolve_model
+from reference_engine.tokenizer.tokenizer import Tokenizer
+from reference_engine.engine.trace import resolve_model
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

@@ -234,7 +234,7 @@ def test_engine_imports_without_triton():
     """A Python where `import triton` fails: the engine imports, picks torch, and "triton" says what to install."""
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "import reference_engine, reference_engine.model_runner\n"
+        "import reference_engine, reference_engine.worker.model_runner\n"
         "from reference_engine.attention import get_backend\n"
         "from reference_engine.attention import default_attention_backend\n"
         "assert default_attention_backend('cuda') == 'torch'\n"

@@ -6,7 +6,7 @@ import torch
 
 from reference_engine.config import ModelConfig
 from reference_engine.distributed.sharding import ShardPlan, head_ranges, split
-from reference_engine.loader import load_model
+from reference_engine.model.loader import load_model
 
 
 def test_split_covers_every_item_once():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from reference_engine.trace import main
+from reference_engine.engine.trace import main
 
 
 def test_trace_shows_shards_and_the_all_reduces_of_each_step(tiny_llama, capsys):

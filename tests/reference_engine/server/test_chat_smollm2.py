@@ -10,7 +10,7 @@ import pytest
 import torch
 from openai import OpenAI
 
-from reference_engine.tokenizer import Tokenizer, resolve_chat_template
+from reference_engine.tokenizer.tokenizer import Tokenizer, resolve_chat_template
 from tests.reference_engine.server.conftest import BASE_FLAGS, Server
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "List the days of the week."]

@@ -2,7 +2,7 @@
 stops stepping, open streams end with an error event, /health answers 503, and the server exits 1
 so that a supervisor restarts it, as vLLM's does (--keep-alive-on-engine-death: it serves 503s
 instead). SIGTERM / SIGINT at any moment (loading, serving, draining) ends the server and its core.
-`--no-engine-process` serves from a thread (AsyncEngine, tests/reference_engine/test_async_engine.py).
+`--no-engine-process` serves from a thread (AsyncEngine, tests/reference_engine/engine/test_async_engine.py).
 
 Every wait here is a hang detector (the old server hung in each case), not a time bound; how long
 each exit took is measured by scripts, not asserted."""

@@ -23,7 +23,7 @@ import pytest
 from reference_engine.server.app import OPEN_PATHS, build_app
 from reference_engine.server.cli import parse
 from reference_engine.server.limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, idle_timeout_protocol
-from reference_engine.tokenizer import Tokenizer
+from reference_engine.tokenizer.tokenizer import Tokenizer
 from tests.reference_engine.server.conftest import BASE_FLAGS, MAX_MODEL_LEN, Server
 
 pytestmark = pytest.mark.slow

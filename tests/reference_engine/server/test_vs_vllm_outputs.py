@@ -17,7 +17,7 @@ import json
 import httpx
 import pytest
 
-from reference_engine.tokenizer import Tokenizer
+from reference_engine.tokenizer.tokenizer import Tokenizer
 from tests.reference_engine.helpers import random_prompts
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

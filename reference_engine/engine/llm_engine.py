@@ -1,0 +1,374 @@
+"""The engine: requests in, token deltas out, one `step()` at a time.
+
+`LLMEngine` is the synchronous core: `add_request` validates and queues, `step` runs
+schedule -> forward -> sample (or verify drafts, then propose new ones) -> stop checks and
+detokenize -> commit (scheduler.update_from_output), and returns one `TokenDelta` per
+request that produced tokens (or finished) in that step; a delta may carry several tokens. `LLM` is the offline
+batch API on top of it; `AsyncEngine` (async_engine.py) drives the same core from asyncio.
+
+Invariant: a request leaves the engine (blocks freed) in the same step it finishes,
+and its last delta has `finished=True`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from reference_engine.model import fused_decode, fused_ops, packed_linear
+from reference_engine.attention import cpu_backend
+from reference_engine.config import EngineConfig, ModelConfig
+from reference_engine.worker.model_runner import ModelRunner
+from reference_engine.engine.output_processor import OutputProcessor
+from reference_engine.outputs import CompletionOutput, TokenDelta
+from reference_engine.core.request import Request
+from reference_engine.sampling_params import SamplingParams
+from reference_engine.core.scheduler import Scheduler
+from reference_engine.worker.step_record import StepRecord
+from reference_engine.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    kv_usage: float
+    kv_capacity_tokens: int
+    block_size: int
+    num_preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_requests_finished: int
+    prefix_cache_queries: int = 0  # tokens looked up at admission (vLLM's meaning)
+    prefix_cache_hits: int = 0  # of which found cached
+    kv_cached_blocks: int = 0  # blocks indexed in the prefix cache (held or free)
+    spec_decode_num_drafts: int = 0  # requests x steps with draft tokens verified
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # index: draft position
+    # tensor parallelism (rank 0's plain decode steps: distributed/group.DecodeShare); 0 without TP
+    tp_decode_steps: int = 0
+    tp_decode_seconds: float = 0.0
+    tp_decode_allreduce_seconds: float = 0.0
+    tp_decode_allreduce_bytes: int = 0
+
+
+def kernel_problems(cfg: EngineConfig) -> list[str]:
+    """The kernel settings that cannot hold on this machine, one line each: the `INFERLAB_*` pins read
+    where the engine runs on CPU (packed_linear.pin_problems, fused_decode.pin_problems) and a config
+    that names a C++ kernel (attention_backend="cpu", fused_ops=True) that does not build or load here.
+    Each would otherwise fail every step it serves."""
+    if torch.device(cfg.device).type != "cpu":
+        return []
+    problems = fused_decode.pin_problems()
+    if cfg.linear_backend in (None, "onednn"):
+        problems += packed_linear.pin_problems()
+    if cfg.attention_backend == "cpu" and not cpu_backend.available():
+        problems.append("attention_backend='cpu': its C++ kernel does not build or load here; use 'torch'")
+    if cfg.fused_ops and not fused_ops.available():
+        problems.append("fused_ops=True: the C++ element-wise kernels do not build or load here; leave it unset")
+    return problems
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, keep_results: bool = False):
+        """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold."""
+        ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
+        if problems := kernel_problems(cfg):
+            raise ValueError("; ".join(problems))
+        self.tokenizer = Tokenizer(cfg.model)
+        self.runner = ModelRunner(cfg)
+        # the tensor-parallel workers stop when the engine is dropped, not at interpreter exit; the
+        # finalizer holds the runner, never the engine (no cycle keeps the engine alive)
+        self._finalizer = weakref.finalize(self, self.runner.close)
+        self.cfg = cfg = self.runner.cfg  # with the backends the runner chose for the device
+        self.model_config = self.runner.model_config
+        self.max_model_len = self.runner.max_model_len
+        # The runner sized the KV tensors; the scheduler builds the KV-cache manager over their blocks.
+        self.scheduler = Scheduler(cfg, self.runner.num_blocks, self.runner.num_lookahead)
+        self.requests: dict[str, Request] = {}
+        self.outputs = OutputProcessor(self.tokenizer, _eos_ids(cfg.model, self.model_config, self.tokenizer),
+                                       self.max_model_len, keep_results=keep_results)
+        self.step_records: list[StepRecord] | None = [] if cfg.record_steps else None
+        self._ids = itertools.count()
+        self._steps = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_requests_finished = 0
+        k = self.runner.num_spec_tokens
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * k
+
+    # ---- requests -------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming what is wrong; nothing is queued on failure. The params' own fields
+        were validated when they were made (sampling_params.py); this checks what depends on the
+        request and the model."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: at least one token is required")
+        vocab = self.model_config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt contains token ids outside the vocabulary [0, {vocab})")
+        if any(t >= vocab for t in params.stop_token_ids or ()):  # banned under min_tokens: an index into the logits
+            raise ValueError(f"stop_token_ids contains ids outside the vocabulary [0, {vocab})")
+        n, m = len(prompt_token_ids), params.max_tokens
+        if n + m > self.max_model_len:
+            raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's "
+                             f"context length of {self.max_model_len} tokens")
+        cap = self.runner.kv_capacity_tokens
+        if n + m > cap:
+            raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) exceeds the KV cache capacity "
+                             f"of {cap} tokens; raise kv_cache_tokens")
+        if not self.cfg.enable_chunked_prefill and n + m > self.cfg.max_num_batched_tokens:
+            raise ValueError(f"without chunked prefill, prompt + max_tokens must fit max_num_batched_tokens "
+                             f"({self.cfg.max_num_batched_tokens})")
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None) -> str:
+        """Validate and queue a request. `cache_salt`: only requests with the same salt share prefix-cache
+        blocks."""
+        prompt_token_ids = list(prompt_token_ids)
+        self.validate(prompt_token_ids, params)
+        return self.enqueue(prompt_token_ids, params, request_id, arrival_time, cache_salt)
+
+    def enqueue(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                arrival_time: float | None = None, cache_salt: str | None = None) -> str:
+        """Queue a request that `validate` has accepted (the boundary validated it: `add_request`,
+        `LLM.generate`'s all-or-nothing check, or `AsyncEngine.add_request` on the event loop)."""
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, prompt_token_ids, params, arrival_time=arrival_time or time.monotonic(),
+                      cache_salt=cache_salt)
+        if params.min_tokens:  # vLLM bans EOS (even with ignore_eos) and the stop ids until then
+            req.stop_ids = sorted(self.outputs.eos_ids | set(params.stop_token_ids))
+        if params.seed is not None:
+            req.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        self.requests[request_id] = req
+        self.outputs.add(req)
+        self.scheduler.add(req)
+        return request_id
+
+    def abort(self, request_id: str) -> TokenDelta | None:
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        req.finish("abort")
+        self._release(req)
+        return self.outputs.process(req, None, None)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget all cached blocks (True), or fail while requests hold blocks (False), as vLLM does;
+        with `reset_running_requests`, running requests are preempted first (they recompute)."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def failure(self) -> str | None:
+        """Why this engine can no longer step (a tensor-parallel rank died), or None while it can."""
+        return self.runner.tp.failure if self.runner.tp else None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; the engine cannot step afterwards).
+        Dropping the last reference does the same."""
+        self._finalizer()  # runs runner.close once; later calls do nothing
+
+    # ---- the step -------------------------------------------------------------------
+    def step(self) -> list[TokenDelta]:
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
+                  else "prefill") for r, n in sched.scheduled]
+        out = self.runner.run(sched.seqs)
+        deltas = []
+        now = time.monotonic()
+        for req, toks, lps in zip(out.reqs, out.token_ids, out.logprobs):
+            if req.first_token_time is None:  # prompt counted once its prefill is done (as vLLM does)
+                req.first_token_time = now
+                self.prompt_tokens_total += req.num_prompt_tokens
+            before = len(req.output_token_ids)
+            deltas.append(self.outputs.process(req, toks, lps))  # appends; may finish req (stop / length)
+            self.generation_tokens_total += len(req.output_token_ids) - before
+        self._count_spec(sched, out.num_accepted)
+        finished = self.scheduler.update_from_output(sched, out.num_accepted, out.drafts)
+        for req in finished:
+            self._forget(req)
+        self._steps += 1
+        if self.step_records is not None:
+            self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0)
+        return deltas
+
+    def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:
+        for rid, drafts in sched.spec_tokens.items():
+            a = num_accepted.get(rid, 0)
+            self.num_drafts += 1
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_tokens += a
+            for pos in range(a):
+                self.accepted_per_pos[pos] += 1
+
+    def _release(self, req: Request) -> None:
+        self.scheduler.finish(req)
+        self._forget(req)
+
+    def _forget(self, req: Request) -> None:
+        self.requests.pop(req.request_id, None)
+        self.num_requests_finished += 1
+
+    def _record(self, kinds, sched, out, finished, dt) -> None:
+        kv = self.scheduler.stats()
+        bs = kv.block_size
+        n, b = sched.num_tokens, len(sched.scheduled)
+        rows = sum(1 + len(sched.spec_tokens.get(r.request_id, ())) for r in out.reqs)
+        one_each = n == b == len(out.reqs)  # every sequence one query token, and every one samples
+        bucket = self.runner.graph_bucket(b, list(range(b)), bool(sched.spec_tokens)) if one_each else None
+        self.step_records.append(StepRecord(
+            step=self._steps, duration_s=dt, scheduled=kinds,
+            num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
+            num_decode_tokens=sum(n for _, n, k in kinds if k == "decode"),
+            preempted=[r.request_id for r in sched.preempted], finished=finished,
+            kv_blocks_used=kv.kv_used_blocks, kv_blocks_free=kv.kv_free_blocks, kv_blocks_cached=kv.kv_cached_blocks,
+            num_running=kv.num_running, num_waiting=kv.num_waiting,
+            block_tables={r.request_id: list(r.block_table) for r in self.scheduler.running},
+            prefix_hits=dict(sched.prefix_hits),
+            prefix_hit_blocks={r.request_id: r.num_cached_tokens // bs for r in self.scheduler.running},
+            prefix_cache_queries=sched.prefix_cache_queries, prefix_cache_hits=sched.prefix_cache_hits,
+            spec_proposed={rid: len(d) for rid, d in sched.spec_tokens.items()},
+            spec_accepted={rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
+            new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
+            spec_tokens={rid: list(d) for rid, d in sched.spec_tokens.items()},
+            input_shapes={"input_ids": (n,), "positions": (n,), "slot_mapping": (n,),
+                          "block_tables": (b, self.runner.inputs.max_blocks),
+                          "seq_lens": (b,), "logits": (rows, self.model_config.vocab_size)},
+            cuda_graph_bucket=bucket,
+            allreduces=list(self.runner.tp.all_reduce.log or []) if self.runner.tp else [],
+        ))
+
+    # ---- what ran, and its memory (adapters copy these into EngineInfo) --------------
+    def effective_config(self) -> dict:
+        """The settings this engine runs with, read back from its parts (not from what was asked):
+        the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
+        fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
+        prefill_gemm (the library of fp32 GEMMs of prefill size: "mkl" or "onednn", measured at load),
+        decode_gemv (who multiplies fp32 products of decode size: "inferlab", the C++ kernel, or "onednn"),
+        mid_gemm (who multiplies fp32 products of a decode batch, 13 to 128 rows: "inferlab" or "onednn"),
+        kv_cache_dtype and num_threads (torch intra-op threads)."""
+        r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
+        return {
+            "dtype": str(r.dtype).removeprefix("torch."), "kv_capacity_tokens": r.kv_capacity_tokens,
+            "kv_blocks": kv.kv_total_blocks, "block_size": kv.block_size,
+            "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_model_len": self.max_model_len, "chunked_prefill": cfg.enable_chunked_prefill,
+            "prefix_caching": kv.prefix_caching, "cuda_graphs": r.graphs is not None,
+            "cuda_graph_sizes": list(r.graphs.sizes) if r.graphs is not None else [], "compile": False,
+            "speculative": dict(cfg.speculative_config) if cfg.speculative_config else None,
+            "tensor_parallel_size": r.tp.size if r.tp else 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
+            "attention_backend": cfg.attention_backend, "device": str(r.device),
+            "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
+            "prefill_gemm": r.prefill_gemm, "decode_gemv": r.decode_gemv, "mid_gemm": r.mid_gemm,
+            "fused_ops": cfg.fused_ops,
+            "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
+        }
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes, the keys of the harness's `EngineInfo.memory` where known: weights, kv_allocated,
+        kv_bytes_per_token, kv_peak_used (blocks held at the peak since start or `reset_kv_peak`)
+        everywhere; on CUDA also activation_peak (profile forward at start), graph_pool, device_total,
+        device_free, torch_allocated / torch_reserved / torch_peak_allocated, and from NVML (nvidia-ml-py)
+        device_used and process_used. Keys that cannot be measured are absent."""
+        m = self.runner.memory()
+        kv = self.scheduler.stats()
+        m["kv_peak_used"] = kv.kv_peak_blocks * kv.block_size * self.runner.kv_bytes_per_token
+        return m
+
+    def reset_kv_peak(self) -> None:
+        self.scheduler.reset_kv_peak()
+
+    def stats(self) -> EngineStats:
+        kv = self.scheduler.stats()
+        return EngineStats(
+            num_running=kv.num_running, num_waiting=kv.num_waiting,
+            kv_used_blocks=kv.kv_used_blocks, kv_total_blocks=kv.kv_total_blocks,
+            kv_usage=kv.kv_used_blocks / kv.kv_total_blocks, kv_capacity_tokens=self.runner.kv_capacity_tokens,
+            block_size=kv.block_size, num_preemptions_total=kv.num_preemptions,
+            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
+            num_requests_finished=self.num_requests_finished,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            kv_cached_blocks=kv.kv_cached_blocks,
+            spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos),
+            **self._tp_counters(),
+        )
+
+    def _tp_counters(self) -> dict:
+        tp = self.runner.tp
+        if tp is None:
+            return {}
+        d = tp.decode
+        return {"tp_decode_steps": d.steps, "tp_decode_seconds": d.seconds,
+                "tp_decode_allreduce_seconds": d.allreduce_seconds, "tp_decode_allreduce_bytes": d.allreduce_bytes}
+
+
+def _eos_ids(model_dir: str, model_config, tokenizer: Tokenizer) -> set[int]:
+    ids = set(model_config.eos_token_ids)
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids |= {eos} if isinstance(eos, int) else set(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class LLM:
+    """Offline batches: `LLM(model_dir).generate(prompts, sampling)` -> completions in prompt order.
+    With `tensor_parallel_size` > 1 the worker processes stop at `close()`, at the end of a `with LLM(...)
+    as llm:` block, or when the last reference to the LLM is dropped (as vLLM's `LLM`)."""
+
+    def __init__(self, model: str, **kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), keep_results=True)
+        self.tokenizer = self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (idempotent; the LLM cannot generate afterwards)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def generate(self, prompts: list[str] | list[list[int]] | str,
+                 sampling: SamplingParams | list[SamplingParams] | None = None) -> list[CompletionOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # one prompt given bare
+        sampling = sampling or SamplingParams()
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        for i, p in zip(ids, params):  # all or nothing: reject the batch before queueing any of it
+            self.engine.validate(i, p)
+        rids = [self.engine.enqueue(i, p) for i, p in zip(ids, params)]
+        results: dict[str, CompletionOutput] = {}
+        while self.engine.has_unfinished():
+            for d in self.engine.step():
+                if d.finished:
+                    results[d.request_id] = self.engine.outputs.results.pop(d.request_id)
+        return [results[r] for r in rids]

@@ -1,0 +1,392 @@
+"""The model runner: turns one scheduled step into one forward pass and new tokens per request.
+
+A step is flattened into varlen tensors, decodes first, written into persistent buffers
+(`input_batch.StepInputs`: nothing is allocated on the device per step). Logits are computed only
+for rows that sample: a request whose step reaches the end of its tokens samples at its last row,
+and a request with j draft tokens scheduled after them gets j + 1 rows, verified together
+(`spec_decode/verifier.py`): it emits its accepted drafts and then one token from the target, so
+each request gets a *list* of new tokens. An all-greedy batch is one argmax on the device and one
+host sync (the token ids) for the whole step.
+
+On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_graphs.py`;
+`enforce_eager` turns that off); the attention backend defaults to Triton there. At start, on CUDA,
+a profile forward over a full token budget measures peak activation memory, and with
+`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`).
+
+The runner gets the scheduler's per-step record (`core/scheduler_output.ScheduledSeq`: query tokens, first
+position, block table, whether it samples, drafts) and derives the slot mapping from the block
+tables in its input builder (as vLLM v1's runner does); it never sees the block pool or the
+KV-cache manager, and never changes a block table. It sizes and allocates the KV tensors
+(`gpu_memory.py`) and tells the scheduler how many blocks they hold.
+With speculation, the proposer runs here too, after verification: a draft model
+writes KV into the same block ids (its own tensors), n-gram lookup only reads tokens.
+Device and dtype are explicit (`cfg.device`): one runner drives one device.
+With `tensor_parallel_size` N > 1 the runner is rank 0 of N (`distributed/`): it starts the workers,
+holds its shard of the weights and KV heads, and broadcasts each step's `(seqs, rows)` before its own
+forward; the workers run the same `forward` on the same record. Only rank 0 samples.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from reference_engine.model import fused_ops, packed_linear
+from reference_engine.model.fused_decode import FusedDecode
+from reference_engine.attention import AttentionMetadata, get_backend
+from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
+from reference_engine.distributed import group as tp_group
+from reference_engine.distributed import layers as tp_layers
+from reference_engine.distributed.sharding import ShardPlan
+from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
+from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
+                                         keep_freed_cpu_memory, kv_budget, param_bytes)
+from reference_engine.worker.input_batch import StepInputs, make_batch
+from reference_engine.model.loader import load_model
+from reference_engine.model.llama import CausalLM, RotaryEmbedding
+from reference_engine.outputs import TokenLogprob
+from reference_engine.core.request import Request
+from reference_engine.worker.sampler import all_argmax, banned_ids, logprobs_of, make_batch as sampling_batch, sample
+from reference_engine.core.scheduler_output import ScheduledSeq
+from reference_engine.spec_decode import Draft, make_proposer
+from reference_engine.spec_decode.verifier import verify
+from reference_engine.attention import default_attention_backend
+
+
+@dataclass
+class RunnerOutput:
+    reqs: list[Request] = field(default_factory=list)  # the requests that sampled, in row order
+    token_ids: list[list[int]] = field(default_factory=list)  # their new tokens (accepted drafts + 1)
+    logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
+    num_accepted: dict[str, int] = field(default_factory=dict)  # per request whose drafts were verified
+    drafts: dict[str, Draft] = field(default_factory=dict)  # proposals for the next step
+
+
+def with_default_backends(cfg: EngineConfig) -> EngineConfig:
+    """The config with every backend it leaves None chosen for its device, each by the module that
+    implements it; everything built from the result (runner, draft model, effective_config) agrees.
+    A copy: the caller's config is left as given (it was validated when it was made)."""
+    out = copy.copy(cfg)
+    out.attention_backend = cfg.attention_backend or default_attention_backend(cfg.device)
+    out.linear_backend = cfg.linear_backend or packed_linear.default_backend(cfg.device)
+    out.fused_ops = fused_ops.default_on(cfg.device) if cfg.fused_ops is None else cfg.fused_ops
+    return out
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, max_model_len: int | None = None, tp: tp_group.Group | None = None):
+        """`tp`: a worker's group (`distributed/worker.py`); rank 0 starts its own when the config asks."""
+        cfg = self.cfg = with_default_backends(cfg)
+        mcfg = ModelConfig.from_dir(cfg.model)
+        size = cfg.tensor_parallel_size
+        if size > 1 and tp is None:
+            ShardPlan(mcfg, 0, size)  # a shape that cannot be split fails here, before any process starts
+            tp = tp_group.start(cfg)
+        self.tp = tp
+        try:
+            self._build(cfg, mcfg)
+        except BaseException:
+            if tp is not None and tp.rank == 0:
+                tp.close(graceful=False)  # the workers may be inside a collective: no stop message
+            raise
+
+    def _build(self, cfg: EngineConfig, mcfg: ModelConfig) -> None:
+        tp = self.tp
+        self.rank = tp.rank if tp else 0
+        self.device = tp.device if tp else torch.device(cfg.device)
+        self.dtype = parse_dtype(cfg.dtype)
+        if cfg.num_threads or tp:  # ranks share the cores: cores // N torch threads each by default
+            torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
+        if self.device.type == "cpu":  # activations reuse the heap, not fresh page-faulted mmaps
+            keep_freed_cpu_memory()
+        self.mem = DeviceMemory(self.device)
+        start = self.mem.snapshot()  # None off CUDA
+        self.plan = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None
+        # Within a sliding window, sliding attention equals full attention: cap the context there.
+        limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
+        self.max_model_len = min(cfg.max_model_len or limit, limit)
+        load = dummy_model if cfg.load_format == "dummy" else load_model
+        self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len, shard=self.plan)
+        self.linear_compute_dtype = str(self.dtype).removeprefix("torch.")
+        if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (packed_linear.py)
+            packed_linear.pack(self.model)
+            tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
+            self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
+        # which library multiplies fp32 prefill-sized GEMMs (packed_linear.prefill_gemm, measured once)
+        self.prefill_gemm = packed_linear.prefill_gemm() if cfg.linear_backend == "onednn" \
+            and self.dtype == torch.float32 else cfg.linear_backend
+        # and fp32 decode-sized ones (at most PackedLinear.SMALL_M rows): the C++ GEMV or oneDNN
+        self.decode_gemv = packed_linear.decode_gemv() if cfg.linear_backend == "onednn" \
+            and self.dtype == torch.float32 else cfg.linear_backend
+        # and those between (a decode batch of SMALL_M + 1 to MID_M rows): the C++ GEMM or oneDNN
+        self.mid_gemm = packed_linear.mid_gemm() if cfg.linear_backend == "onednn" \
+            and self.dtype == torch.float32 else cfg.linear_backend
+        if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
+            fused_ops.fuse(self.model)
+        spec = cfg.speculative
+        self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
+                                      self.max_model_len) if spec else None
+        self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
+        extra = self.proposer.kv_bytes_per_token if self.proposer else 0
+        self.draft_observes = extra > 0  # a draft model runs on every step's inputs: no graphs then
+        kv_cfg = self.plan.kv_config() if self.plan else self.model_config  # this rank's kv heads
+        self.kv_bytes_per_token = bytes_per_token(kv_cfg, self.dtype) + extra
+        self.weights_bytes = param_bytes(self.model, getattr(self.proposer, "model", None))
+        self.backend_cls = get_backend(cfg.attention_backend)
+        # No CUDA graphs with TP: a captured step would have to capture the all-reduces as well.
+        self.use_graphs = graphs_wanted(self.device, cfg.enforce_eager, self.backend_cls.graph_safe) and not tp
+        self.activation_peak = self.profile() if self.mem.cuda else None
+        budget = None
+        if cfg.gpu_memory_utilization is not None:
+            reserve = self.activation_peak if self.use_graphs else 0
+            budget = kv_budget(cfg.gpu_memory_utilization, start.total, start.free, self.weights_bytes,
+                               self.activation_peak, self.mem.non_torch_since(start), reserve)
+            self.num_blocks = budget // (self.kv_bytes_per_token * cfg.block_size)
+        else:
+            self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
+        if tp:  # every rank indexes the same block ids: the smallest cache decides
+            self.num_blocks = tp.min(self.num_blocks)
+        self.rank_weights = tp.gather(self.weights_bytes) if tp else [self.weights_bytes]  # bytes, per rank
+        if self.num_blocks < 1:
+            raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
+        self.kv_cache = allocate_kv_cache(kv_cfg, self.num_blocks, cfg.block_size, self.dtype,
+                                          self.device)
+        if self.proposer:
+            self.proposer.allocate_kv(self.num_blocks)
+        self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
+        # CPU: small all-decode fp32 steps run each layer as one C++ call (fused_decode.py)
+        self.fast_decode = FusedDecode.build(self.model, self.backend, tp) if cfg.fused_ops else None
+        max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
+        self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
+                                 self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
+        self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.graphs: CudaGraphs | None = None
+        self.graph_pool_bytes: int | None = None
+        if self.use_graphs:
+            self.capture_graphs()
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.cfg.block_size
+
+    @property
+    def num_lookahead(self) -> int:
+        return self.proposer.num_lookahead if self.proposer else 0
+
+    # ---- CUDA graphs ----------------------------------------------------------------
+    def capture_graphs(self, eager: bool = False) -> None:
+        """Capture decode graphs for every bucket (`eager=True`: `EagerGraph`s, for CPU tests)."""
+        cfg = self.cfg
+        sizes = default_cuda_graph_sizes() if cfg.cuda_graph_sizes is None else cfg.cuda_graph_sizes
+        sizes = capture_sizes(sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        if not sizes:
+            return
+        self._graph_meta = {b: self._decode_meta(b) for b in sizes}
+        self._graph_hidden = torch.zeros(sizes[-1], self.model_config.hidden_size, dtype=self.dtype,
+                                         device=self.device)  # every graph's output, outside their pool
+        self.inputs.fill([], pad_to=sizes[-1])  # capture over padding: no sequence, every slot -1
+        self.graphs = CudaGraphs(self._graph_forward, sizes, self.device, eager=eager)
+        free = self.mem.free()
+        with torch.inference_mode():
+            self.graphs.capture()
+        if free is not None:
+            self.graph_pool_bytes = max(0, free - self.mem.free())
+
+    def _decode_meta(self, b: int) -> AttentionMetadata:
+        """Bucket b's metadata: views of the step buffers and fixed bounds (the lists are unused)."""
+        x = self.inputs
+        return AttentionMetadata(
+            slot_mapping=x.slot_mapping.dev[:b], block_tables=x.block_tables.dev[:b], seq_lens=x.seq_lens.dev[:b],
+            query_lens=[1] * b, seq_lens_list=[self.max_model_len] * b, query_start=list(range(b + 1)),
+            num_decodes=b, max_decode_len=self.max_model_len, cu_seqlens_q=x.cu_seqlens_q.dev[:b + 1],
+            max_query_len=1, max_seq_len=self.max_model_len,
+            num_splits=self.backend.graph_num_splits(b, self.max_model_len))
+
+    def _graph_forward(self, b: int) -> torch.Tensor:
+        """What a graph records: the model over the first b rows of the step buffers -> (b, hidden)."""
+        self.backend.new_step()  # plan inside the graph, from the buffers, not from a cached step
+        x = self.inputs
+        hidden = self.model(x.input_ids.dev[:b], x.positions.dev[:b], self.backend, self._graph_meta[b])
+        return self._graph_hidden[:b].copy_(hidden)
+
+    def graph_bucket(self, num_seqs: int, rows: list[int], spec: bool) -> int | None:
+        """The bucket to replay for this step, or None to run it eagerly (see cuda_graphs.py)."""
+        if self.graphs is None or spec or self.draft_observes or len(rows) != num_seqs:
+            return None
+        if not rows or rows[-1] != num_seqs - 1:  # some sequence has more than one query token
+            return None
+        return self.graphs.bucket(num_seqs)
+
+    # ---- memory ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def profile(self) -> int:
+        """Peak activation bytes of one forward over a full token budget (`max_num_batched_tokens`,
+        in sequences of at most max_model_len) with logits for up to `max_num_seqs` rows, on a scratch
+        KV cache just big enough. Measured by torch's allocator on CUDA; 0 elsewhere."""
+        cfg, bs, ml = self.cfg, self.cfg.block_size, self.max_model_len
+        n = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * ml)
+        seqs, first = [], 0
+        for s in range(0, n, ml):
+            length = min(ml, n - s)
+            nb = -(-length // bs)
+            seqs.append(([0] * length, 0, list(range(first, first + nb))))
+            first += nb
+        scratch = allocate_kv_cache(self.model_config, first, bs, self.dtype, self.device)
+        batch = make_batch(seqs, bs, self.device)
+        rows = torch.arange(n - min(n, cfg.max_num_seqs), n, device=self.device)
+        self.mem.reset_peak()
+        before = self.mem.allocated()
+        hidden = self.model(batch.input_ids, batch.positions, self.backend_cls(scratch, bs), batch.meta)
+        self.model.logits(hidden[rows]).argmax(-1)
+        peak = self.mem.peak() - before
+        del hidden, scratch
+        self.mem.empty_cache()
+        return max(0, peak)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: weights, kv_allocated, kv_bytes_per_token (any device); activation_peak, graph_pool
+        and the device's readings (`DeviceMemory.report`) on CUDA."""
+        out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+               "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
+        if self.tp:  # each rank's shard (rank 0's is `weights`)
+            out.update({f"weights_rank{r}": b for r, b in enumerate(self.rank_weights)})
+        if self.cfg.linear_backend == "onednn":
+            out["weights_packed"] = packed_linear.packed_bytes(self.model)
+        if self.activation_peak is not None:
+            out["activation_peak"] = self.activation_peak
+        if self.graph_pool_bytes is not None:
+            out["graph_pool"] = self.graph_pool_bytes
+        out.update(self.mem.report())
+        return out
+
+    # ---- the step -------------------------------------------------------------------
+    def prepare(self, seqs: list[ScheduledSeq]):
+        """-> (query tokens, first position, block table) per sequence, decodes first; the logit rows;
+        the sequences that sample (their records) and their scheduled drafts."""
+        order = sorted(seqs, key=lambda s: len(s.token_ids) != 1)  # stable: decodes first
+        inputs, rows, samplers, drafts = [], [], [], []
+        offset = 0
+        for s in order:
+            inputs.append((s.token_ids, s.start, s.block_table))
+            offset += len(s.token_ids)
+            if s.samples:  # sample, verifying any drafts
+                samplers.append(s)
+                drafts.append(s.drafts)
+                rows.extend(range(offset - 1 - len(s.drafts), offset))
+        return inputs, rows, samplers, drafts
+
+    def run(self, step: list[ScheduledSeq]) -> RunnerOutput:
+        """One target forward for the whole step (+ the proposer's work with speculation on). With TP,
+        a plain decode step's wall time and its all-reduces' time and bytes are counted (`tp.decode`)."""
+        if not self.tp:
+            return self._run(step)
+        ar, t0 = self.tp.all_reduce.stats, time.perf_counter()
+        s0, b0 = ar.seconds, ar.bytes
+        if self.cfg.record_steps:  # the step record lists this step's all-reduces (engine._record)
+            self.tp.all_reduce.log = []
+        out = self._run(step)
+        if all(len(s.token_ids) == 1 for s in step):
+            self.tp.decode.add(time.perf_counter() - t0, ar.seconds - s0, ar.bytes - b0)
+        return out
+
+    @torch.inference_mode()
+    def _run(self, step: list[ScheduledSeq]) -> RunnerOutput:
+        seqs, rows, sampling, drafts = self.prepare(step)
+        samplers = [s.req for s in sampling]  # the sampling rows' params, generators and histories
+        spec = any(s.drafts for s in step)
+        out = RunnerOutput(reqs=samplers)
+        bucket = self.graph_bucket(len(seqs), rows, spec)
+        if bucket is not None:  # every row samples: the graph's rows are the logit rows
+            self.inputs.fill(seqs, pad_to=bucket)
+            hidden = self.graphs.replay(bucket, len(seqs))  # (n, hidden)
+        else:
+            if self.tp:
+                self.tp.send_step((seqs, rows))
+            batch, hidden = self.forward(seqs, rows)  # (N, hidden)
+            if self.proposer:
+                self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
+            if not samplers:
+                return out
+            if batch.logit_rows is not None:
+                hidden = hidden[batch.logit_rows]
+        raw = self.model.logits(hidden)  # (R, V) float32
+        if not spec:  # one row per request: the plain sampling path
+            ps = [r.params for r in samplers]
+            if all_argmax(ps, banned_ids(ps, [r.output_token_ids for r in samplers], [r.stop_ids for r in samplers])):
+                # no sampling tensors to build: argmax on the device, one sync
+                ids = raw.argmax(-1)
+            else:
+                sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers],
+                                    [r.output_token_ids for r in samplers], [r.generator for r in samplers],
+                                    self.device, [r.stop_ids for r in samplers])
+                ids = sample(raw, sb, self.default_gen)
+            out.token_ids = [[t] for t in ids.tolist()]
+            nums = [p.logprobs for p in ps]
+            out.logprobs = [None if lp is None else [lp] for lp in logprobs_of(raw, ids, nums)]
+        else:
+            out.token_ids = verify(raw, samplers, drafts, self.default_gen)
+            out.logprobs = self._logprobs(raw, samplers, drafts, out.token_ids)
+            out.num_accepted = {r.request_id: len(t) - 1 for r, d, t in zip(samplers, drafts, out.token_ids) if d}
+        if self.proposer:
+            limits = [self._max_drafts(r, len(t)) for r, t in zip(samplers, out.token_ids)]
+            proposals = self.proposer.propose(samplers, [s.block_table for s in sampling], out.token_ids, limits,
+                                              self.default_gen)
+            out.drafts = {r.request_id: p for r, p in zip(samplers, proposals) if p.token_ids}
+        return out
+
+    @torch.inference_mode()
+    def forward(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int]):
+        """The model over one step's `prepare`d sequences -> (batch, hidden `(N, hidden)`); on every
+        rank, with the same record. A rank that dies meanwhile raises `RankFailure`."""
+        batch = self.inputs.fill(seqs, rows)
+        if self.fast_decode is not None and self.fast_decode.takes(batch):
+            return batch, self.fast_decode.forward(batch.input_ids, batch.positions, batch.meta)
+        run = lambda: self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # noqa: E731
+        return batch, (self.tp.wrap(run) if self.tp else run())
+
+    def close(self) -> None:
+        """Stop the worker ranks (rank 0 with TP; nothing otherwise)."""
+        if self.tp is not None and self.rank == 0:
+            self.tp.close()
+
+    def _max_drafts(self, req: Request, num_new: int) -> int:
+        """Drafts worth proposing: the next step emits at most drafts + 1 tokens, within max_tokens."""
+        left = req.num_tokens_left - num_new
+        return max(0, min(self.num_spec_tokens, left - 1))
+
+    def _logprobs(self, raw, reqs, drafts, tokens) -> list[list[TokenLogprob] | None]:
+        out, row = [], 0
+        for r, d, t in zip(reqs, drafts, tokens):
+            n = r.params.logprobs
+            out.append(None if n is None else
+                       logprobs_of(raw[row:row + len(t)], torch.tensor(t, device=raw.device), [n] * len(t)))
+            row += len(d) + 1
+        return out
+
+
+def dummy_model(model_dir: str, dtype: torch.dtype, device: torch.device, max_len: int,
+                seed: int = 0, shard: ShardPlan | None = None) -> tuple[CausalLM, ModelConfig]:
+    """`load_format="dummy"`: the model's shape with random weights made on the device, no file read
+    (as `AutoModelForCausalLM.from_config` initialises them: N(0, 0.02), norms 1, biases 0)."""
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_len).to(dtype)
+        if shard is not None:
+            shard.apply(model).to(dtype)
+    model = model.to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.rope = RotaryEmbedding(cfg, max_len).to(device)
+    return model.eval(), cfg

@@ -1,0 +1,102 @@
+"""fused_decode.FusedDecode: an all-decode step (fp32, or bf16 where native) through one C++ call per
+layer gives the module path's hidden states bit for bit, HF's greedy tokens, and is skipped where it
+does not apply."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_engine import LLM, SamplingParams
+from reference_engine.model import fused_decode, packed_linear
+from reference_engine.model.packed_linear import PackedLinear
+from tests.reference_engine.helpers import hf_argmax_along, random_prompts
+
+builds = pytest.mark.skipif(not (fused_decode.available() and packed_linear.decode_gemv() == "inferlab"),
+                            reason="the layer kernel or the C++ GEMV does not build here")
+
+
+def _llm(model_dir) -> LLM:
+    """An fp32 engine on its CPU defaults: where the kernels build, the fast path must be on."""
+    llm = LLM(str(model_dir), dtype="float32")
+    assert llm.engine.runner.fast_decode is not None
+    return llm
+
+
+@builds
+@pytest.mark.parametrize("family,n", [("tiny_llama", 6), ("tiny_qwen2", 6),  # qwen2: the qkv projection has a bias
+                                      ("tiny_llama", PackedLinear.SMALL_M + 6)])  # the GEMM above SMALL_M rows
+def test_every_fast_step_equals_the_module_path_and_hf(family, n, request, monkeypatch):
+    model_dir = request.getfixturevalue(family)
+    llm = _llm(model_dir)
+    runner = llm.engine.runner
+    fast, seen = runner.fast_decode, []
+    real = fast.forward
+
+    def both(ids, positions, meta):
+        got = real(ids, positions, meta)
+        # the module path over the same step: it writes the same K/V to the same slots again
+        want = runner.model(ids, positions, runner.backend, meta)
+        seen.append((ids.shape[0], torch.equal(got, want)))
+        return got
+
+    monkeypatch.setattr(fast, "forward", both)
+    if n > PackedLinear.SMALL_M:
+        if packed_linear.mid_gemm() != "inferlab":  # decided by the kernel's build, not by the path under test
+            pytest.skip("no C++ GEMM here (AVX-512 only): the fast path stops at SMALL_M rows")
+        assert fast.max_rows == PackedLinear.MID_M  # where the GEMM exists, the layer call must reach MID_M
+    prompts = random_prompts(llm.engine.model_config.vocab_size, n, seed=3)
+    params = [SamplingParams(max_tokens=4 + 3 * (i % 6), temperature=0.0, ignore_eos=True) for i in range(n)]
+    outs = llm.generate(prompts, params)
+    assert seen and all(same for _, same in seen), seen
+    rows = {r for r, _ in seen}  # batches shrink as requests finish: both kernels inside the call ran
+    assert n in rows and (rows >= {1, 2} if n <= PackedLinear.SMALL_M else min(rows) <= PackedLinear.SMALL_M)
+    hf = hf_argmax_along(str(model_dir), prompts, [o.token_ids for o in outs])
+    assert [list(o.token_ids) for o in outs] == hf
+
+
+@pytest.mark.skipif(not (fused_decode.available() and packed_linear.native_bf16()),
+                    reason="bf16 takes the layer call only where oneDNN multiplies bf16 natively")
+def test_bf16_fast_steps_equal_the_module_path(tiny_qwen2, monkeypatch):
+    """Every product oneDNN's packed bf16 linear, called from C++: the modules' hidden states bit for bit."""
+    llm = LLM(str(tiny_qwen2), dtype="bfloat16")  # qwen2: the qkv bias goes through oneDNN too
+    runner = llm.engine.runner
+    fast, seen = runner.fast_decode, []
+    real = fast.forward
+
+    def both(ids, positions, meta):
+        got = real(ids, positions, meta)
+        seen.append((ids.shape[0], torch.equal(got, runner.model(ids, positions, runner.backend, meta))))
+        return got
+
+    monkeypatch.setattr(fast, "forward", both)
+    prompts = random_prompts(llm.engine.model_config.vocab_size, 16, seed=5)
+    llm.generate(prompts, [SamplingParams(max_tokens=3 + i % 5, temperature=0.0, ignore_eos=True) for i in range(16)])
+    assert seen and all(same for _, same in seen), seen
+    assert 16 in {r for r, _ in seen} and fast.max_rows == PackedLinear.MID_M
+
+
+@builds
+def test_only_all_decode_steps_of_at_most_max_rows_take_it(tiny_llama, monkeypatch):
+    llm = _llm(tiny_llama)
+    fast = llm.engine.runner.fast_decode
+    assert fast.max_rows == (PackedLinear.MID_M if packed_linear.mid_gemm() == "inferlab" else PackedLinear.SMALL_M)
+    calls = []
+    real = fast.forward
+    monkeypatch.setattr(fast, "forward", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    n = fast.max_rows + 2
+    prompts = random_prompts(llm.engine.model_config.vocab_size, n, lo=5, hi=20, seed=1)
+    llm.generate(prompts, [SamplingParams(max_tokens=2 if i < 2 else 5, temperature=0.0, ignore_eos=True)
+                           for i in range(n)])
+    # the prefill step and the decode step at max_rows + 2 rows ran the modules; once two requests
+    # finished, the remaining max_rows decoding rows took the fast path
+    assert calls and max(calls) == fast.max_rows
+
+
+def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
+    assert LLM(str(tiny_qwen3), dtype="float32").engine.runner.fast_decode is None  # q/k norm
+    # bf16 takes it only where oneDNN multiplies bf16 natively (else PackedLinear casts in Python)
+    bf16 = LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode
+    assert (bf16 is not None) == (packed_linear.native_bf16() and fused_decode.available())
+    assert LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner.fast_decode is None
+    monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")
+    assert LLM(str(tiny_llama), dtype="float32").engine.runner.fast_decode is None
