@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments import bandwidth, plots
-from experiments.report import answers, observer, sections, settings, verdict, workload
+from experiments.report import answers, observer, predicted, sections, settings, verdict, workload
 from experiments.report.md import fmt
 from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, group, latency_rows
 from experiments.summary import load_runs, same_prompts, summarize
@@ -48,6 +48,11 @@ def build(dirs: list[Path], out: Path) -> Path:
           f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
           + ", ".join(f"`{d}`" for d, _, _ in runs.configs) + ".", ""] + sections.provenance(runs) + [
           "", "## Engines", ""] + sections.engines(runs)
+    sim = [e.label for e in runs.engines if e.manifest.get("simulated")]
+    if sim:  # inferlab simulate: say it before any number
+        md[4:4] = [f"**Simulated, not measured: {', '.join(sim)}** (inferlab simulate: the reference engine's "
+                   "scheduler in simulated time, step times from a device profile; see each engine's profile "
+                   "below).", ""]
     sp = same_prompts(runs)
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
            "## Workload", ""] + workload.section(runs) + ["",
@@ -58,6 +63,7 @@ def build(dirs: list[Path], out: Path) -> Path:
     md += ["", "## Metric definitions", "", DEFINITIONS, ""]
     md += ["## Who is faster", "", verdict.basis(runs), ""] + verdict.lines(runs) + [""]
     md += verdict.search_section(runs)
+    md += predicted.section(runs, out / "plots")
     md += ["## Latency", ""] + group(runs, latency_rows()) + [""]
     md += ["## The server's own view", ""] + observer.section(runs) + [""]
     md += ["## Memory split", ""] + settings.memory_section(runs) + [""]

@@ -1,0 +1,110 @@
+"""The report's "Predicted vs measured" section: a simulated run (`inferlab simulate`, its manifest
+marked `simulated`) beside a measured run of the same engine, merged with `inferlab report MEASURED
+SIMULATED`. Per common level: p50/p90/p99 of TTFT, TPOT and E2EL and the output throughput, each
+with the signed error (predicted / measured - 1); the SLO searches' capacities when both searched;
+one CDF plot per metric (measured solid, predicted dashed).
+
+Invariant: nothing here is shown unless a simulated engine and the measured engine it stands for are
+both in the runs; every predicted number is labelled with its profile and (un)calibrated.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments import metrics  # noqa: E402
+from experiments.report.md import fmt, table  # noqa: E402
+
+METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL"))
+STATS = (("median", "p50"), ("p90", "p90"), ("p99", "p99"))
+
+
+def pairs(runs) -> list[tuple[Any, Any]]:
+    """(measured, simulated) engine results: a simulated engine and the measured one it names."""
+    out = []
+    for s in runs.engines:
+        sim = s.manifest.get("simulated")
+        if not sim:
+            continue
+        m = next((e for e in runs.engines if not e.manifest.get("simulated") and e.name == sim["engine"]), None)
+        if m is not None:
+            out.append((m, s))
+    return out
+
+
+def signed(pred: float | None, meas: float | None) -> float | None:
+    return None if pred is None or not meas else pred / meas - 1
+
+
+def errors(meas: dict[str, Any], pred: dict[str, Any]) -> dict[str, float | None]:
+    """Signed relative errors of one level: "ttft_p50", ..., "e2el_p99", "throughput"."""
+    out = {f"{k.removesuffix('_ms')}_{n}": signed((pred.get(k) or {}).get(s), (meas.get(k) or {}).get(s))
+           for k, _ in METRICS for s, n in STATS}
+    out["throughput"] = signed(pred.get("output_throughput"), meas.get("output_throughput"))
+    return out
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v:+.1%}"
+
+
+def section(runs, out: Path) -> list[str]:
+    ps = pairs(runs)
+    if not ps:
+        return []
+    md = ["## Predicted vs measured", ""]
+    for m, s in ps:
+        sim = s.manifest["simulated"]
+        md += [f"**{s.label}** predicts **{m.label}** with profile {sim['profile']}"
+               + ("" if sim.get("calibrated") else " (UNCALIBRATED: spec sheet, no measurement behind it)")
+               + f"; answer lengths: {sim.get('eos_lengths')}. Error = predicted / measured - 1.", ""]
+        rows = []
+        for level in [lv for lv in runs.levels if lv in m.summary and lv in s.summary]:
+            mp, sp = m.summary[level], s.summary[level]
+            e = errors(mp, sp)
+            for k, name in METRICS:
+                for st, n in STATS:
+                    rows.append([level, f"{name} {n} (ms)", fmt((mp.get(k) or {}).get(st)),
+                                 fmt((sp.get(k) or {}).get(st)), _pct(e[f"{k.removesuffix('_ms')}_{n}"])])
+            rows.append([level, "output tok/s", fmt(mp.get("output_throughput")), fmt(sp.get("output_throughput")),
+                         _pct(e["throughput"])])
+        md += table(["level", "metric", "measured", "predicted", "error"], rows) if rows else \
+            ["No level in common (a search picks its own rates): see the capacities below."]
+        caps = [((e.manifest.get("repeats") or {}).get("1") or {}).get("search") for e in (m, s)]
+        if all(c and c.get("best_rate") for c in caps):
+            md += ["", f"SLO search capacity: measured {fmt(caps[0]['best_rate'])} req/s, predicted "
+                   f"{fmt(caps[1]['best_rate'])} req/s ({_pct(signed(caps[1]['best_rate'], caps[0]['best_rate']))})."]
+        md += [""] + [f"![{p.stem}](plots/{p.name})" for p in plot(m, s, runs.levels, out)] + [""]
+    return md
+
+
+def plot(m, s, levels: list[str], out: Path) -> list[Path]:
+    """One CDF per metric: each common level's measured (solid) and predicted (dashed) requests."""
+    paths = []
+    common = [lv for lv in levels if m.records.get(lv) and s.records.get(lv)]
+    for key, name in METRICS:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, lv in enumerate(common):
+            colour = f"C{i % 10}"
+            for e, style, tag in ((m, "-", "measured"), (s, "--", "predicted")):
+                v = np.sort([r[key] for r in map(metrics.per_request, e.records[lv]) if r[key] == r[key]])
+                if v.size:
+                    ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", color=colour, linestyle=style,
+                            label=f"{lv} {tag}")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{name}: measured (solid) vs predicted (dashed)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        path = out / f"predicted_{key.removesuffix('_ms')}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths

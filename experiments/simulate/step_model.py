@@ -1,0 +1,138 @@
+"""The step-time model: one engine step's duration as a sum of roofline terms, each times a fitted
+coefficient (issue 40).
+
+    t = a_w * W/BW + a_kv * KV/BW + a_lin * F/FLOPS + a_att * A/FLOPS + c_seq * B + c_step
+
+W: weight bytes read once per step; KV: bytes of every scheduled sequence's context read (sum of
+contexts x KV bytes per token); F: the linear layers' FLOPs (2 x layer params x new tokens, plus the
+LM head on the rows that sample); A: attention's quadratic FLOPs (4 x layers x heads x head_dim x new
+tokens x mean attended context); B: sequences in the step. BW and FLOPS are the device profile's peaks,
+so each `a_*` is 1 / efficiency (1.0 = at the roofline); `c_seq` and `c_step` are seconds.
+
+Invariant: `predict` is a pure function of (profile, model shape, step shape): the same batch always
+costs the same simulated time, on any machine.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TERMS = ("weights", "kv", "linear", "attention", "per_seq", "per_step")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the roofline terms need from a decoder-only transformer."""
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    dtype: str = "float32"  # the weights' (and the matmuls') dtype: picks the profile's FLOPS peak
+    kv_dtype: str = "float32"
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, dtype: str = "float32", kv_dtype: str | None = None) -> "ModelShape":
+        c = json.loads((Path(model_dir) / "config.json").read_text())
+        heads = c["num_attention_heads"]
+        return cls(c["num_hidden_layers"], c["hidden_size"], heads, c.get("num_key_value_heads", heads),
+                   c.get("head_dim") or c["hidden_size"] // heads, c["intermediate_size"], c["vocab_size"],
+                   dtype, kv_dtype or dtype)
+
+    @property
+    def layer_params(self) -> int:
+        """Linear-layer parameters of all layers (q, k, v, o and the gated MLP)."""
+        h, d = self.hidden, self.head_dim
+        attn = h * self.heads * d * 2 + h * self.kv_heads * d * 2
+        return self.layers * (attn + 3 * h * self.intermediate)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes every step reads: the layers and the LM head (embedding rows gathered are negligible)."""
+        return (self.layer_params + self.vocab * self.hidden) * DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.kv_dtype]
+
+
+@dataclass
+class Profile:
+    """A device profile: peaks, fitted coefficients and where they came from. `calibrated` False
+    means spec-sheet peaks with default efficiencies: every output that uses it says "uncalibrated"."""
+    name: str
+    bandwidth_gbps: float
+    tflops: dict[str, float]  # dense peak per matmul dtype (float32, bfloat16, fp8, ...)
+    coef: dict[str, float]
+    memory_gb: float | None = None  # device memory (spec profiles: what the KV budget is cut from)
+    calibrated: bool = False
+    machine: str = ""
+    engine: str = ""
+    version: str = ""
+    date: str = ""
+    notes: str = ""
+    fit: dict = field(default_factory=dict)  # calibration residuals, shapes swept
+
+    def peak_tflops(self, dtype: str) -> float:
+        if dtype not in self.tflops:
+            raise ValueError(f"profile {self.name}: no FLOPS peak for {dtype} (has {', '.join(self.tflops)})")
+        return self.tflops[dtype]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({'calibrated' if self.calibrated else 'uncalibrated'})"
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        raw = json.loads(Path(path).read_text())
+        unknown = set(TERMS) ^ set(raw.get("coef", {}))
+        if unknown:
+            raise ValueError(f"profile {path}: coef must have exactly the terms {', '.join(TERMS)}")
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One step's batch: per sequence (new tokens, context after the step, rows that sample)."""
+    seqs: tuple[tuple[int, int, int], ...]
+
+
+def features(shape: StepShape, m: ModelShape, prof: Profile) -> dict[str, float]:
+    """Each term at the profile's peaks, in seconds (per_seq: sequences; per_step: 1)."""
+    bw, fl = prof.bandwidth_gbps * 1e9, prof.peak_tflops(m.dtype) * 1e12
+    new = ctx = rows = att = 0
+    for n, c, r in shape.seqs:
+        new += n
+        ctx += c
+        rows += r
+        att += n * (c - (n - 1) / 2)  # causal: query i attends to c - n + i + 1 keys
+    return {"weights": m.weight_bytes / bw, "kv": ctx * m.kv_bytes_per_token / bw,
+            "linear": 2 * (m.layer_params * new + m.vocab * m.hidden * rows) / fl,
+            "attention": 4 * m.layers * m.heads * m.head_dim * att / fl,
+            "per_seq": float(len(shape.seqs)), "per_step": 1.0}
+
+
+def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:
+    """Seconds the step takes under the profile."""
+    f = features(shape, m, prof)
+    return sum(prof.coef[k] * f[k] for k in TERMS)
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped spec-sheet profile by name (h100, h200, a100, l40s) or a profile JSON's path."""
+    shipped = Path(__file__).parent / "profiles" / f"{name_or_path.lower()}.json"
+    path = shipped if shipped.is_file() else Path(name_or_path)
+    if not path.is_file():
+        names = sorted(p.stem for p in shipped.parent.glob("*.json"))
+        raise ValueError(f"profile {name_or_path!r}: not a file and not one of {', '.join(names)}")
+    return Profile.load(path)

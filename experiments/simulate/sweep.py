@@ -1,0 +1,94 @@
+"""Step shapes timed on the real reference engine: the calibration sweep, the teacher-forced trace
+and the workload's greedy EOS lengths, all from `LLMEngine(record_steps=True)`.
+
+`shapes` turns the engine's own step records (reference_engine StepRecord: who was scheduled with how
+many tokens, who was preempted, who emitted) into the step-time model's `StepShape`s: a sequence's
+context after the step is the tokens it had computed before (its prefix-cache hit at admission, 0
+again after a preemption) plus the tokens scheduled now. The sweep's first steps warm the kernels
+and are dropped.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Iterable
+
+from reference_engine import EngineConfig, LLMEngine, SamplingParams
+
+from experiments.simulate.step_model import StepShape
+
+# (streams, prompt tokens, output tokens): decode at short/long contexts and batch sizes, prefill chunks
+DECODE = [(b, p, 10) for b in (1, 2, 4, 8, 16) for p in (32, 256, 768)]
+PREFILL = [(1, p, 2) for p in (16, 64, 128, 256, 512, 1024, 2000)] + [(4, 600, 2)]
+WARM_STEPS = 3
+
+
+def engine_config(model: str, dtype: str, options: dict[str, Any], **over: Any) -> EngineConfig:
+    """The engine's config as the harness would start it: the config's engine options that
+    EngineConfig knows, then `over`."""
+    fields = set(EngineConfig.__dataclass_fields__) - {"model", "dtype"}
+    return EngineConfig(model=model, dtype=dtype, **{**{k: v for k, v in options.items() if k in fields}, **over})
+
+
+def shapes(records: Iterable[Any]) -> list[tuple[StepShape, float]]:
+    """(shape, measured seconds) per step record, contexts tracked across steps."""
+    done: dict[str, int] = {}
+    out = []
+    for rec in records:
+        for rid in rec.preempted:
+            done[rid] = 0
+        seqs = []
+        for rid, n, _kind in rec.scheduled:
+            start = done.get(rid, 0) or rec.prefix_hits.get(rid, 0)
+            rows = 1 + rec.spec_proposed.get(rid, 0) if rid in rec.new_tokens else 0
+            seqs.append((n, start + n, rows))
+            done[rid] = start + n - (rec.spec_proposed.get(rid, 0) - rec.spec_accepted.get(rid, 0))
+        for rid in rec.finished:
+            done.pop(rid, None)
+        out.append((StepShape(tuple(seqs)), rec.duration_s))
+    return out
+
+
+def _run_group(eng: LLMEngine, streams: int, prompt: int, out: int, rng: random.Random, vocab: int) -> None:
+    params = SamplingParams(max_tokens=out, ignore_eos=True)
+    for _ in range(streams):
+        eng.add_request([rng.randrange(3, vocab) for _ in range(prompt)], params)
+    while eng.has_unfinished():
+        eng.step()
+
+
+def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 1) -> list[tuple[StepShape, float]]:
+    """Time the sweep's step shapes on the engine of `cfg` (prefix caching off: every token computed)."""
+    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True, "enable_prefix_caching": False}))
+    rng, vocab = random.Random(seed), eng.model_config.vocab_size
+    groups = (DECODE + PREFILL) * repeats
+    for g in groups:
+        _run_group(eng, *g, rng, vocab)
+    return shapes(eng.step_records)[WARM_STEPS:]
+
+
+def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
+          ignore_eos: bool) -> list[tuple[StepShape, float]]:
+    """Teacher-forcing data: the engine serves `prompts` closed-loop at `concurrency` (a new request
+    is added as one finishes), with prefix caching as configured; every step's shape and time."""
+    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True}))
+    todo = list(zip(prompts, max_tokens))[::-1]
+    while todo or eng.has_unfinished():
+        while todo and len(eng.requests) < concurrency:
+            p, m = todo.pop()
+            eng.add_request(p, SamplingParams(max_tokens=m, ignore_eos=ignore_eos))
+        eng.step()
+    return shapes(eng.step_records)[WARM_STEPS:]
+
+
+def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool) -> dict[str, int]:
+    """Each work item's greedy output length (its EOS, or max tokens) from the engine, offline. Greedy
+    fp32 output is a property of the prompt, not of timing: the simulator may know it in advance."""
+    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": False}))
+    for it in items:
+        eng.add_request(it.prompt_token_ids, SamplingParams(max_tokens=it.output_len, ignore_eos=ignore_eos),
+                        request_id=it.request_id)
+    n: dict[str, int] = {}
+    while eng.has_unfinished():
+        for d in eng.step():
+            n[d.request_id] = n.get(d.request_id, 0) + len(d.new_token_ids)
+    return n
