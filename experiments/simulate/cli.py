@@ -65,6 +65,12 @@ def main(argv: list[str]) -> int:
         return fail(f"--accept must be in [0, 1], got {a.accept}")
     if a.capacity and not a.slo:
         return fail("--capacity needs --slo, e.g. --slo ttft_p99_ms=1000,tpot_p99_ms=100")
+    from experiments.simulate import capacity
+
+    try:
+        slo = capacity.parse_slo(a.slo) if a.capacity else None
+    except ValueError as e:
+        return fail(str(e))
     engine = cfg.engine_list()[0]
     if cfg.adapter(engine) != "reference" and not a.settings_from and not a.calibrate:
         return fail(f"{a.config}: engine {engine!r}: the simulator runs the reference engine's scheduler; give "
@@ -83,12 +89,6 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as e:
         return fail(f"{a.config}: {e}")
     if a.capacity:
-        from experiments.simulate import capacity
-
-        try:
-            slo = capacity.parse_slo(a.slo)
-        except ValueError as e:
-            return fail(str(e))
         print(capacity.run(cfg, engine, profile, slo, a.replicas, a.router, lengths, a.requests,
                            a.target_rate, Path(a.out), a.accept, settings))
         return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any, Iterable
 
-from reference_engine import EngineConfig, LLMEngine, SamplingParams
+from reference_engine import EngineConfig, SamplingParams
 
 from experiments.simulate.step_model import StepShape
 
@@ -48,7 +48,7 @@ def shapes(records: Iterable[Any]) -> list[tuple[StepShape, float]]:
     return out
 
 
-def _run_group(eng: LLMEngine, streams: int, prompt: int, out: int, rng: random.Random, vocab: int) -> None:
+def _run_group(eng, streams: int, prompt: int, out: int, rng: random.Random, vocab: int) -> None:
     params = SamplingParams(max_tokens=out, ignore_eos=True)
     for _ in range(streams):
         eng.add_request([rng.randrange(3, vocab) for _ in range(prompt)], params)
@@ -58,6 +58,8 @@ def _run_group(eng: LLMEngine, streams: int, prompt: int, out: int, rng: random.
 
 def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 1) -> list[tuple[StepShape, float]]:
     """Time the sweep's step shapes on the engine of `cfg` (prefix caching off: every token computed)."""
+    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
+
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True, "enable_prefix_caching": False}))
     rng, vocab = random.Random(seed), eng.model_config.vocab_size
     groups = (DECODE + PREFILL) * repeats
@@ -70,6 +72,8 @@ def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], co
           ignore_eos: bool) -> list[tuple[StepShape, float]]:
     """Teacher-forcing data: the engine serves `prompts` closed-loop at `concurrency` (a new request
     is added as one finishes), with prefix caching as configured; every step's shape and time."""
+    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
+
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True}))
     todo = list(zip(prompts, max_tokens))[::-1]
     while todo or eng.has_unfinished():
@@ -83,6 +87,8 @@ def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], co
 def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool) -> dict[str, int]:
     """Each work item's greedy output length (its EOS, or max tokens) from the engine, offline. Greedy
     fp32 output is a property of the prompt, not of timing: the simulator may know it in advance."""
+    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
+
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": False}))
     for it in items:
         eng.add_request(it.prompt_token_ids, SamplingParams(max_tokens=it.output_len, ignore_eos=ignore_eos),

@@ -1,0 +1,71 @@
+"""`inferlab simulate`: a bad config or flag is one line on stderr and exit 2; capacity planning on
+the planted model finds more capacity with more replicas."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments.cli import main
+from experiments.config import load
+from experiments.simulate import capacity
+from tests.experiments.exp_util import write_config
+from tests.experiments.simulate.planted import planted
+
+BODY = """
+engine = "reference"
+[workload]
+kind = "random"
+num_requests = 8
+input_len = 32
+output_len = 8
+[kv]
+tokens = 2048
+"""
+
+
+@pytest.mark.parametrize("args, says", [
+    (["missing.toml"], "not found"),
+    (["{cfg}", "--capacity"], "--capacity needs --slo"),
+    (["{cfg}", "--capacity", "--slo", "ttft_p42_ms=1"], "METRIC_STAT_ms=LIMIT"),
+    (["{cfg}", "--capacity", "--slo", "ttft_p99_ms=-5"], "LIMIT > 0"),
+    (["{cfg}", "--profile", "h900"], "not one of a100, h100, h200, l40s"),
+    (["{cfg}", "--replicas", "0"], "--replicas must be >= 1"),
+    (["{cfg}", "--router", "random"], "invalid choice"),
+    (["{cfg}", "--profile", "/no/such/profile.json"], "not a file"),
+    (["{bad}"], "unknown key"),
+])
+def test_usage_errors_are_one_line_and_exit_2(exp_model, tmp_path, capsys, args, says):
+    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
+    bad = write_config(tmp_path / "b.toml", exp_model, BODY + "bogus = 1\n")
+    try:
+        rc = main(["simulate"] + [a.format(cfg=cfg, bad=bad) for a in args])
+    except SystemExit as e:  # argparse's own errors exit from inside the parser
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert says in err and len(err.splitlines()) == 1
+
+
+def test_no_calibrated_profile_says_how_to_make_one(exp_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
+    assert main(["simulate", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--calibrate" in err and len(err.splitlines()) == 1
+
+
+def test_parse_slo():
+    assert capacity.parse_slo("ttft_p99_ms=1000, tpot_p50_ms=100") == {("ttft", "p99"): 1000.0,
+                                                                       ("tpot", "p50"): 100.0}
+
+
+def test_two_replicas_take_more_than_one(exp_model, tmp_path):
+    path = write_config(tmp_path / "c.toml", exp_model, BODY)
+    cfg, slo = load(path), capacity.parse_slo("ttft_p90_ms=100")
+    caps = []
+    for n in (1, 2):
+        capacity.run(cfg, "reference", planted(), slo, n, "least_loaded", None, 300, None, tmp_path)
+        doc = (tmp_path / "t-capacity" / f"capacity-{n}x-least_loaded.json").read_text()
+        caps.append(json.loads(doc)["best_rate"])
+    assert caps[0] and caps[1] > 1.5 * caps[0]

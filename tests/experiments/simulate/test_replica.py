@@ -1,0 +1,62 @@
+"""The simulated replica against the real engine: under a KV budget too small for everyone, the
+scheduler's decisions (who runs with how many tokens, who is preempted) are the engine's, step for
+step; the step shapes the calibration reads from the engine's records are the simulator's own."""
+from __future__ import annotations
+
+import random
+
+from reference_engine import EngineConfig, LLMEngine, SamplingParams
+
+from experiments.simulate.replica import Replica
+from experiments.simulate.step_model import ModelShape
+from experiments.simulate.sweep import shapes
+from tests.experiments.simulate.planted import planted
+
+PROMPTS = (10, 12, 14, 9, 11)
+MAX_TOKENS = 14
+
+
+def cfg(model, **kw) -> EngineConfig:
+    return EngineConfig(model=str(model), kv_cache_tokens=48, block_size=4, max_num_batched_tokens=32,
+                        max_num_seqs=8, **kw)
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in PROMPTS]
+
+
+def test_preemption_under_a_tiny_kv_budget_matches_the_engine_step_for_step(exp_model):
+    eng = LLMEngine(cfg(exp_model, record_steps=True))
+    ps = prompts(eng.model_config.vocab_size)
+    for i, p in enumerate(ps):
+        eng.add_request(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), request_id=f"r{i}")
+    while eng.has_unfinished():
+        eng.step()
+    real = [([(rid, n) for rid, n, _ in rec.scheduled], rec.preempted) for rec in eng.step_records]
+
+    rep = Replica(cfg(exp_model), 48 // 4, ModelShape.from_dir(exp_model), planted())
+    for i, p in enumerate(ps):
+        rep.add(f"r{i}", p, MAX_TOKENS)
+    sim, sim_shapes = [], []
+    while rep.has_work():
+        res = rep.step()
+        sim.append((res.scheduled, res.preempted))
+        sim_shapes.append(res.shape)
+
+    assert sum(len(p) for _, p in real) >= 2  # the budget really forces preemptions
+    assert sim == real
+    assert [s for s, _ in shapes(eng.step_records)] == sim_shapes
+
+
+def test_speculation_emits_accepted_drafts(exp_model):
+    """k = 3 drafts: all accepted, 9 tokens take a prefill step then two steps of 4; none accepted, 9 steps."""
+    for accept, steps in ((1.0, 3), (0.0, 9)):
+        rep = Replica(EngineConfig(model=str(exp_model), kv_cache_tokens=256), 16, ModelShape.from_dir(exp_model),
+                      planted(), spec_k=3, accept=accept)
+        rep.add("a", list(range(3, 20)), 9)
+        n = 0
+        while rep.has_work():
+            rep.step()
+            n += 1
+        assert n == steps
