@@ -23,6 +23,7 @@ import torch
 from reference_engine.model import fused_decode, fused_ops, packed_linear
 from reference_engine.attention import cpu_backend
 from reference_engine.config import EngineConfig, ModelConfig
+from reference_engine.worker import ram_check
 from reference_engine.worker.model_runner import ModelRunner
 from reference_engine.engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
@@ -79,10 +80,12 @@ def kernel_problems(cfg: EngineConfig) -> list[str]:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
-        """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold."""
+        """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold, and
+        on CPU for a model and KV budget that would not fit in the memory available (`ram_check.py`)."""
         ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
         if problems := kernel_problems(cfg):
             raise ValueError("; ".join(problems))
+        ram_check.refuse(cfg)
         self.tokenizer = Tokenizer(cfg.model)
         self.runner = ModelRunner(cfg)
         # the tensor-parallel workers stop when the engine is dropped, not at interpreter exit; the
@@ -266,8 +269,12 @@ class LLMEngine:
         prefill_gemm (the library of fp32 GEMMs of prefill size: "mkl" or "onednn", measured at load),
         decode_gemv (who multiplies fp32 products of decode size: "inferlab", the C++ kernel, or "onednn"),
         mid_gemm (who multiplies fp32 products of a decode batch, 13 to 128 rows: "inferlab" or "onednn"),
-        kv_cache_dtype and num_threads (torch intra-op threads)."""
+        kv_cache_dtype, num_threads (torch intra-op threads), weights_layouts ({layout name: bytes} held beside
+        the parameters, `packed_linear.layout_bytes`) and bytes_per_weight (everything held for weights, the
+        parameters as held plus every layout, over the number of weights as loaded; tied weights count once)."""
         r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
+        mem = r.memory()
+        layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}
         return {
             "dtype": str(r.dtype).removeprefix("torch."), "kv_capacity_tokens": r.kv_capacity_tokens,
             "kv_blocks": kv.kv_total_blocks, "block_size": kv.block_size,
@@ -282,12 +289,16 @@ class LLMEngine:
             "prefill_gemm": r.prefill_gemm, "decode_gemv": r.decode_gemv, "mid_gemm": r.mid_gemm,
             "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
+            "weights_layouts": layouts,
+            "bytes_per_weight": round((mem["weights"] + sum(layouts.values())) / r.weight_count, 3),
         }
 
     def memory_report(self) -> dict[str, int]:
         """Bytes, the keys of the harness's `EngineInfo.memory` where known: weights, kv_allocated,
         kv_bytes_per_token, kv_peak_used (blocks held at the peak since start or `reset_kv_peak`)
-        everywhere; on CUDA also activation_peak (profile forward at start), graph_pool, device_total,
+        everywhere; layout_<name> per weight layout, runtime_base (RSS before weights) and activation_peak
+        (RSS high-water of the profile forward at start) on CPU; on CUDA activation_peak (profile forward
+        at start, torch's allocator), graph_pool, device_total,
         device_free, torch_allocated / torch_reserved / torch_peak_allocated, and from NVML (nvidia-ml-py)
         device_used and process_used. Keys that cannot be measured are absent."""
         m = self.runner.memory()

@@ -133,8 +133,9 @@ def _run(eng: LLMEngine, args) -> dict:
         "num_blocks": kv.kv_total_blocks, "max_num_batched_tokens": args.max_num_batched_tokens,
         "prefix_caching": args.prefix_cache, "speculative": args.speculative, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "top_logprobs": args.top,
-        "memory": {k: v for k, v in mem.items() if k in ("weights", "weights_packed", "kv_allocated",
-                                                          "activation_peak", "graph_pool")},
+        # each weight layout by name; the activation peak only where a profile forward measured it at start (CUDA)
+        "memory": {k: v for k, v in mem.items() if k in ("weights", "kv_allocated", "graph_pool") or k.startswith("layout_")
+                   or (k == "activation_peak" and "device_total" in mem)},
         "requests": [{"id": str(i), "text": t, "num_tokens": len(p)} for i, (t, p) in enumerate(zip(texts, prompts))],
         "tensor_parallel": rank_shapes(mc, args.tensor_parallel_size),
     }
@@ -264,7 +265,7 @@ def render(doc: dict, console=None) -> None:
         f"speculation {c['speculative'] or 'off'}, token budget {c['max_num_batched_tokens']}/step\n"
         f"memory: weights {_mib(c['memory']['weights'])}, KV allocated {_mib(c['memory']['kv_allocated'])}"
         + "".join(f", {k} {_mib(v)}" for k, v in c["memory"].items() if k not in ("weights", "kv_allocated"))
-        + " (activations are measured on CUDA only)\n"
+        + " (activations: measured at start on CUDA only)\n"
         "block tables: * = block reused through a prefix-cache hit, xN = held by N requests"))
     for r, shapes in enumerate(c["tensor_parallel"] or []):  # each decoder layer's weights on each rank
         con.print(Text(f"rank {r}: " + ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())))

@@ -9,8 +9,9 @@ ids that index those tensors are the scheduler's (`core/block_pool.py`, `core/kv
 Sources: tensor sizes (weights, KV: known on any device); `torch.cuda` (`mem_get_info`: the device's
 free and total bytes; `memory_allocated` / `max_memory_allocated` / `memory_reserved`: torch's
 caching allocator); NVML through nvidia-ml-py (`pynvml`: the device's used bytes and this process's,
-as nvidia-smi shows them), when it is installed. Off CUDA only the tensor sizes exist: the report
-then has no device keys, never a guess.
+as nvidia-smi shows them), when it is installed. Off CUDA the report has no device keys, never a
+guess; on CPU the process's own counters stand in (`rss`, `peak_rss`: /proc/self/status VmRSS and
+VmHWM, the high-water reset by writing "5" to /proc/self/clear_refs; see `model_runner.memory`).
 
 KV sizing from `gpu_memory_utilization` follows vLLM: the engine may use `utilization x total`
 bytes; the KV cache gets what is left after the weights, the peak activations of a profile forward
@@ -52,6 +53,37 @@ def keep_freed_cpu_memory() -> bool:
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
     return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def rss() -> int | None:
+    """This process's resident bytes now (VmRSS); None where /proc is absent."""
+    return _status("VmRSS")
+
+
+def peak_rss() -> int | None:
+    """This process's resident high-water mark (VmHWM) since start or `reset_peak_rss`."""
+    return _status("VmHWM")
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: "5" to /proc/self/clear_refs). Whether it was."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def param_bytes(*modules: torch.nn.Module | None) -> int:

@@ -11,7 +11,10 @@ host sync (the token ids) for the whole step.
 On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_graphs.py`;
 `enforce_eager` turns that off); the attention backend defaults to Triton there. At start, on CUDA,
 a profile forward over a full token budget measures peak activation memory, and with
-`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`).
+`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`). On CPU the
+activation peak is the process's RSS high-water above its RSS at the end of start-up (no profile
+forward: a full token budget's prefill would add seconds to every start), and a KV cache that would
+not fit in the RAM available is refused before it is allocated (`ram_check.py`).
 
 The runner gets the scheduler's per-step record (`core/scheduler_output.ScheduledSeq`: query tokens, first
 position, block table, whether it samples, drafts) and derives the slot mapping from the block
@@ -42,8 +45,10 @@ from reference_engine.distributed import group as tp_group
 from reference_engine.distributed import layers as tp_layers
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
+from reference_engine.worker import ram_check
 from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-                                         keep_freed_cpu_memory, kv_budget, param_bytes)
+                                         keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, reset_peak_rss,
+                                         rss)
 from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.model.loader import load_model
 from reference_engine.model.llama import CausalLM, RotaryEmbedding
@@ -102,6 +107,8 @@ class ModelRunner:
             torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
         if self.device.type == "cpu":  # activations reuse the heap, not fresh page-faulted mmaps
             keep_freed_cpu_memory()
+        # CPU: the process before any weight (interpreter, libraries, tokenizer): the split's "interpreter and libraries"
+        self.runtime_base = rss() if self.device.type == "cpu" else None
         self.mem = DeviceMemory(self.device)
         start = self.mem.snapshot()  # None off CUDA
         self.plan = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None
@@ -110,6 +117,7 @@ class ModelRunner:
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         load = dummy_model if cfg.load_format == "dummy" else load_model
         self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len, shard=self.plan)
+        self.weight_count = sum(p.numel() for p in self.model.parameters())  # as loaded, before any layout; tied once
         self.linear_compute_dtype = str(self.dtype).removeprefix("torch.")
         if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (packed_linear.py)
             packed_linear.pack(self.model)
@@ -152,6 +160,11 @@ class ModelRunner:
         self.rank_weights = tp.gather(self.weights_bytes) if tp else [self.weights_bytes]  # bytes, per rank
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
+        if self.device.type == "cpu":  # the KV tensors are zeroed (every page touched): refuse what cannot fit
+            parts = {"KV cache": self.num_blocks * cfg.block_size * self.kv_bytes_per_token}
+            parts["activations (estimate)"] = ram_check.activation_estimate(
+                self.model_config, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+            ram_check.check(parts, *ram_check.available())
         self.kv_cache = allocate_kv_cache(kv_cfg, self.num_blocks, cfg.block_size, self.dtype,
                                           self.device)
         if self.proposer:
@@ -167,6 +180,8 @@ class ModelRunner:
         self.graph_pool_bytes: int | None = None
         if self.use_graphs:
             self.capture_graphs()
+        # CPU: the high-water from here on is the steps' (activations, whose heap stays resident; kernel caches)
+        self.rss_at_start = rss() if self.device.type == "cpu" and reset_peak_rss() else None
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -247,16 +262,25 @@ class ModelRunner:
         return max(0, peak)
 
     def memory(self) -> dict[str, int]:
-        """Bytes: weights, kv_allocated, kv_bytes_per_token (any device); activation_peak, graph_pool
+        """Bytes: weights (the parameters as held, no layout), kv_allocated, kv_bytes_per_token (any device);
+        layout_<name> for each weight layout held beside them (`packed_linear.layout_bytes`; nothing is
+        counted twice); activation_peak (CUDA: the profile forward's; CPU: the process's RSS high-water since
+        the end of start-up above its RSS then, where VmHWM can be reset: the largest step's activations,
+        plus kernel caches built on first use and request state, plus the harness's own growth when the
+        engine runs in its process); runtime_base (CPU: the process's RSS before any weight); graph_pool
         and the device's readings (`DeviceMemory.report`) on CUDA."""
         out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
         if self.tp:  # each rank's shard (rank 0's is `weights`)
             out.update({f"weights_rank{r}": b for r, b in enumerate(self.rank_weights)})
         if self.cfg.linear_backend == "onednn":
-            out["weights_packed"] = packed_linear.packed_bytes(self.model)
+            out.update({f"layout_{k}": v for k, v in packed_linear.layout_bytes(self.model).items()})
+        if self.runtime_base is not None:
+            out["runtime_base"] = self.runtime_base
         if self.activation_peak is not None:
             out["activation_peak"] = self.activation_peak
+        elif self.rss_at_start is not None:
+            out["activation_peak"] = max(0, peak_rss() - self.rss_at_start)
         if self.graph_pool_bytes is not None:
             out["graph_pool"] = self.graph_pool_bytes
         out.update(self.mem.report())

@@ -1,12 +1,13 @@
 """Lab 15 (memory) — where the memory goes, step by step, as requests arrive and finish.
 
-Smallest working piece: the engine's own `LLMEngine.memory_report()` (weights, KV allocated, KV bytes per
-token, the KV peak; on CUDA also the activation peak of a profile forward, the CUDA-graph pool and the
-device's readings) and each step's KV blocks in use from `StepRecord`. Weights and the KV pool are
-allocated once at start; only the share of the pool in use moves. Activations live for one step: on
-CUDA the report measures their peak; on a CPU nothing measures it, so the lab estimates a step's
-largest live set from its shapes and says so. The tiny model, so every number is the same on every
-machine.
+Smallest working piece: the engine's own `LLMEngine.memory_report()` (weights, each weight layout held
+beside them by name, KV allocated, KV bytes per token, the KV peak; on CUDA also the activation peak of a
+profile forward, the CUDA-graph pool and the device's readings; on CPU the process's RSS before the
+weights and its high-water since start) and each step's KV blocks in use from `StepRecord`. Weights and
+the KV pool are allocated once at start; only the share of the pool in use moves. Activations live for
+one step: the lab estimates a step's largest live set from its shapes (`ram_check.activation_estimate`,
+the figure the engine's RAM check at start uses) and says so. The tiny model, so every number is the
+same on every machine.
 
     python docs/handbook/labs/15_memory.py [--model DIR]
 """
@@ -16,6 +17,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.engine.trace import resolve_model
+from reference_engine.worker.ram_check import activation_estimate
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
@@ -29,20 +31,14 @@ def mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def activations(num_tokens: int, num_logit_rows: int) -> int:
-    """Estimated bytes of one step's largest live set (float32): a layer's MLP input, gate/up output and
-    activation (T x (H + 2I + I)), q/k/v (T x (H + 2 KV dims)), and the logits rows x vocab."""
-    t, h, i, kv = num_tokens, mc.hidden_size, mc.intermediate_size, mc.num_kv_heads * mc.head_dim
-    return 4 * (t * (h + 3 * i) + t * (h + 2 * kv) + num_logit_rows * mc.vocab_size)
-
-
-packed = mem.get("weights_packed", 0)  # the CPU's oneDNN-packed copies of the linear weights, held beside them
+layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}  # CPU: beside the weights
+packed = sum(layouts.values())
 print(f"at start: weights {mib(mem['weights'])} ({mem['weights']:,} B)"
-      + (f" + their oneDNN-packed copy {mib(packed)}" if packed else "")
+      + "".join(f" + layout {name} {mib(v)}" for name, v in layouts.items())
       + f", KV allocated {mib(mem['kv_allocated'])} "
       f"({mem['kv_allocated'] // block_bytes} blocks of {block_bytes:,} B), activations: "
-      + (f"peak {mib(mem['activation_peak'])} (profile forward)" if "activation_peak" in mem else
-         "not measured on CPU (estimated per step below)"))
+      + (f"peak {mib(mem['activation_peak'])} (profile forward)" if "device_total" in mem else
+         "estimated per step below"))
 arrivals = {0: ("r0", 40, 8), 2: ("r1", 24, 6), 4: ("r2", 12, 10)}  # step -> (id, prompt tokens, output tokens)
 params = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)  # noqa: E731
 print(f"{'step':>4}  {'event':<22} {'running':>7} {'KV used':>9} {'blocks':>6} {'of pool':>7} {'act. est.':>10}")
@@ -59,7 +55,7 @@ while eng.has_unfinished() or step in arrivals or step < max(arrivals):
         if rec.finished:
             event += ("; " if event else "") + " ".join(rec.finished) + " finished"
         tokens = rec.num_prefill_tokens + rec.num_decode_tokens
-        act = activations(tokens, len(rec.new_tokens) or 1)
+        act = activation_estimate(mc, tokens, len(rec.new_tokens) or 1)
         peak_blocks = max(peak_blocks, rec.kv_blocks_used)
         print(f"{rec.step:>4}  {event:<22} {rec.num_running:>7} {mib(rec.kv_blocks_used * block_bytes):>9} "
               f"{rec.kv_blocks_used:>6} {rec.kv_blocks_used / (rec.kv_blocks_used + rec.kv_blocks_free):>7.0%} "
@@ -71,7 +67,7 @@ print(f"KV peak (engine's counter): {end['kv_peak_used']:,} B = {end['kv_peak_us
       + ("" if end["kv_peak_used"] == peak_blocks * block_bytes else
          " (the counter also sees blocks held inside a step and freed before it ended)"))
 total = mem["weights"] + packed + mem["kv_allocated"]
-print(f"so, of {mib(total)} allocated up front, the weights (with their packed copy) are "
+print(f"so, of {mib(total)} allocated up front, the weights (with their layouts) are "
       f"{(mem['weights'] + packed) / total:.0%} and the KV pool {mem['kv_allocated'] / total:.0%}; this workload "
       f"used at most {end['kv_peak_used'] / mem['kv_allocated']:.0%} of the pool, and "
       f"{'every block is free again' if eng.scheduler.stats().kv_used_blocks == 0 else 'blocks are still held'} "

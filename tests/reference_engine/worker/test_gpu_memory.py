@@ -68,8 +68,14 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     llm = LLM(str(tiny_llama), kv_cache_tokens=1024, block_size=16, max_num_seqs=4)
     e = llm.engine
     m = e.memory_report()
-    packed = {"weights_packed"} if e.cfg.linear_backend == "onednn" else set()  # oneDNN's copies (packed_linear.py)
-    assert set(m) == {"weights", "kv_allocated", "kv_bytes_per_token", "kv_peak_used"} | packed  # no device readings
+    from reference_engine.model import packed_linear
+    layouts = packed_linear.layout_bytes(e.runner.model) if e.cfg.linear_backend == "onednn" else {}
+    assert set(m) == {"weights", "kv_allocated", "kv_bytes_per_token", "kv_peak_used", "runtime_base",
+                      "activation_peak"} | {f"layout_{k}" for k in layouts}  # no device readings
+    assert all(m[f"layout_{k}"] == v > 0 for k, v in layouts.items())
+    # before any weight: the interpreter, torch and the tokenizer, more than nothing, less than the whole process
+    from reference_engine.worker.gpu_memory import rss
+    assert 50 << 20 < m["runtime_base"] < rss() - m["weights"] - m["kv_allocated"] + (64 << 20)
     per_tok = bytes_per_token(e.model_config, torch.float32)
     assert m["kv_bytes_per_token"] == per_tok
     assert m["kv_allocated"] == 1024 * per_tok == sum(k.nbytes + v.nbytes for k, v in e.runner.kv_cache)
@@ -82,8 +88,16 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     assert e.memory_report()["kv_peak_used"] == 6 * 16 * per_tok
     e.reset_kv_peak()  # nothing running: back to 0
     assert e.memory_report()["kv_peak_used"] == 0
+    # CPU: the activation peak is the RSS high-water since start-up: a 256 MiB temporary made and freed now shows
+    before = e.memory_report()["activation_peak"]
+    torch.ones(64 << 20, dtype=torch.float32).sum()
+    assert e.memory_report()["activation_peak"] >= before + (256 << 20) - (16 << 20)
     eff = e.effective_config()
     assert EFFECTIVE_KEYS <= set(eff)
+    assert eff["weights_layouts"] == layouts
+    count = sum(p.numel() for p in e.runner.model.parameters())
+    assert eff["bytes_per_weight"] == round((m["weights"] + sum(layouts.values())) / count, 3)
+    assert eff["bytes_per_weight"] >= 4  # fp32: at least the parameters themselves
     assert eff["dtype"] == "float32" and eff["kv_capacity_tokens"] == 1024 and eff["kv_blocks"] == 64
     assert eff["cuda_graphs"] is False and eff["compile"] is False and eff["speculative"] is None
     from reference_engine.attention import cpu_backend
