@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 QUICKSTART := experiments/configs/quickstart.toml
 
-.PHONY: setup demo test test-fast bench soak vllm sglang clean
+.PHONY: setup demo test test-fast bench soak simulate-bench vllm sglang clean
 
 # Installs use uv where it can be had (scripts/venv_install.sh: pip's index settings passed on,
 # pip as the fallback; INSTALLER=pip forces pip); setup also builds the reference engine's C++
@@ -59,6 +59,13 @@ SOAK_MODEL := models/smollm2-135m-instruct
 soak: setup
 	@[ -f $(SOAK_MODEL)/config.json ] || $(BIN)/inferlab make-model $(SOAK_MODEL) --preset smollm2-135m-instruct
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python scripts/soak.py --model $(SOAK_MODEL) --minutes $(SOAK_MIN) $(if $(SOAK_RATE),--rate $(SOAK_RATE))
+
+# The simulator's validation (issue 40; a benchmark, not a test): calibrate on this CPU, predict, then
+# measure the served reference engine (closed 1/4/8, the SLO search, Poisson at 50/85/95 % of it), plus the
+# H200 spec profile against TensorRT-LLM's table -> results/simulate-bench/bench.json, read in
+# docs/perf/2026-12-04-simulate.md. About 30 min on 2 quiet cores.
+simulate-bench: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m experiments.simulate.bench --out results/simulate-bench
 
 clean:
 	rm -rf $(VENV) .venv-vllm models .pytest_cache

@@ -30,7 +30,11 @@ PY = [sys.executable, "-m", "experiments.cli"]
 LOADS = (0.5, 0.85, 0.95)
 
 
+LOAD: dict[str, tuple[float, float, float]] = {}  # the machine's load average as each phase began
+
+
 def sh(*args: str) -> None:
+    LOAD[" ".join(args[:2])] = os.getloadavg()
     print("+ inferlab " + " ".join(args), file=sys.stderr, flush=True)
     subprocess.run(PY + list(args), check=True)
 
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         res["published"] = {"source": published.SOURCE, "rows": published.table(h200)}
         res["at_scale"] = published.at_scale(h200, names=("least_loaded",)) + \
             published.at_scale(h200, n=20_000, rate=80.0, replicas=2)
-    res["load_at_end"] = os.getloadavg()
+    res["load_at_end"], res["load_by_phase"] = os.getloadavg(), LOAD
     (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"bench written to {out / 'bench.json'}", file=sys.stderr)
     return 0
