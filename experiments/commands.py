@@ -17,7 +17,7 @@ from typing import Any
 from experiments.config import ConfigError, load
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     def __init__(self, **kw) -> None:
         super().__init__(allow_abbrev=False, **kw)
 
@@ -54,7 +54,7 @@ def ensure_model(cfg) -> None:
 
 
 def run_main(argv: list[str]) -> int:
-    p = _Parser(prog="inferlab run", description="run an experiment config and write results/<name>/report.md")
+    p = Parser(prog="inferlab run", description="run an experiment config and write results/<name>/report.md")
     p.add_argument("config")
     p.add_argument("--engine", help="run only this engine (overrides the config's engine list); the other "
                                     "engines' folders in the run are kept, so the report still compares them")
@@ -198,7 +198,7 @@ def _reason(run_dir: Path, name: str) -> str:
 
 
 def report_main(argv: list[str]) -> int:
-    p = _Parser(prog="inferlab report", description="rebuild a run's report, or merge runs into one comparison")
+    p = Parser(prog="inferlab report", description="rebuild a run's report, or merge runs into one comparison")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", help="where to write the merged report (default: the run folder itself, for one run; "
                                  "results/merged for several)")

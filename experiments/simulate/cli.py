@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from experiments.commands import _Parser, ensure_model, fail
+from experiments.commands import Parser, ensure_model, fail
 from experiments.config import ConfigError, load
 
 DEFAULT_DIR = Path("results/simulate/profiles")
@@ -27,8 +27,8 @@ def default_profile(engine: str) -> Path:
     return DEFAULT_DIR / f"{engine}-{os.uname().nodename}.json"
 
 
-def parser() -> _Parser:
-    p = _Parser(prog="inferlab simulate", description="predict a run in simulated time; calibrate; plan capacity")
+def parser() -> Parser:
+    p = Parser(prog="inferlab simulate", description="predict a run in simulated time; calibrate; plan capacity")
     p.add_argument("config")
     p.add_argument("--calibrate", action="store_true", help="time a sweep of step shapes and write the profile")
     p.add_argument("--profile", help="profile JSON or a shipped spec sheet (h100, h200, a100, l40s); default: "
