@@ -1,7 +1,9 @@
-"""C++ CPU kernels for the element-wise stages (`cpp_fused_ops.py`: RMSNorm, rotary,
-SiLU-and-multiply; used by `reference_engine/model/fused_ops.py`) and the build step every C++ kernel
-shares (`cpu_build.py`: compiled on first use, cached in ~/.cache/inferlab/kernels). The
-attention kernels live beside their backends in `reference_engine/attention/`.
+"""The C++ CPU kernels: their sources in `csrc/` (.cpp and .h files, one shared header `common.h`), built
+into one extension by `cpu_build.py` (at `make setup` or on first use, cached in
+~/.cache/inferlab/kernels), and a Python module per kernel that documents its layout and rounding:
+`cpp_gemv.py`, `cpp_gemm.py` (the linears), `cpp_fused_ops.py` (RMSNorm, rotary, SiLU-and-multiply),
+`cpp_decode_layer.py` (one decoder layer). The attention kernels' modules live beside their backend in
+`reference_engine/attention/` (their sources are csrc/attention*).
 
 Owns: kernel sources and their compilation. Never touches: requests, scheduling, KV blocks,
 the model's modules or configs; it sees tensors and integers only. See docs/architecture.md."""

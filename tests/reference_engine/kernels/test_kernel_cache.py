@@ -9,25 +9,25 @@ import shutil
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from reference_engine.kernels import cpu_build
 
-SOURCE = "int64_t twice(int64_t x) { return 2 * x; }"
+SOURCES = [Path(__file__).with_name("twice.cpp")]
 NAME = "inferlab_test_twice"
 
 
 def module():
-    return cpu_build.load(NAME, SOURCE, ["twice"])
+    return cpu_build.load(NAME, SOURCES)
 
 
 def entry() -> tuple[str, os.PathLike]:
     """(module name, kept library) of the test kernel, as `load` names them now."""
-    isa = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp", "-ffp-contract=off", *cpu_build.ISA_FLAGS.get(isa, [])]
-    name = f"{NAME}_{isa.lower()}"
-    where = cpu_build.build_dir(name, cpu_build.key_parts(SOURCE, ["twice"], flags, cpu_build.compiler()))
+    name = f"{NAME}_{cpu_build.isa().lower()}"
+    where = cpu_build.build_dir(name, cpu_build.key_parts(SOURCES, cpu_build.flags(), cpu_build.compiler()))
     return name, where.with_suffix(".so")
 
 
@@ -38,10 +38,10 @@ def warnings(caplog) -> list[str]:
 @pytest.mark.skipif(not cpu_build.compiler_available(), reason="needs a C++ compiler")
 def test_every_part_of_the_key_changes_the_build_dir():
     cxx = cpu_build.compiler()
-    parts = cpu_build.key_parts(SOURCE, ["twice"], ["-O3"], cxx)
+    parts = cpu_build.key_parts(SOURCES, ["-O3"], cxx)
     assert parts["python"] == sys.version and parts["torch"].startswith(torch.__version__)
     assert parts["compiler"] == cxx and parts["compiler_version"] == cpu_build.compiler_version(cxx) != ""
-    assert set(parts) >= {"abi", "source", "functions", "flags"}
+    assert set(parts) >= {"abi", "source", "flags"}
     where = cpu_build.build_dir(NAME, parts)
     assert cpu_build.build_dir(NAME, dict(parts)) == where
     for k in parts:
@@ -51,7 +51,7 @@ def test_every_part_of_the_key_changes_the_build_dir():
 @pytest.mark.skipif(not (shutil.which("c++") and shutil.which("g++")), reason="needs c++ and g++")
 def test_another_compiler_is_another_entry(monkeypatch):
     def parts():
-        return cpu_build.key_parts(SOURCE, ["twice"], ["-O3"], cpu_build.compiler())
+        return cpu_build.key_parts(SOURCES, ["-O3"], cpu_build.compiler())
 
     monkeypatch.setenv("CXX", "c++")
     cxx = parts()

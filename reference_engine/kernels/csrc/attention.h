@@ -1,0 +1,73 @@
+// What decode (attention_decode.cpp) and prefill (attention_prefill.cpp) attention share: the weighted
+// sum of value rows, register-blocked over query rows (reference_engine/attention/cpp_kernel.py).
+#pragma once
+
+#include "common.h"
+
+namespace inferlab {
+
+#ifdef VEC8
+// acc_g += sum_r p[g * ld + r * sr] * v_r for GN rows, 16 columns from c: each value chunk is loaded
+// once for the GN rows; every element still sums its terms in row order.
+template <int GN, typename T>
+static inline void accumulate16(const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride, int64_t n,
+                                float* acc, int64_t D, int64_t c) {
+  __m256 a[GN][2];
+  for (int g = 0; g < GN; ++g) {
+    a[g][0] = _mm256_loadu_ps(acc + g * D + c);
+    a[g][1] = _mm256_loadu_ps(acc + g * D + c + 8);
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const __m256 v0 = load8(v + r * stride + c), v1 = load8(v + r * stride + c + 8);
+    for (int g = 0; g < GN; ++g) {
+      const __m256 pg = _mm256_set1_ps(p[g * ld + r * sr]);
+      a[g][0] = _mm256_fmadd_ps(pg, v0, a[g][0]);
+      a[g][1] = _mm256_fmadd_ps(pg, v1, a[g][1]);
+    }
+  }
+  for (int g = 0; g < GN; ++g) {
+    _mm256_storeu_ps(acc + g * D + c, a[g][0]);
+    _mm256_storeu_ps(acc + g * D + c + 8, a[g][1]);
+  }
+}
+#endif
+
+// acc_g += sum_r p[g * ld + r * sr] * v_r for the G rows acc (G, D) and value rows v_r = v + r * stride
+// (sr = 1: scores row-major, decode; sr = ld of the keys: key-major, prefill).
+template <typename T>
+static inline void accumulate(const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride, int64_t n,
+                              float* acc, int64_t G, int64_t D) {
+#ifdef VEC8
+  if (D % 16 == 0) {
+    for (int64_t g = 0; g < G; g += 6)  // rows up to six at a time (12 accumulators)
+      for (int64_t c = 0; c < D; c += 16) {
+        const float* pg = p + g * ld;
+        float* ag = acc + g * D;
+        switch (std::min<int64_t>(6, G - g)) {
+          case 6: accumulate16<6>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 5: accumulate16<5>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 4: accumulate16<4>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 3: accumulate16<3>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          case 2: accumulate16<2>(pg, ld, sr, v, stride, n, ag, D, c); break;
+          default: accumulate16<1>(pg, ld, sr, v, stride, n, ag, D, c); break;
+        }
+      }
+    return;
+  }
+  if (D % 8 == 0) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < D; c += 8) {
+        __m256 a = _mm256_loadu_ps(acc + g * D + c);
+        for (int64_t r = 0; r < n; ++r)
+          a = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ld + r * sr]), load8(v + r * stride + c), a);
+        _mm256_storeu_ps(acc + g * D + c, a);
+      }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t d = 0; d < D; ++d) acc[g * D + d] += p[g * ld + r * sr] * static_cast<float>(v[r * stride + d]);
+}
+
+}  // namespace inferlab

@@ -1,0 +1,193 @@
+// Paged causal attention for chunks of query tokens (layout and tiling: reference_engine/attention/cpp_prefill.py).
+#include "attention.h"
+#include "kernels.h"
+
+namespace inferlab {
+
+#ifdef VEC8
+// s[t * R8 + i] = q_i . k_t for 8 IV query rows from qt and RK keys from k (summed over d in order)
+template <int IV, int RK, typename T>
+static inline void scores_tile(const float* qt, int64_t R8, const T* k, int64_t stride, float* s, int64_t D) {
+  __m256 a[RK][IV];
+  for (int t = 0; t < RK; ++t)
+    for (int v = 0; v < IV; ++v) a[t][v] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m256 qv[IV];
+    for (int v = 0; v < IV; ++v) qv[v] = _mm256_loadu_ps(qt + d * R8 + 8 * v);
+    for (int t = 0; t < RK; ++t) {
+      const __m256 kb = _mm256_set1_ps(static_cast<float>(k[t * stride + d]));
+      for (int v = 0; v < IV; ++v) a[t][v] = _mm256_fmadd_ps(kb, qv[v], a[t][v]);
+    }
+  }
+  for (int t = 0; t < RK; ++t)
+    for (int v = 0; v < IV; ++v) _mm256_storeu_ps(s + t * R8 + 8 * v, a[t][v]);
+}
+
+template <int IV, typename T>
+static inline void scores_keys(const float* qt, int64_t R8, const T* k, int64_t stride, int64_t n, float* s,
+                               int64_t D) {
+  int64_t t = 0;
+  for (; t + 6 <= n; t += 6) scores_tile<IV, 6>(qt, R8, k + t * stride, stride, s + t * R8, D);
+  const T* kt = k + t * stride;
+  float* st = s + t * R8;
+  switch (n - t) {
+    case 5: scores_tile<IV, 5>(qt, R8, kt, stride, st, D); break;
+    case 4: scores_tile<IV, 4>(qt, R8, kt, stride, st, D); break;
+    case 3: scores_tile<IV, 3>(qt, R8, kt, stride, st, D); break;
+    case 2: scores_tile<IV, 2>(qt, R8, kt, stride, st, D); break;
+    case 1: scores_tile<IV, 1>(qt, R8, kt, stride, st, D); break;
+    default: break;
+  }
+}
+#endif
+
+// s[t * R8 + i] = q_i . k_t for the R8 rows of qt (D, R8) and n key rows k_t = k + t * stride
+template <typename T>
+static void scores_t(const float* qt, int64_t R8, const T* k, int64_t stride, int64_t n, float* s, int64_t D) {
+#ifdef VEC8
+  int64_t i = 0;
+  for (; i + 16 <= R8; i += 16) scores_keys<2>(qt + i, R8, k, stride, n, s + i, D);
+  if (i < R8) scores_keys<1>(qt + i, R8, k, stride, n, s + i, D);
+#else
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < R8; ++i) {
+      float x = 0.f;
+      for (int64_t d = 0; d < D; ++d) x = std::fma(qt[d * R8 + i], static_cast<float>(k[t * stride + d]), x);
+      s[t * R8 + i] = x;
+    }
+#endif
+}
+
+// Online softmax over one block's n key-major scores: row i sees the block's first min(n, first + i / G)
+// keys. s becomes p = e^(s - m_new) (0 where not seen); l = l * c + sum p, acc rows *= c, c = e^(m - m_new).
+// Every row sees key 0 in the first block, so m is finite from then on.
+static void softmax_t(float* s, int64_t R8, int64_t n, int64_t first, int64_t G, float* m, float* l, float* acc,
+                      int64_t D) {
+  for (int64_t i0 = 0; i0 < R8; i0 += 8) {
+    float c[8];
+#ifdef VEC8
+    int32_t seen[8];
+    for (int j = 0; j < 8; ++j) seen[j] = static_cast<int32_t>(std::min(n, first + (i0 + j) / G));
+    const __m256i vis = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seen));
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 m0 = _mm256_loadu_ps(m + i0);
+    __m256 mx = m0;
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_set1_epi32(static_cast<int32_t>(t))));
+      mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + t * R8 + i0), in));
+    }
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_set1_epi32(static_cast<int32_t>(t))));
+      const __m256 x = _mm256_blendv_ps(ninf, _mm256_sub_ps(_mm256_loadu_ps(s + t * R8 + i0), mx), in);
+      const __m256 p = _mm256_and_ps(exp8(x), in);
+      _mm256_storeu_ps(s + t * R8 + i0, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    const __m256 cv = exp8(_mm256_sub_ps(m0, mx));
+    _mm256_storeu_ps(c, cv);
+    _mm256_storeu_ps(l + i0, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + i0), cv), sum));
+    _mm256_storeu_ps(m + i0, mx);
+#else
+    for (int64_t j = 0; j < 8; ++j) {
+      const int64_t i = i0 + j, nn = std::min(n, first + i / G);
+      float mx = m[i], sum = 0.f;
+      for (int64_t t = 0; t < nn; ++t) mx = std::max(mx, s[t * R8 + i]);
+      for (int64_t t = 0; t < n; ++t) {
+        const float p = t < nn ? std::exp(s[t * R8 + i] - mx) : 0.f;
+        s[t * R8 + i] = p;
+        sum += p;
+      }
+      c[j] = std::exp(m[i] - mx);
+      l[i] = l[i] * c[j] + sum;
+      m[i] = mx;
+    }
+#endif
+    for (int j = 0; j < 8; ++j)
+      if (c[j] != 1.f)
+        for (int64_t d = 0; d < D; ++d) acc[(i0 + j) * D + d] *= c[j];
+  }
+}
+
+// Rows [r0, r1) of one sequence's query chunk (row r at absolute position pos0 + r), kv head h. Row r
+// attends keys 0 .. pos0 + r of its sequence, all in the cache (the step's own keys were written
+// first). Buffers (floats): qt, acc (R8 * D); s (bs * R8); m, l (R8).
+template <typename T>
+static void prefill_task(const T* q, const T* kc, const T* vc, const int64_t* table, int64_t pos0, int64_t r0,
+                         int64_t r1, int64_t h, T* out, int64_t H, int64_t Hkv, int64_t D, int64_t bs, float scale,
+                         float* qt, float* acc, float* s, float* m, float* l) {
+  const int64_t G = H / Hkv, R = (r1 - r0) * G, R8 = (R + 7) / 8 * 8, stride = Hkv * D, block = bs * stride;
+  std::fill(qt, qt + D * R8, 0.f);
+  for (int64_t i = 0; i < R; ++i) {  // (R, D) -> (D, R8), scaled
+    const T* src = q + ((r0 + i / G) * H + h * G + i % G) * D;
+    for (int64_t d = 0; d < D; ++d) qt[d * R8 + i] = static_cast<float>(src[d]) * scale;
+  }
+  std::fill(acc, acc + R8 * D, 0.f);
+  std::fill(m, m + R8, -INFINITY);
+  std::fill(l, l + R8, 0.f);
+  const int64_t len = pos0 + r1;  // keys the last row sees
+  for (int64_t t0 = 0; t0 < len; t0 += bs) {
+    const int64_t n = std::min(bs, len - t0), blk = table[t0 / bs];
+    scores_t(qt, R8, kc + blk * block + h * D, stride, n, s, D);
+    softmax_t(s, R8, n, pos0 + r0 + 1 - t0, G, m, l, acc, D);
+    accumulate(s, 1, R8, vc + blk * block + h * D, stride, n, acc, R, D);
+  }
+  for (int64_t i = 0; i < R; ++i) {
+    const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    T* o = out + ((r0 + i / G) * H + h * G + i % G) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[i * D + d] * inv);
+  }
+}
+
+static constexpr int64_t TILE = 16;  // query rows per prefill task: their G heads share every key row read
+
+template <typename T>
+static void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
+                         const int64_t* starts, T* out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs,
+                         int64_t width, float scale) {
+  std::vector<int64_t> tasks;  // (sequence, first row), one per query tile; times Hkv heads below
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = 0; r < starts[b + 1] - starts[b]; r += TILE) { tasks.push_back(b); tasks.push_back(r); }
+  const int64_t nt = static_cast<int64_t>(tasks.size() / 2), G = H / Hkv, R8 = (TILE * G + 7) / 8 * 8;
+  at::parallel_for(0, nt * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qt(R8 * D), acc(R8 * D), s(bs * R8), m(R8), l(R8);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = tasks[2 * (w / Hkv)], r0 = tasks[2 * (w / Hkv) + 1], h = w % Hkv;
+      const int64_t qlen = starts[b + 1] - starts[b], r1 = std::min(qlen, r0 + TILE);
+      const T* qb = q + starts[b] * H * D;
+      prefill_task(qb, kc, vc, tables + b * width, lens[b] - qlen, r0, r1, h, out + starts[b] * H * D, H, Hkv, D,
+                   bs, scale, qt.data(), acc.data(), s.data(), m.data(), l.data());
+    }
+  });
+}
+
+void prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+             at::Tensor seq_lens, at::Tensor query_start, double scale, at::Tensor out) {
+  PROFILE("inferlab::attention_prefill");
+  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "prefill: contiguous tensors expected");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong
+              && query_start.scalar_type() == at::kLong && block_tables.stride(1) == 1 && seq_lens.is_contiguous()
+              && query_start.is_contiguous(), "prefill: int64 row-major tables, lengths and starts expected");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type()
+              && out.scalar_type() == q.scalar_type(), "prefill: q, caches and out must share a dtype");
+  const int64_t B = seq_lens.size(0), H = q.size(1), D = q.size(2), bs = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == D && H % Hkv == 0 && block_tables.size(0) >= B && query_start.size(0) == B + 1,
+              "prefill: shape mismatch");
+  if (q.scalar_type() == at::kFloat) {
+    prefill_impl<float>(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                        block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+                        query_start.data_ptr<int64_t>(), out.data_ptr<float>(), B, H, Hkv, D, bs,
+                        block_tables.stride(0), (float)scale);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    using bf = at::BFloat16;
+    prefill_impl<bf>(q.data_ptr<bf>(), k_cache.data_ptr<bf>(), v_cache.data_ptr<bf>(),
+                     block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+                     query_start.data_ptr<int64_t>(), out.data_ptr<bf>(), B, H, Hkv, D, bs,
+                     block_tables.stride(0), (float)scale);
+  } else {
+    TORCH_CHECK(false, "prefill: float32 or bfloat16 expected, got ", q.scalar_type());
+  }
+}
+
+}  // namespace inferlab

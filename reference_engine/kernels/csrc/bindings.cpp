@@ -1,0 +1,16 @@
+// The one Python extension: every kernel, built from csrc/*.cpp by kernels/cpu_build.py.
+#include <torch/extension.h>
+
+#include "kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace inferlab;
+  m.def("gemv", &gemv, "y = x @ w.T (+ bias), the decode GEMV (gemv.cpp)");
+  m.def("gemm", &gemm, "y = x @ W.T (+ bias) on W's 32-column panels (gemm.cpp)");
+  m.def("rms_norm", &rms_norm, "RMSNorm, HF's order (fused_ops.cpp)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops.cpp)");
+  m.def("rope_", &rope_, "rotary embedding in place (fused_ops.cpp)");
+  m.def("decode", &decode, "paged attention, one query per sequence (attention_decode.cpp)");
+  m.def("prefill", &prefill, "paged causal attention over query chunks (attention_prefill.cpp)");
+  m.def("decode_layer", &decode_layer, "one decoder layer for an all-decode batch (decode_layer.cpp)");
+}

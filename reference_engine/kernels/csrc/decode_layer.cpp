@@ -1,0 +1,63 @@
+// One decoder layer for an all-decode batch: the same kernels, in the same order, as the module path
+// (reference_engine/kernels/cpp_decode_layer.py).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_like.h>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace inferlab {
+
+// oneDNN's packed linear through the dispatcher, as PackedLinear calls it from Python (bf16 weights on
+// a CPU with native bf16: its only path there): _linear_pointwise(h, packed, b, "none", [], "")
+static at::Tensor onednn_linear(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& b) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  std::vector<c10::IValue> stack{h, packed, b.numel() ? c10::IValue(b) : c10::IValue(), std::string("none"),
+                                 c10::List<std::optional<at::Scalar>>(), std::string("")};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// h @ w.T + b as PackedLinear computes it: with `onednn`, oneDNN on `mat` (its packed copy); else the
+// GEMV up to small_m rows (its SMALL_M) and the GEMM on `mat` (the panels) above
+static at::Tensor linear(const at::Tensor& h, const at::Tensor& w, const at::Tensor& mat,
+                            const at::Tensor& b, int64_t small_m, bool onednn) {
+  if (onednn) return onednn_linear(h, mat, b);
+  if (h.size(0) <= small_m) return gemv(h, w, b);
+  TORCH_CHECK(mat.numel(), "decode_layer: more than small_m rows need the GEMM's panels");
+  return gemm(h, mat, w.size(0), b);
+}
+
+// x (N, hidden) fp32 or bf16 -> x after one decoder layer; every row one decoding sequence
+at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, at::Tensor w_qkv,
+                           at::Tensor b_qkv, at::Tensor w_o, at::Tensor w_gate_up, at::Tensor w_down,
+                           std::vector<at::Tensor> mats, int64_t small_m, bool onednn,
+                           int64_t H, int64_t Hkv, double scale, at::Tensor cos, at::Tensor sin,
+                           at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
+                           at::Tensor tables, at::Tensor lens) {
+  PROFILE("inferlab::decode_layer");
+  const int64_t N = x.size(0), D = k_cache.size(3), I = w_down.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kFloat || onednn),
+              "decode_layer: x (N, hidden) fp32, or any dtype oneDNN multiplies");
+  auto h = at::empty_like(x);
+  rms_norm(x, ln1, eps, h);
+  auto qkv = linear(h, w_qkv, mats[0], b_qkv, small_m, onednn);  // (N, (H + 2 Hkv) D)
+  auto q = qkv.narrow(1, 0, H * D).view({N, H, D});
+  auto k = qkv.narrow(1, H * D, Hkv * D).view({N, Hkv, D});
+  auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
+  rope_(q, cos, sin);
+  rope_(k, cos, sin);
+  k_cache.view({-1, Hkv, D}).index_copy_(0, slots, k);
+  v_cache.view({-1, Hkv, D}).index_copy_(0, slots, v);
+  auto o = at::empty({N, H, D}, x.options());
+  decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
+  auto empty = x.new_empty({0});
+  x = x.add(linear(o.view({N, H * D}), w_o, mats[1], empty, small_m, onednn));  // x + y, as the module path
+  rms_norm(x, ln2, eps, h);
+  auto gu = linear(h, w_gate_up, mats[2], empty, small_m, onednn);  // (N, 2 I): gate, up
+  auto m = at::empty({N, I}, x.options());
+  silu_mul(gu, m);
+  return x.add(linear(m, w_down, mats[3], empty, small_m, onednn));
+}
+
+}  // namespace inferlab

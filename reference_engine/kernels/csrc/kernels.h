@@ -1,0 +1,31 @@
+// The kernels' entry points, one per exported function (bindings.cpp exposes them to Python; the
+// decoder layer, decode_layer.cpp, calls them directly). Each is a named torch.profiler region.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace inferlab {
+
+// gemv.cpp: y = x @ w.T (+ bias), x (M, K) fp32 rows, w (N, K) fp32 contiguous
+at::Tensor gemv(at::Tensor x, at::Tensor w, at::Tensor bias);
+// gemm.cpp: y = x @ W.T (+ bias), packed = W's (P, K, 32) k-major panels (AVX-512 only)
+at::Tensor gemm(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
+// fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
+void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out);
+void silu_mul(at::Tensor gu, at::Tensor out);
+void rope_(at::Tensor x, at::Tensor cos, at::Tensor sin);
+// attention_decode.cpp / attention_prefill.cpp: attention over the paged KV cache
+void decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+            at::Tensor seq_lens, double scale, at::Tensor out);
+void prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
+             at::Tensor seq_lens, at::Tensor query_start, double scale, at::Tensor out);
+// decode_layer.cpp: one decoder layer for an all-decode batch
+at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, at::Tensor w_qkv,
+                           at::Tensor b_qkv, at::Tensor w_o, at::Tensor w_gate_up, at::Tensor w_down,
+                           std::vector<at::Tensor> mats, int64_t small_m, bool onednn, int64_t H, int64_t Hkv,
+                           double scale, at::Tensor cos, at::Tensor sin, at::Tensor k_cache,
+                           at::Tensor v_cache, at::Tensor slots, at::Tensor tables, at::Tensor lens);
+
+}  // namespace inferlab
