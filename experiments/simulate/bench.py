@@ -63,13 +63,17 @@ def teacher_forced(config: Path, profile_path: Path) -> dict:
     items, _ = workloads.build(cfg.model, cfg.workload, 0)
     threads = max(1, (os.cpu_count() or 2) - 1)  # as `inferlab serve` runs, as calibrated
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, {}, kv_cache_tokens=cfg.kv.tokens, num_threads=threads)
-    rows = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], 4,
-                       cfg.sampling.ignore_eos)
+    cpu, wall = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], 4,
+                            cfg.sampling.ignore_eos)
     shape = ModelShape.from_dir(cfg.model, cfg.dtype)
-    decode = [(s, d) for s, d in rows if all(n == 1 for n, _, _ in s.seqs)]
-    mixed = [(s, d) for s, d in rows if any(n > 1 for n, _, _ in s.seqs)]
-    return {"all": calibrate.errors(rows, shape, prof), "decode_only": calibrate.errors(decode, shape, prof),
-            "with_prefill": calibrate.errors(mixed, shape, prof)}
+    out = {}
+    for clock, rows in (("cpu", cpu), ("wall", wall)):
+        decode = [(s, d) for s, d in rows if all(n == 1 for n, _, _ in s.seqs)]
+        mixed = [(s, d) for s, d in rows if any(n > 1 for n, _, _ in s.seqs)]
+        out.update({f"{clock}: all": calibrate.errors(rows, shape, prof),
+                    f"{clock}: decode only": calibrate.errors(decode, shape, prof),
+                    f"{clock}: with prefill": calibrate.errors(mixed, shape, prof)})
+    return out
 
 
 def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:

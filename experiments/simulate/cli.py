@@ -145,7 +145,8 @@ def _calibrate(cfg, engine: str, a) -> int:
     shape = ModelShape.from_dir(cfg.model, cfg.dtype)
     rows = sweep.sweep(ecfg)
     prof = calibrate.calibrate(rows, shape, bw, peak["gflops"] / 1e3, engine,
-                               notes=f"num_threads={ecfg.num_threads}; peaks measured at calibration")
+                               notes=f"num_threads={ecfg.num_threads}; step times are thread CPU seconds, the fastest of 2 "
+                                     "sweeps (robust to neighbours on a shared machine); peaks measured at calibration")
     out = default_profile(engine) if not a.profile else Path(a.profile)
     prof.save(out)
     items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)

@@ -6,10 +6,17 @@ many tokens, who was preempted, who emitted) into the step-time model's `StepSha
 context after the step is the tokens it had computed before (its prefix-cache hit at admission, 0
 again after a preemption) plus the tokens scheduled now. The sweep's first steps warm the kernels
 and are dropped.
+
+Clocks: a step's wall time (the record's `duration_s`) counts the time a busy neighbour held the
+core; the engine runs its compute on the calling thread when `num_threads` is 1 (as `inferlab serve`
+does on 2 cores), so that thread's CPU time (`time.thread_time` around `step()`) is the step's time
+on a quiet machine. The sweep fits CPU time; the trace returns both, so the page can show what the
+neighbours add.
 """
 from __future__ import annotations
 
 import random
+import time
 from typing import Any, Iterable
 
 from reference_engine import EngineConfig, SamplingParams
@@ -29,8 +36,9 @@ def engine_config(model: str, dtype: str, options: dict[str, Any], **over: Any) 
     return EngineConfig(model=model, dtype=dtype, **{**{k: v for k, v in options.items() if k in fields}, **over})
 
 
-def shapes(records: Iterable[Any]) -> list[tuple[StepShape, float]]:
-    """(shape, measured seconds) per step record, contexts tracked across steps."""
+def shapes(records: Iterable[Any], seconds: list[float] | None = None) -> list[tuple[StepShape, float]]:
+    """(shape, measured seconds) per step record, contexts tracked across steps; `seconds` replaces the
+    records' wall times (e.g. CPU times, one per record)."""
     done: dict[str, int] = {}
     out = []
     for rec in records:
@@ -45,31 +53,42 @@ def shapes(records: Iterable[Any]) -> list[tuple[StepShape, float]]:
         for rid in rec.finished:
             done.pop(rid, None)
         out.append((StepShape(tuple(seqs)), rec.duration_s))
+    if seconds is not None:
+        out = [(sh, t) for (sh, _), t in zip(out, seconds, strict=True)]
     return out
 
 
-def _run_group(eng, streams: int, prompt: int, out: int, rng: random.Random, vocab: int) -> None:
+def step(eng, cpu: list[float]) -> None:
+    """One engine step; its thread CPU seconds appended when it ran (made a step record)."""
+    n, t = len(eng.step_records), time.thread_time()
+    eng.step()
+    if len(eng.step_records) > n:
+        cpu.append(time.thread_time() - t)
+
+
+def _run_group(eng, streams: int, prompt: int, out: int, rng: random.Random, vocab: int, cpu: list) -> None:
     params = SamplingParams(max_tokens=out, ignore_eos=True)
     for _ in range(streams):
         eng.add_request([rng.randrange(3, vocab) for _ in range(prompt)], params)
     while eng.has_unfinished():
-        eng.step()
+        step(eng, cpu)
 
 
 def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 2) -> list[tuple[StepShape, float]]:
     """Time the sweep's step shapes on the engine of `cfg` (prefix caching off: every token computed).
-    The sweep runs `repeats` times with the same prompts; each step keeps its fastest time, so a
-    neighbour's burst on a shared machine inflates a step only if it hit every repeat."""
+    Times are thread CPU seconds; the sweep runs `repeats` times with the same prompts and each step
+    keeps its fastest time (cache and memory-bandwidth contention from neighbours still show in CPU
+    time; the fastest of two is hit only if both were)."""
     from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
 
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True, "enable_prefix_caching": False}))
     runs = []
     for _ in range(repeats):
         rng, vocab = random.Random(seed), eng.model_config.vocab_size
-        start = len(eng.step_records)
+        start, cpu = len(eng.step_records), []
         for g in DECODE + PREFILL:
-            _run_group(eng, *g, rng, vocab)
-        runs.append(shapes(eng.step_records[start:]))
+            _run_group(eng, *g, rng, vocab, cpu)
+        runs.append(shapes(eng.step_records[start:], cpu))
     best = runs[0]
     for other in runs[1:]:
         if [s for s, _ in other] != [s for s, _ in best]:
@@ -79,19 +98,20 @@ def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 2) -> list[tuple[Step
 
 
 def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
-          ignore_eos: bool) -> list[tuple[StepShape, float]]:
+          ignore_eos: bool) -> tuple[list[tuple[StepShape, float]], list[tuple[StepShape, float]]]:
     """Teacher-forcing data: the engine serves `prompts` closed-loop at `concurrency` (a new request
-    is added as one finishes), with prefix caching as configured; every step's shape and time."""
+    is added as one finishes), with prefix caching as configured; every step's shape with its CPU
+    time, and with its wall time."""
     from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
 
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True}))
-    todo = list(zip(prompts, max_tokens))[::-1]
+    todo, cpu = list(zip(prompts, max_tokens))[::-1], []
     while todo or eng.has_unfinished():
         while todo and len(eng.requests) < concurrency:
             p, m = todo.pop()
             eng.add_request(p, SamplingParams(max_tokens=m, ignore_eos=ignore_eos))
-        eng.step()
-    return shapes(eng.step_records)[WARM_STEPS:]
+        step(eng, cpu)
+    return shapes(eng.step_records, cpu)[WARM_STEPS:], shapes(eng.step_records)[WARM_STEPS:]
 
 
 def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool) -> dict[str, int]:
