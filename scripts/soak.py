@@ -6,8 +6,8 @@ sends each context-filling passage once (their cold prefill, seconds each, is no
 the saturation rate with a short SLO search over the soak's own traffic (experiments/soak/load.py;
 or takes `--rate` / SOAK_RATE), sends the greedy probes, then soaks for `--minutes` (SOAK_MIN,
 default 30) at that rate with the mix of experiments/soak/mix.py (chat, multi-turn, context-filling
-prompts, 10 % of the streams cut, 5 % invalid requests, n > 1, logprobs), sampling RSS, KV blocks in
-use and latency every `--sample-s` seconds. Then it lets the server go idle, reads its KV blocks,
+prompts, 10 % of the streams cut, 5 % invalid requests, n > 1, logprobs; one latency window's
+arrivals, replayed every window), sampling RSS, KV blocks in use and latency every `--sample-s` seconds. Then it lets the server go idle, reads its KV blocks,
 sends the probes again, stops the server and writes `<out>/<date>-soak.md` with its plot
 (`<date>-soak.png`); the raw requests, samples and server log go to `--run-dir` (default
 results/soak/<timestamp>/, outside git). Verdicts and windows: experiments/soak/verdict.py.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from adapters.launcher import ServerProcess, ServerStartError, free_port  # noqa: E402
 from experiments import results  # noqa: E402
 from experiments.soak import client, load, report, verdict  # noqa: E402
-from experiments.soak.mix import Mix, Req, probe_requests  # noqa: E402
+from experiments.soak.mix import DECK, Mix, Req, probe_requests  # noqa: E402
 from experiments.soak.observe import Sampler, scrape, wait_idle  # noqa: E402
 
 DEFAULT_MODEL = "models/smollm2-135m-instruct"
@@ -143,7 +143,8 @@ async def soak(args, run_dir: Path, log: Log) -> dict:
             sampler = Sampler(http, base, srv.pid, t0, args.sample_s, run_dir / "samples.csv", soak_recs)
             stop = asyncio.Event()
             sampling = asyncio.create_task(sampler.run(stop))
-            res = await load.run_load(http, base, mix, rate, args.minutes * 60, sink, args.seed)
+            res = await load.run_load(http, base, mix, rate, args.minutes * 60, sink, args.seed,
+                                      period_s=period(args.minutes * 60, rate))
             stop.set()
             await sampling
             end = await wait_idle(http, base)  # the load has stopped: every block must be back
@@ -164,6 +165,13 @@ async def soak(args, run_dir: Path, log: Log) -> dict:
                        f"{_pct(after.get('prefix_hit_rate'))}, n-gram acceptance "
                        f"{_pct(after.get('spec_accept_rate'))}.")
     return ctx
+
+
+def period(total_s: float, rate: float) -> float | None:
+    """The load's period: one latency window (verdict.windows), so that every window holds the same
+    arrivals; None (no repeat) when a window holds less than one deck of the mix (a CI-sized run)."""
+    _, (a, b), _ = verdict.windows(total_s)
+    return b - a if (b - a) * rate >= sum(DECK.values()) else None
 
 
 async def closing_reads(http, base: str) -> tuple[int | None, dict, dict]:

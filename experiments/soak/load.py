@@ -1,5 +1,11 @@
 """Open-loop Poisson arrivals of the soak's mix, and the SLO search over the same mix.
 
+The soak replays one period of arrivals (the length of a latency window, verdict.windows) again and
+again: any window of that length then holds exactly the same arrivals, so the drift verdict compares
+the server with itself, not one random draw of Poisson arrivals with another. (With fresh draws, a
+5-minute window at 1.5 req/s held 424 to 473 requests and 59k to 67k prompt tokens, and the p99 of
+its TTFT went 1.7 to 3.3 s across five windows of one run with no trend: docs/perf/2026-12-04-soak-3.md.)
+
 The search is the harness's (`experiments.search`): the same bracketing and bisection (`next_rate`)
 and the same goodput rule (`goodput_fraction`: the share of the requests sent that finished within
 every SLO, TTFT and TPOT computed by `experiments.metrics`). Only the traffic differs: each level is
@@ -10,6 +16,7 @@ filling the context cannot answer as fast as a question, and a cut stream never 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Callable
 
@@ -18,7 +25,7 @@ import numpy as np
 
 from experiments import search
 from experiments.soak import client
-from experiments.soak.mix import INTERACTIVE, Mix, Req
+from experiments.soak.mix import INTERACTIVE, Mix, Req, Slot, plan
 from experiments.soak.observe import wait_idle
 
 
@@ -29,20 +36,30 @@ async def _one(http: aiohttp.ClientSession, base: str, req: Req, mix: Mix, sink:
     sink(rec)
 
 
+def timeline(rate: float, duration_s: float, period_s: float, seed: int) -> list[tuple[float, Slot]]:
+    """(send time, slot) of every arrival: one period of seeded Poisson arrivals (exponential gaps) and
+    their slots (`mix.plan`), repeated every `period_s` until `duration_s`. Any `period_s` window then
+    holds the same slots, whatever its start."""
+    rng, offsets, at = np.random.default_rng(seed), [], 0.0
+    while (at := at + rng.exponential(1.0 / rate)) < period_s:
+        offsets.append(at)
+    slots = plan(len(offsets), seed)
+    return [(k * period_s + off, slot) for k in range(math.ceil(duration_s / period_s))
+            for off, slot in zip(offsets, slots) if k * period_s + off < duration_s]
+
+
 async def run_load(http: aiohttp.ClientSession, base: str, mix: Mix, rate: float, duration_s: float,
-                   sink: Callable[[dict], None], seed: int, drain_s: float = 300.0) -> dict:
-    """Arrivals at `rate` req/s (seeded exponential gaps) for `duration_s`, then wait up to `drain_s`
-    for the requests still in flight (those left are cancelled and counted as `unfinished`)."""
-    rng, tasks, sent = np.random.default_rng(seed), set(), 0
-    t0, at = time.perf_counter(), 0.0
-    while True:
-        at += rng.exponential(1.0 / rate)
-        if at >= duration_s:
-            break
+                   sink: Callable[[dict], None], seed: int, period_s: float | None = None,
+                   drain_s: float = 300.0) -> dict:
+    """The `timeline`'s arrivals (one period: `period_s`, default the whole run) for `duration_s`, then
+    wait up to `drain_s` for the requests still in flight (those left are cancelled and counted as
+    `unfinished`). Each period sends the same kinds and shapes at the same offsets, with fresh text."""
+    tasks, sent, t0 = set(), 0, time.perf_counter()
+    for at, slot in timeline(rate, duration_s, period_s or duration_s, seed):
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.create_task(_one(http, base, mix.next(), mix, sink))
+        task = asyncio.create_task(_one(http, base, mix.make(slot), mix, sink))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         sent += 1

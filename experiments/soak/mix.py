@@ -1,6 +1,13 @@
 """What the soak sends: a seeded, shuffled deck of request kinds, so every 40 arrivals hold exactly
 the same mix (10 % of the streams cut, 5 % invalid requests), whatever the run's length.
 
+`plan(n, seed)` lays out one period of the load (load.py replays it every period): each arrival's
+`Slot`, its kind and the seed of its shape (sampled or greedy, where a stream is cut, which long
+passage and ask, n-best and sampling seeds, whether a multi-turn request continues a conversation).
+`make(slot)` builds the request: the shape from the slot's seed, the question text fresh from the
+mix's own stream. So every period holds the same kinds, at the same offsets, with the same shapes
+(the latency windows compare like with like), while the text never repeats.
+
 | kind | share | what |
 |---|---|---|
 | chat | 18/40 | one real question (experiments.realtext), <= 64 tokens; a quarter sampled (seeded) |
@@ -62,6 +69,24 @@ def invalid_requests(model: str, max_model_len: int) -> list[tuple[str, str, byt
     ]
 
 
+@dataclass(frozen=True)
+class Slot:
+    """One arrival of a period: its kind, and the seed its shape is drawn from."""
+    kind: str
+    seed: int
+
+
+def plan(n: int, seed: int) -> list[Slot]:
+    """`n` arrivals' slots: kinds from seeded shuffled decks (exact shares in every 40), each with its
+    own shape seed. The same (n, seed) gives the same plan."""
+    rng, kinds = np.random.default_rng(seed), []
+    while len(kinds) < n:
+        deck = [k for k, c in DECK.items() for _ in range(c)]
+        rng.shuffle(deck)
+        kinds += deck
+    return [Slot(k, int(s)) for k, s in zip(kinds[:n], rng.integers(1 << 31, size=n))]
+
+
 @dataclass
 class Conversation:
     messages: list[dict[str, str]] = field(default_factory=list)
@@ -81,7 +106,8 @@ class Req:
 
 
 class Mix:
-    """`next()` -> the next Req; `done(req, text)` after a multi-turn answer (None: the turn failed)."""
+    """`make(slot)` -> the slot's Req (slots: `plan`); `done(req, text)` after a multi-turn answer
+    (None: the turn failed)."""
 
     def __init__(self, model_dir: str | Path, served: str, max_model_len: int, seed: int = 0):
         from reference_engine.tokenizer.tokenizer import Tokenizer as ChatTokenizer  # the template code the server runs
@@ -122,24 +148,19 @@ class Mix:
     def _question(self) -> str:
         return realtext.questions(self.rng, 1)[0]
 
-    def _seed(self) -> int:
-        return int(self.rng.integers(1 << 31))
-
-    def next(self) -> Req:
-        if not self.deck:  # a fresh shuffled deck: exact shares in every 40 arrivals
-            self.deck = [k for k, c in DECK.items() for _ in range(c)]
-            self.rng.shuffle(self.deck)
-        kind = self.deck.pop()
+    def make(self, slot: Slot) -> Req:
+        """The slot's request: its shape from `slot.seed`, its question fresh from the mix's stream."""
+        kind, shape = slot.kind, np.random.default_rng(slot.seed)
         q = self._question()
         user = [{"role": "user", "content": q}]
+        seed = int(shape.integers(1 << 31))
         if kind == "chat":
-            sampled = self.rng.random() < 0.25
-            extra = {"temperature": 0.7, "top_p": 0.95, "seed": self._seed()} if sampled else {}
+            extra = {"temperature": 0.7, "top_p": 0.95, "seed": seed} if shape.random() < 0.25 else {}
             return Req(kind, body=self._body(user, 64, **extra), question=q)
         if kind == "cut":
-            return Req(kind, body=self._body(user, 64), cut_after=int(self.rng.integers(1, 7)), question=q)
+            return Req(kind, body=self._body(user, 64), cut_after=int(shape.integers(1, 7)), question=q)
         if kind == "nbest":
-            return Req(kind, body=self._body(user, 32, n=2, temperature=0.8, seed=self._seed()), question=q)
+            return Req(kind, body=self._body(user, 32, n=2, temperature=0.8, seed=seed), question=q)
         if kind == "logprobs":
             return Req(kind, body=self._body(user, 32, logprobs=True, top_logprobs=3), question=q)
         if kind == "invalid":
@@ -147,16 +168,16 @@ class Mix:
             name, path, raw = self.invalid[self.inv % len(self.invalid)]
             return Req(kind, path=path, raw=raw, name=name)
         if kind == "long":
-            doc, ask = self.long[int(self.rng.integers(len(self.long)))], LONG_ASKS[int(self.rng.integers(3))]
+            doc, ask = self.long[int(shape.integers(len(self.long)))], LONG_ASKS[int(shape.integers(3))]
             msgs = self._long_msgs(doc, ask)
             return Req(kind, body=self._body(msgs, self.max_len - self.prompt_len(msgs)), question=ask)
-        return self._turn(q)
+        return self._turn(q, shape)
 
-    def _turn(self, q: str) -> Req:
+    def _turn(self, q: str, shape: np.random.Generator) -> Req:
         """The next turn of an idle conversation (3 in 4 times, when one waits), else a new one."""
         conv = None
-        if self.idle and self.rng.random() < 0.75:
-            conv = self.idle.pop(int(self.rng.integers(len(self.idle))))
+        if self.idle and shape.random() < 0.75:
+            conv = self.idle.pop(int(shape.integers(len(self.idle))))
         conv = conv or Conversation()
         msgs = conv.messages + [{"role": "user", "content": q}]
         room = self.max_len - self.prompt_len(msgs)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.soak import verdict
+from experiments.soak import load, verdict
+from experiments.soak.mix import DECK, plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,3 +55,24 @@ def test_soak_mechanism_on_the_tiny_model(tiny_llama, tmp_path):
         assert 512 - 2 * 48 <= prompt <= prompt + len(r["output_token_ids"]) <= 512
     assert any(r["logprob_chunks"] for r in recs if r["kind"] == "logprobs")
     assert all(len(r["finish"]) == 2 for r in recs if r["kind"] == "nbest")
+
+
+def test_every_window_of_one_period_holds_the_same_arrivals():
+    # The drift verdict compares the first window after warm-up with the last: the load must put the
+    # same requests in both (a fresh Poisson draw per window gave 424 vs 473 requests in one run).
+    warm, (a, b), (c, d) = verdict.windows(1800)
+    line = load.timeline(1.5, 1800, b - a, seed=0)
+    first = [(round(t - a, 6), s) for t, s in line if a <= t < b]
+    assert first == [(round(t - c, 6), s) for t, s in line if c <= t < d]
+    assert 300 < len(first) < 600 and all(0 <= x < b - a for x, _ in first)
+    # a window off the period's grid (the 15-minute run's, 180-480 s) holds the same slots too
+    w, (e, f), _ = verdict.windows(900)
+    assert Counter(s for t, s in load.timeline(1.5, 900, f - e, seed=0) if e <= t < f) == Counter(s for _, s in first)
+    assert load.timeline(1.5, 1800, 300, seed=1) != line  # the seed draws it
+
+
+def test_plan_holds_the_deck_shares_in_every_40():
+    slots = plan(400, seed=3)
+    assert slots == plan(400, seed=3) and len({s.seed for s in slots}) > 390
+    for k in range(0, 400, 40):
+        assert Counter(s.kind for s in slots[k:k + 40]) == Counter(DECK)
