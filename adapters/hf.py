@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator
 
-from adapters import features
+from adapters import features, runtime_base
 from adapters.base import (Engine, EngineInfo, EngineUnavailable, GenerationRequest, MemorySnapshot,
                            RequestError, TokenEvent, check_options)
 from adapters.hf_stream import Row, make_classes
@@ -37,9 +37,11 @@ NO_PREFIX_CACHE = "the HF baseline keeps no KV cache across requests (each gener
 NO_SPECULATION = "the HF baseline runs plain generate(); transformers' assisted generation is not used"
 
 
-def read_back(model: Any, max_batch_size: int, max_len: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+def read_back(model: Any, max_batch_size: int, max_len: int | None = None,
+              runtime: int | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """EngineInfo.effective and .memory of the loaded model and this baseline's batcher; `max_len`: the
-    adapter's request limit (None: the model's context)."""
+    adapter's request limit (None: the model's context); `runtime`: this process's RSS before the weights
+    loaded (CPU: the memory split's interpreter and libraries)."""
     rb, src = ReadBack(), "the loaded model"
     params = list(model.parameters())
     rb.put("dtype", str(params[0].dtype).removeprefix("torch.") if params else None, src + " (parameter dtype)")
@@ -55,6 +57,9 @@ def read_back(model: Any, max_batch_size: int, max_len: int | None = None) -> tu
     storages = {(t.device, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
                 for t in [*model.parameters(), *model.buffers()]}
     rb.mem("weights", sum(storages.values()), "the model's parameter and buffer storages")
+    if model.device.type == "cpu":
+        rb.mem("runtime_base", runtime, "RSS of the baseline's process before from_pretrained (torch and "
+                                        "transformers imported, nothing loaded)")
     if model.device.type == "cuda":
         import torch
 
@@ -100,6 +105,7 @@ class HFEngine(Engine):
         except ImportError as e:
             raise EngineUnavailable(f"engine 'hf' needs transformers ({e.name} is missing): {INSTALL}") from e
         device = self.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        before = runtime_base.rss()  # the process with its libraries, before any weight
         self._model = await asyncio.to_thread(self._load, transformers, getattr(torch, self.dtype), device)
         gc = self._model.generation_config
         eos = gc.eos_token_id
@@ -120,7 +126,7 @@ class HFEngine(Engine):
                  "device": device, "attn_implementation": cfg._attn_implementation}
         if "kv_cache_tokens" in self.options:
             knobs["kv_cache_tokens"] = "ignored: HF allocates KV per batch"
-        effective, memory = read_back(self._model, self.max_batch_size, self._max_len)
+        effective, memory = read_back(self._model, self.max_batch_size, self._max_len, before)
         unhonoured = {}
         if self.options.get("enable_prefix_caching"):
             unhonoured["enable_prefix_caching"] = NO_PREFIX_CACHE

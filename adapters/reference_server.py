@@ -34,6 +34,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTALL = "pip install inferlab (or -e .) into the interpreter given as launcher"
 
 
+def front_end_rss(pid: int | None) -> int | None:
+    """The launched server's own RSS when its engine core runs in a child process (`--engine-process`, the
+    default): all of it is interpreter, libraries, tokenizer and HTTP state. None without a child."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid) if pid else None
+        return root.memory_info().rss if root is not None and root.children() else None
+    except psutil.Error:
+        return None
+
+
 class ReferenceServer(LaunchedServer, OpenAIEngine):
     name = "reference"
     OPTIONS = OpenAIEngine.OPTIONS | LaunchedServer.OPTIONS | set(SERVER_KNOBS)
@@ -71,6 +83,8 @@ class ReferenceServer(LaunchedServer, OpenAIEngine):
         for k, v in (info.get("memory") or {}).items():
             rb.mem(k, v, "/server_info memory (LLMEngine.memory_report())")
         vllm_shapes(rb, info, self._first_metrics, self.METRICS.cache_info)
+        rb.mem("runtime_front", front_end_rss(self.pid), "RSS of the server's front-end process at start (psutil): "
+               "it holds no weights, its engine core is a child process")
 
     async def memory(self) -> dict[str, int]:
         info = await server_info_json(self._client) if self._client is not None else {}

@@ -38,13 +38,15 @@ gets `VLLM_CPU_KVCACHE_SPACE=1` (GiB) unless a budget or `env` says otherwise.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import shutil
 import json
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from adapters import features
+from adapters import features, runtime_base
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
 from adapters.openai_compat import OpenAIEngine
 from adapters.readback import ReadBack, per_token_bytes, server_info_json, vllm_log, vllm_server_info, vllm_shapes
@@ -59,6 +61,12 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "enable_prefix_caching",
          "enable_chunked_prefill", "enforce_eager", "gpu_memory_utilization", "kv_cache_memory_bytes",
          "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "seed", "speculative_config")
+
+
+# What each process of `vllm serve` on CPU imports before its weights: the API server, then the engine
+# core it forks (multiprocessing's fork, vLLM's default) with the CPU worker, its model runner and ops.
+RUNTIME_STAGES = [[SERVER_MODULE], ["vllm.v1.engine.core", "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner",
+                                    "vllm.model_executor.models.llama", "vllm._custom_ops"]]
 
 
 def engine_args(model: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +160,11 @@ class VLLMServer(LaunchedServer, OpenAIEngine):
         if self.server is not None:
             vllm_log(rb, self.server.log_text(), f"startup log {self.server.proc.log_path}")
         per_token_bytes(rb)
+        if self.server is not None and not self.server.launcher.is_container and not shutil.which("nvidia-smi"):
+            got = await asyncio.to_thread(runtime_base.cached, "vllm", await self._version(),
+                                          self.server.launcher.prefix[0], RUNTIME_STAGES)
+            if got:  # CPU: the split's interpreter and libraries (a GPU's split has no such part)
+                rb.mem("runtime_base", *got)
 
 
 def in_process_read_back(vllm_config: Any) -> tuple[dict[str, Any], dict[str, int]]:

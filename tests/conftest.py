@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from reference_engine.model.make import make_model
+
+# vLLM's interpreter-and-libraries figure imports all of vLLM once per machine (20-50 s): not in every CI run;
+# tests/adapters/test_runtime_base.py runs the probe itself
+os.environ.setdefault("INFERLAB_RUNTIME_PROBE", "0")
 
 
 @pytest.fixture(scope="session")

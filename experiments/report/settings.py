@@ -5,11 +5,12 @@ itself (its info routes, cache-config labels, startup log), each with its source
 that differs from the other engines' is marked **≠**; a difference that breaks a fairness
 rule (dtype, a pinned KV budget, prefix caching, speculation, parallelism) is also flagged.
 
-Memory: weights, KV allocated, KV peak used, the activation peak and the CUDA graph pool as the
-engine reports them (`EngineInfo.memory` keys weights, kv_allocated, activation_peak, graph_pool;
-kv_peak_used from the engine's `memory()` after the last level, else a snapshot's `kv_peak_used_tokens`), the process tree's or the device's peak as
-sampled, and activations/other = peak − weights − KV allocated where all three are known. A dash
-where a part is not exposed: never a guess.
+Memory: every byte of the peak in named parts, the same columns for every engine (`EngineInfo.memory`
+keys weights, layout_<name> (one column per layout any engine names), kv_allocated, kv_peak_used and
+activation_peak (the largest read, at start or after a repeat's last level; a snapshot's
+`kv_peak_used_tokens` too), graph_pool, runtime_* (interpreter and libraries: the RSS of the engine's
+processes before weights, on CPU)), the process tree's or the device's peak as sampled, and the
+residual, unaccounted = peak − the parts. A dash where a part is not exposed: never a guess.
 """
 from __future__ import annotations
 
@@ -120,6 +121,15 @@ def _peak(e) -> tuple[int | None, str]:
     return best, where
 
 
+def _after(e, key: str) -> int | None:
+    """The largest `key` the engine reported: at start (`info.memory`) or after any repeat's last level
+    (`memory_after`); a peak read at start only saw the warm-up."""
+    vals = [(e.manifest.get("info") or {}).get("memory", {}).get(key)]
+    vals += [(r.get("memory_after") or {}).get(key) for r in (e.manifest.get("repeats") or {}).values()]
+    vals = [int(v) for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
 def _kv_peak_used(e) -> int | None:
     """The most KV bytes held at once over the run: the engine's own peak read after its last
     level (each repeat's `memory_after`), else the sampled or snapshot peak in tokens. Never the
@@ -136,15 +146,45 @@ def _kv_peak_used(e) -> int | None:
     return max(peaks) if peaks else None
 
 
-def memory_section(runs: Runs) -> list[str]:
-    rows = []
+def _runtime(m: dict[str, Any]) -> int | None:
+    """Interpreter and libraries: every `runtime_*` figure the engine's processes gave (the reference
+    server: its engine core's `runtime_base` plus its front end's `runtime_front`)."""
+    parts = [v for k, v in m.items() if k.startswith("runtime_")]
+    return sum(parts) if parts else None
+
+
+def layout_names(runs: Runs) -> list[str]:
+    """Every weight layout any engine reports (`memory["layout_<name>"]`), in order of first appearance."""
+    names: list[str] = []
     for e in runs.engines:
-        m = (e.manifest.get("info") or {}).get("memory") or {}
-        peak, where = _peak(e)
-        w, kv = m.get("weights"), m.get("kv_allocated")
-        other = peak - w - kv if None not in (peak, w, kv) else None
-        rows.append([e.label, mib(w), mib(kv), mib(_kv_peak_used(e)), mib(m.get("activation_peak")),
-                     mib(m.get("graph_pool")), mib(other), f"{mib(peak)} ({where})" if peak is not None else "–"])
+        for k in (e.manifest.get("info") or {}).get("memory") or {}:
+            if k.startswith("layout_") and k.removeprefix("layout_") not in names:
+                names.append(k.removeprefix("layout_"))
+    return names
+
+
+def memory_row(e, layouts: list[str]) -> tuple[list[int | None], int | None, str]:
+    """(parts in COLUMNS' order, peak, where the peak was sampled) for one engine; None: not exposed."""
+    m = (e.manifest.get("info") or {}).get("memory") or {}
+    peak, where = _peak(e)
+    parts = [m.get("weights"), *(m.get("layout_" + n) for n in layouts), m.get("kv_allocated"), _kv_peak_used(e),
+             _after(e, "activation_peak"), m.get("graph_pool"), _runtime(m) if where == "RSS" else None]
+    return parts, peak, where
+
+
+def memory_section(runs: Runs) -> list[str]:
+    layouts = layout_names(runs)
+    rows, notes = [], []
+    for e in runs.engines:
+        parts, peak, where = memory_row(e, layouts)
+        # KV peak used lies inside KV allocated: every other part is a separate share of the peak
+        held = [v for i, v in enumerate(parts) if i != len(layouts) + 2 and v is not None]
+        rest = peak - sum(held) if peak is not None else None
+        rows.append([e.label, *(mib(v) for v in parts), mib(rest), f"{mib(peak)} ({where})" if peak is not None else "–"])
+        srcs = ((e.manifest.get("info") or {}).get("effective") or {}).get("sources") or {}
+        how = [srcs[k] for k in ("memory.runtime_base", "memory.runtime_front") if k in srcs]
+        if how and where == "RSS":
+            notes.append(f"- {e.label}, interpreter and libraries: " + "; plus ".join(how) + ".")
     per_rank = []
     for e in runs.engines:  # engines that report each rank's (GPU's) share: the reference engine's weights_rank{r}
         m = (e.manifest.get("info") or {}).get("memory") or {}
@@ -153,10 +193,16 @@ def memory_section(runs: Runs) -> list[str]:
             per_rank.append(f"- {e.label}: weights per rank (device) " + ", ".join(f"rank {r} {mib(v)}" for r, v in ranks)
                             + " MiB (each rank's shard plus the replicated embedding, LM head and norms)")
     tail = ["", "Memory per device, where an engine reports it:", ""] + per_rank if per_rank else []
-    return ["The same split for every engine, in MiB: weights, KV, activation peak and CUDA graph pool as the "
-            "engine reports them, the peak as sampled (GPU memory where there is a GPU, else the RSS of the "
-            "engine's process tree), and activations/other = peak − weights − KV allocated (activations and "
-            "graph pool included; the interpreter and libraries too on CPU). "
-            "A dash where an engine does not expose a part.", ""] + \
-        table(["engine", "weights", "KV allocated", "KV peak used", "activation peak", "CUDA graph pool",
-               "activations / other", "peak"], rows) + tail
+    head = ["engine", "parameters", *(f"layout: {n}" for n in layouts), "KV allocated", "KV peak used",
+            "activations peak", "CUDA graph pool", "interpreter and libraries", "unaccounted (peak − parts)", "peak"]
+    return ["The same split for every engine, in MiB, each part as the engine reports it: the parameters as held; "
+            "each weight layout the engine keeps beside them, by name; the KV cache allocated and the most of it "
+            "in use (inside the allocation, not added); the activations' peak (CUDA: a profile forward at start; "
+            "the reference engine on CPU: its process's RSS high-water since start-up above its RSS then, read "
+            "after the run: activations, whose heap stays resident, plus kernel caches and request state); the "
+            "CUDA graph pool; the interpreter and libraries (CPU only: RSS before any weight, see below); then "
+            "the peak as sampled (GPU memory where there is a GPU, else the RSS of the engine's process tree) "
+            "and what the parts leave of it, unaccounted (a part shown as a dash is inside it; on CPU also "
+            "freed memory the allocator keeps and pages shared between a process and its forked child, "
+            "which the tree's RSS counts twice). A dash where an engine does not expose a part.", ""] + \
+        table(head, rows) + ([""] + notes if notes else []) + tail

@@ -107,7 +107,12 @@ class ModelRunner:
             torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
         if self.device.type == "cpu":  # activations reuse the heap, not fresh page-faulted mmaps
             keep_freed_cpu_memory()
-        # CPU: the process before any weight (interpreter, libraries, tokenizer): the split's "interpreter and libraries"
+        # CPU: the process before any weight (interpreter, libraries, tokenizer): the split's "interpreter and libraries".
+        # The loader's meta-device model imports torch's reference ops (an embedding's init on meta: ~145 MiB of
+        # modules, not weights): imported here first, so that they count as libraries.
+        if self.device.type == "cpu":
+            with torch.device("meta"):
+                torch.nn.Embedding(1, 1)
         self.runtime_base = rss() if self.device.type == "cpu" else None
         self.mem = DeviceMemory(self.device)
         start = self.mem.snapshot()  # None off CUDA

@@ -180,7 +180,9 @@ async def test_effective_is_what_the_baseline_is_and_features_are_unhonoured(tin
     from adapters.model_shape import param_count
 
     weights = param_count(tiny_llama) * 4  # fp32; the parameters as the safetensors headers count them
-    assert weights <= info.memory["weights"] < weights * 1.01 and set(info.memory) == {"weights"}  # + rope buffers
+    assert weights <= info.memory["weights"] < weights * 1.01 and set(info.memory) == {"weights", "runtime_base"}
+    from adapters.runtime_base import rss  # CPU: the process before from_pretrained, less than it holds now
+    assert 50 << 20 < info.memory["runtime_base"] < rss() and "before from_pretrained" in eff["sources"]["memory.runtime_base"]
     assert "no KV cache across requests" in info.unhonoured["enable_prefix_caching"]
     assert "plain generate()" in info.unhonoured["speculative_config"]
 

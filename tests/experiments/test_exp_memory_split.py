@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments.commands import run_main
 from tests.experiments.exp_util import write_config
 
@@ -29,8 +31,10 @@ def test_kv_peak_used_is_the_runs_peak_on_both_reference_modes(tmp_path, exp_mod
         """)
     assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress"]) == 0
     report = (tmp_path / "res/t/report.md").read_text()
-    rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")]
-            for r in report.split("## Memory split")[1].split("\n## ")[0].splitlines() if r.startswith("| ")}
+    lines = [r for r in report.split("## Memory split")[1].split("\n## ")[0].splitlines() if r.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {r.split("|")[1].strip(): dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in lines[1:]}
+    num = lambda cell: float(cell.split(" (")[0].replace(",", ""))  # noqa: E731
     for name in ("reference", "served"):
         m = json.loads((tmp_path / f"res/t/{name}/manifest.json").read_text())
         per_tok, at_start = m["info"]["memory"]["kv_bytes_per_token"], m["info"]["memory"]["kv_peak_used"]
@@ -38,4 +42,18 @@ def test_kv_peak_used_is_the_runs_peak_on_both_reference_modes(tmp_path, exp_mod
         # four requests in flight at once hold at least their prompts' blocks
         assert peak >= CONCURRENCY * -(-PROMPT // BLOCK) * BLOCK * per_tok > at_start, (name, peak, at_start)
         assert peak <= m["info"]["memory"]["kv_allocated"]
-        assert rows[name][3] == f"{peak / 2 ** 20:,.1f}", (name, rows[name])  # the KV peak used column
+        row, mem = rows[name], m["info"]["memory"]
+        assert row["KV peak used"] == f"{peak / 2 ** 20:,.1f}", (name, row)
+        layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}
+        assert {k.removeprefix("layout: ") for k in head if k.startswith("layout: ")} == set(layouts)  # each by name
+        assert all(row[f"layout: {k}"] == f"{v / 2 ** 20:,.1f}" for k, v in layouts.items())
+        assert row["parameters"] == f"{mem['weights'] / 2 ** 20:,.1f}"
+        # CPU: measured, not a dash: the activations' high-water after the run, the RSS before weights
+        act = max(r["memory_after"]["activation_peak"] for r in m["repeats"].values())
+        assert act > 0 and row["activations peak"] == f"{act / 2 ** 20:,.1f}"
+        runtime = mem["runtime_base"] + mem.get("runtime_front", 0)
+        assert ("runtime_front" in mem) == (name == "served")  # the server's front end is a process of its own
+        assert row["interpreter and libraries"] == f"{runtime / 2 ** 20:,.1f}"
+        assert row["peak"].endswith("(RSS)") and row["CUDA graph pool"] == "–"
+        parts = mem["weights"] + sum(layouts.values()) + mem["kv_allocated"] + act + runtime
+        assert num(row["unaccounted (peak − parts)"]) == pytest.approx(num(row["peak"]) - parts / 2 ** 20, abs=0.11)

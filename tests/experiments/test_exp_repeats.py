@@ -90,7 +90,7 @@ def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model
         engines = ["paced", "paced2"]
         [engine_options.paced]
         effective = { dtype = "float32", prefix_caching = true, max_num_seqs = 8, sources = { dtype = "/info" } }
-        memory = { weights = 104857600, kv_allocated = 52428800, activation_peak = 31457280, graph_pool = 10485760 }
+        memory = { weights = 104857600, layout_panels = 20971520, kv_allocated = 52428800, activation_peak = 31457280, graph_pool = 10485760, runtime_base = 41943040 }
         [engine_options.paced2]
         effective = { dtype = "float32", prefix_caching = false, max_num_seqs = 8 }
         [workload]
@@ -106,15 +106,18 @@ def test_settings_table_marks_and_flags_a_planted_difference(tmp_path, exp_model
     assert "| max running sequences | 8 | 8 |" in report  # equal: not marked
     assert "- **settings**: prefix caching differs between engines: paced yes, paced2 no." in report
     assert "| dtype [1] | float32 | float32 |" in report and "- [1] dtype: paced: /info" in report  # a footnote per sourced row
-    assert ("| engine | weights | KV allocated | KV peak used | activation peak | CUDA graph pool | "
-            "activations / other | peak |") in report
-    row = next(x for x in report.splitlines() if x.startswith("| paced | 100.0 | 50.0 |"))
+    assert ("| engine | parameters | layout: panels | KV allocated | KV peak used | activations peak | CUDA graph pool | "
+            "interpreter and libraries | unaccounted (peak − parts) | peak |") in report
+    row = next(x for x in report.splitlines() if x.startswith("| paced | 100.0 | 20.0 | 50.0 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[4:6] == ["30.0", "10.0"]  # activation peak, graph pool: as the engine reported them
-    assert row.endswith("(RSS) |")  # peak sampled from the engine's process tree; other = peak - 150 MiB
+    assert cells[5:8] == ["30.0", "10.0", "40.0"]  # activations peak, graph pool, interpreter: as the engine reported
+    assert cells[9].endswith("(RSS)")  # peak sampled from the engine's process tree
+    peak = float(cells[9].removesuffix(" (RSS)").replace(",", ""))
+    assert float(cells[8].replace(",", "")) == pytest.approx(peak - 250.0, abs=0.11)  # every part but the KV in use
     row2 = next(x for x in report.splitlines() if x.startswith("| paced2 |") and "(RSS)" in x)
-    assert row2.startswith("| paced2 | – | – |")  # not exposed: a dash, never a guess
-    assert [c.strip() for c in row2.strip("|").split("|")][4:6] == ["–", "–"]
+    cells2 = [c.strip() for c in row2.strip("|").split("|")]
+    assert cells2[1:8] == ["–"] * 7  # not exposed: a dash, never a guess
+    assert cells2[8] == cells2[9].removesuffix(" (RSS)")  # so the whole peak is unaccounted, and shown as such
 
 
 def test_a_variant_runs_an_engine_again_with_other_options(tmp_path, exp_model, simulated):
