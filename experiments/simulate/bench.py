@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
         h200 = load_profile("h200")
         res["published"] = {"source": published.SOURCE, "rows": published.table(h200)}
-        res["at_scale"] = published.at_scale(h200, names=("least_loaded",)) + \
-            published.at_scale(h200, n=20_000, rate=80.0, replicas=2)
+        res["at_scale"] = published.at_scale(h200, osl=64, names=("least_loaded",)) + \
+            published.at_scale(h200, n=20_000, rate=100.0, replicas=2, osl=64)
     res["load_at_end"], res["load_by_phase"] = os.getloadavg(), LOAD
     (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"bench written to {out / 'bench.json'}", file=sys.stderr)
