@@ -31,6 +31,11 @@ from reference_engine.outputs import TokenDelta
 
 BURST_GAP_S, BURST_MAX_S = 0.002, 0.010
 WAVE_S, WAVE_MAX_S = 0.100, 0.030
+# oneDNN's primitive cache and ideep's (torch's oneDNN wrapper) each keep up to 1,024 GEMMs by shape,
+# each holding memory that grows with its row count; a server sees a new row count at almost every
+# prefill, so the core's heap grew ~2 MiB per new one (SmolLM2, docs/perf/2026-12-04-soak-3.md).
+# One step uses ~5 shapes per row count, so 16 entries still hit inside a step, for a bounded heap.
+GEMM_CACHE_VARS, GEMM_CACHE_ENTRIES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"), "16"
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,13 @@ def die_with_parent(parent: int | None) -> None:
         os._exit(1)
 
 
+def bound_gemm_caches() -> dict[str, str]:
+    """Cap the oneDNN and ideep GEMM caches at `GEMM_CACHE_ENTRIES` unless the user set them; both
+    read their variable at their first GEMM, so this must run before the model is built (packing
+    runs GEMMs). Returns the values in force."""
+    return {v: os.environ.setdefault(v, GEMM_CACHE_ENTRIES) for v in GEMM_CACHE_VARS}
+
+
 def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None:
     """The child: build the core, report its facts, then loop: take messages (block only when
     idle), apply them in order, step, send one `TurnOutput`. Exits on "stop" or when the front is gone."""
@@ -82,6 +94,7 @@ def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front drains requests on SIGINT/SIGTERM, then stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    caches = bound_gemm_caches()
     try:
         core = LLMEngine(cfg)
     except BaseException as e:
@@ -96,7 +109,8 @@ def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None
     gc.freeze()
     outbox.send(SimpleNamespace(cfg=core.cfg, model_config=core.model_config, max_model_len=core.max_model_len,
                                 kv_capacity_tokens=core.runner.kv_capacity_tokens, stats=core.stats(),
-                                effective={**core.effective_config(), "gc_frozen_objects": gc.get_freeze_count()},
+                                effective={**core.effective_config(), "gc_frozen_objects": gc.get_freeze_count(),
+                                           "gemm_cache_entries": caches},
                                 pid=os.getpid()))
     try:
         _loop(core, inbox, outbox)
