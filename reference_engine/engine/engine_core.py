@@ -18,6 +18,7 @@ import ctypes
 import gc
 import os
 import pickle
+import platform
 import signal
 import struct
 import time
@@ -36,6 +37,11 @@ WAVE_S, WAVE_MAX_S = 0.100, 0.030
 # prefill, so the core's heap grew ~2 MiB per new one (SmolLM2, docs/perf/2026-12-04-soak-3.md).
 # One step uses ~5 shapes per row count, so 16 entries still hit inside a step, for a bounded heap.
 GEMM_CACHE_VARS, GEMM_CACHE_ENTRIES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"), "16"
+# The runner keeps freed CPU memory in the heap (gpu_memory.keep_freed_cpu_memory: no trimming, so no
+# page faults per prefill), so RSS held the largest batch's activations for good and stepped up with
+# each new largest batch. A core idle this long hands the free pages back (malloc_trim) instead.
+IDLE_TRIM_S = 0.5
+_LIBC = ctypes.CDLL("libc.so.6") if platform.libc_ver()[0] == "glibc" else None
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,15 @@ def bound_gemm_caches() -> dict[str, str]:
     return {v: os.environ.setdefault(v, GEMM_CACHE_ENTRIES) for v in GEMM_CACHE_VARS}
 
 
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the kernel (glibc's `malloc_trim(0)`: the top of each arena
+    and the whole free pages inside it); False where there is no glibc."""
+    if _LIBC is None:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
 def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None:
     """The child: build the core, report its facts, then loop: take messages (block only when
     idle), apply them in order, step, send one `TurnOutput`. Exits on "stop" or when the front is gone."""
@@ -122,13 +137,19 @@ def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None
 
 
 def _loop(core: LLMEngine, inbox, outbox) -> None:
-    applied, running = 0, True
+    applied, running, stepped = 0, True, False
     finished: collections.deque = collections.deque()  # when each recent request finished
     while running:
         now = time.monotonic()
         while finished and finished[0] < now - WAVE_S:
             finished.popleft()
-        batches = [] if core.has_unfinished() else _burst(inbox, expect=len(finished))
+        batches = []
+        if not core.has_unfinished():
+            if stepped and not inbox.poll(IDLE_TRIM_S):  # idle: nothing came in IDLE_TRIM_S
+                trim_heap()
+                stepped = False
+                finished.clear()  # a wave long past: the next burst expects nothing
+            batches = _burst(inbox, expect=len(finished))
         while inbox.poll():
             batches.append(inbox.recv())
         out, replies, step_s = [], {}, 0.0
@@ -140,6 +161,7 @@ def _loop(core: LLMEngine, inbox, outbox) -> None:
                 out += apply_ops(core, [msg])
                 applied += 1
         if running and core.has_unfinished():
+            stepped = True
             t = time.monotonic()
             out += step_or_fail(core)
             done = time.monotonic()
