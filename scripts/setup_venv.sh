@@ -22,20 +22,24 @@ bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" numpy
 
 echo "$VENV: building the C++ CPU kernels (${KERNELS[*]}) while inferlab[test] installs..."
 pids=()
-for k in "${KERNELS[@]}"; do
+# one build per instruction set this CPU runs (torch's ATEN_CPU_CAPABILITY picks it; one above the CPU's
+# falls back to the CPU's own): the engine's, and the ones tests/reference_engine/kernels/test_isa.py runs
+for k in "${KERNELS[@]}"; do for isa in avx512 avx2 default; do
   # PYTHONPATH: the source tree itself (the kernels need torch only; inferlab is not installed yet)
-  PYTHONPATH="$PWD" "$VENV/bin/python" - "$VENV" "$k" <<'PY' &
+  ATEN_CPU_CAPABILITY=$isa PYTHONPATH="$PWD" "$VENV/bin/python" - "$VENV" "$k" <<'PY' &
 import importlib, sys
+import torch
 venv, name = sys.argv[1:]
 try:
     mod = importlib.import_module(f"reference_engine.{name}")
 except ImportError as e:  # not in this checkout, or it needs more than torch: the engine builds it on first use
     print(f"{venv}: CPU kernel {name}: not built here ({e})")
     sys.exit(0)
-print(f"{venv}: CPU kernel {name}:", "built" if mod.available() else "not built, the PyTorch code serves")
+print(f"{venv}: CPU kernel {name} ({torch.backends.cpu.get_cpu_capability()}):",
+      "built" if mod.available() else "not built, the PyTorch code serves")
 PY
   pids+=($!)
-done
+done; done
 bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" -e '.[test]'
 echo "$VENV: installed in $((SECONDS - start)) s"
 "$VENV/bin/python" - <<'PY' &

@@ -129,13 +129,15 @@ def _module():
         return None, e
 
 
-def load(name: str, files: list[Path]):
+def load(name: str, files: list[Path], isa_: str | None = None):
     """Build (or load from the disk cache) the .cpp files among `files` as extension `<name>_<isa>`
-    (the .h files are read through #include: they are part of the key)."""
+    (the .h files are read through #include: they are part of the key). `isa_` builds for another ISA
+    than torch's (an A/B of two builds in one process: scripts/isa_ab.py); the CPU must run it."""
     from torch.utils.cpp_extension import load as build
 
-    cflags = flags()
-    module_name = f"{name}_{isa().lower()}"
+    isa_ = isa_ or isa()
+    cflags = flags(isa_)
+    module_name = f"{name}_{isa_.lower()}"
     cxx = compiler()
     if cxx is None:
         raise RuntimeError(f"{module_name}: no C++ compiler (CXX={os.environ.get('CXX') or 'c++'} not found)")

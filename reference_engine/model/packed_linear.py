@@ -31,19 +31,18 @@ streams (docs/perf/2026-12-03-decode-gemv.md); its rows are batch-invariant by c
 `INFERLAB_DECODE_GEMV=onednn|inferlab` pins it. `SMALL_M` is where the two met on that machine.
 
 Between the two, `SMALL_M` < rows <= `MID_M` (a decode batch: 64 sequences offline), fp32 products go to
-the project's C++ GEMM on AVX-512 (`mid_gemm()`: kernels/cpp_gemm.py) on a third copy of W, packed in
+the project's C++ GEMM (`mid_gemm()`: kernels/cpp_gemm.py, AVX-512, AVX2 + FMA or scalar) on a third copy of W, packed in
 32-column panels: oneDNN there costs about its arithmetic plus the read of W; the GEMM overlaps the
 two (SmolLM2, one pass over its 121 products: 1.1-1.35x oneDNN's speed from 13 to 128 rows, 0.9x at
 256 and more, where oneDNN keeps prefill; docs/perf/2026-12-03-gemm.md). `INFERLAB_MID_GEMM=onednn`
 pins oneDNN and drops the copy.
 
-A pin that cannot hold here (`inferlab` for the GEMM without AVX-512, either kernel without a
-compiler, a value that names nothing) is refused when the engine starts (`pin_problems`), in one line
+A pin that cannot hold here (either kernel without a compiler, a value that names nothing) is refused when the engine starts (`pin_problems`), in one line
 naming the variable, its value and why, instead of failing every step it would serve.
 
 Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
 `weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
-(fp32) or 2 (bf16), and 4 more for the GEMM's panels where it is on (fp32 on AVX-512).
+(fp32) or 2 (bf16), and 4 more for the GEMM's panels where it is on (fp32).
 
 Invariant: `pack(model)` replaces every `nn.Linear` of the model in place, keeps the original
 parameters (tied embeddings, `param_bytes`, the loader's names) and changes no output beyond
@@ -100,15 +99,15 @@ def prefill_gemm() -> str:
 
 PINS = {"INFERLAB_PREFILL_GEMM": ("mkl", "onednn"), "INFERLAB_DECODE_GEMV": ("inferlab", "onednn"),
         "INFERLAB_MID_GEMM": ("inferlab", "onednn")}
-_MACHINE = object()  # pin_problem's default: this machine's ISA and compiler
+_MACHINE = object()  # pin_problem's default: this machine's compiler
 
 
-def pin_problem(var: str, value: str, isa: str | None = None, cxx: str | None | object = _MACHINE) -> str | None:
+def pin_problem(var: str, value: str, cxx: str | None | object = _MACHINE) -> str | None:
     """Why `var=value` (one of `PINS`) cannot hold here, in one line naming both and what to do; None
-    where it can. A pin that could not hold would fail every step it serves (the GEMM's panels built
-    without AVX-512 raise at 13 rows), so the engine refuses it at start (`pin_problems`). `isa` (torch's
-    CPU capability, "AVX2" / "AVX512" / ...) and `cxx` (the C++ compiler's path, None: no compiler)
-    default to this machine's; the kernel must also build and load with this machine's."""
+    where it can. A pin that could not hold would fail every step it serves, so the engine refuses it at
+    start (`pin_problems`). `cxx` (the C++ compiler's path, None: no compiler) defaults to this machine's;
+    the kernel must also build and load with this machine's. Both kernels have AVX-512, AVX2 + FMA and
+    scalar code: no instruction set is refused."""
     choices = PINS[var]
     if value not in choices:
         return f"{var}={value!r}: expected " + " or ".join(repr(c) for c in choices)
@@ -116,9 +115,6 @@ def pin_problem(var: str, value: str, isa: str | None = None, cxx: str | None | 
         return f"{var}=onednn needs torch with oneDNN (torch.backends.mkldnn is off here); unset it"
     if value != "inferlab":
         return None
-    isa = isa or torch.backends.cpu.get_cpu_capability()
-    if var == "INFERLAB_MID_GEMM" and isa != "AVX512":
-        return f"{var}=inferlab needs AVX-512 (this CPU has {isa.lower()} only); unset it or pick onednn"
     cxx = cpu_build.compiler() if cxx is _MACHINE else cxx
     if cxx is None:
         return (f"{var}=inferlab needs a C++ compiler to build its kernel (CXX="
@@ -153,7 +149,7 @@ def decode_gemv() -> str:
 @functools.cache
 def mid_gemm() -> str:
     """"inferlab" (kernels/cpp_gemm.py) or "onednn": who multiplies fp32 products of `SMALL_M` + 1 to
-    `MID_M` rows. The C++ GEMM wherever it builds (AVX-512 only), unless `INFERLAB_MID_GEMM` names one."""
+    `MID_M` rows. The C++ GEMM wherever it builds (any ISA), unless `INFERLAB_MID_GEMM` names one."""
     return _pinned("INFERLAB_MID_GEMM") or ("inferlab" if cpp_gemm.available() else "onednn")
 
 

@@ -25,7 +25,7 @@ static at::Tensor linear(const at::Tensor& h, const at::Tensor& w, const at::Ten
   if (onednn) return onednn_linear(h, mat, b);
   if (h.size(0) <= small_m) return gemv(h, w, b);
   TORCH_CHECK(mat.numel(), "decode_layer: more than small_m rows need the GEMM's panels");
-  return gemm(h, mat, w.size(0), b);
+  return linear(h, mat, w.size(0), b);
 }
 
 // x (N, hidden) fp32 or bf16 -> x after one decoder layer; every row one decoding sequence

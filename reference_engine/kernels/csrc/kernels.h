@@ -10,8 +10,8 @@ namespace inferlab {
 
 // gemv.cpp: y = x @ w.T (+ bias), x (M, K) fp32 rows, w (N, K) fp32 contiguous
 at::Tensor gemv(at::Tensor x, at::Tensor w, at::Tensor bias);
-// gemm.cpp: y = x @ W.T (+ bias), packed = W's (P, K, 32) k-major panels (AVX-512 only)
-at::Tensor gemm(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
+// linear.cpp: y = x @ W.T (+ bias) for any row count, packed = W's (P, K, 32) k-major panels
+at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
 void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out);
 void silu_mul(at::Tensor gu, at::Tensor out);

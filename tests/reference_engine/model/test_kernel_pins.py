@@ -30,10 +30,8 @@ def pins(monkeypatch):
 
 
 def test_each_impossible_pin_is_one_line_naming_it_its_value_and_why():
-    gemm = pin_problem("INFERLAB_MID_GEMM", "inferlab", isa="AVX2")
-    assert gemm == "INFERLAB_MID_GEMM=inferlab needs AVX-512 (this CPU has avx2 only); unset it or pick onednn"
     for var in ("INFERLAB_DECODE_GEMV", "INFERLAB_MID_GEMM"):
-        why = pin_problem(var, "inferlab", isa="AVX512", cxx=None)
+        why = pin_problem(var, "inferlab", cxx=None)
         assert why.startswith(f"{var}=inferlab needs a C++ compiler") and "\n" not in why
     assert pin_problem("INFERLAB_PREFILL_GEMM", "blas") == "INFERLAB_PREFILL_GEMM='blas': expected 'mkl' or 'onednn'"
     for var in ("INFERLAB_PREFILL_GEMM", "INFERLAB_DECODE_GEMV", "INFERLAB_MID_GEMM"):
@@ -68,16 +66,17 @@ except ValueError as e:
 """
 
 
-def test_without_avx512_and_a_compiler_every_impossible_setting_is_named_at_start(tiny_llama, tmp_path):
-    """torch's own override makes this CPU an AVX2 one (ATEN_CPU_CAPABILITY), CXX one without a
-    compiler; the engine names all four settings in one line and builds nothing."""
+def test_without_a_compiler_every_impossible_setting_is_named_at_start(tiny_llama, tmp_path):
+    """torch's own override makes this CPU an AVX2 one (ATEN_CPU_CAPABILITY: every kernel has AVX2 code,
+    so that alone refuses nothing), CXX one without a compiler; the engine names all four settings in
+    one line and builds nothing."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "CXX": "/nonexistent/c++", "INFERLAB_CACHE": str(tmp_path),
            "INFERLAB_MID_GEMM": "inferlab", "INFERLAB_DECODE_GEMV": "inferlab", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", REFUSED, str(tiny_llama)], env=env, capture_output=True, text=True)
     assert run.returncode == 2, run.stderr
     line = run.stdout.strip()
     assert "\n" not in line
-    assert "INFERLAB_MID_GEMM=inferlab needs AVX-512 (this CPU has avx2 only); unset it or pick onednn" in line
+    assert "INFERLAB_MID_GEMM=inferlab needs a C++ compiler" in line
     assert "INFERLAB_DECODE_GEMV=inferlab needs a C++ compiler" in line
     assert "attention_backend='cpu'" in line and "fused_ops=True" in line
     assert not any(tmp_path.iterdir())  # no kernel was built, or tried

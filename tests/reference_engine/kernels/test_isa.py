@@ -1,0 +1,80 @@
+"""Every instruction set's build of the kernels (cpu_build: AVX-512, AVX2 + FMA, scalar), each in a
+process of its own with torch's override ATEN_CPU_CAPABILITY=avx2 / default, for every ISA this CPU
+can execute: the GEMV and GEMM tests (exactness, batch and thread invariance) pass on each, and the
+GEMM's outputs are the same bits on every ISA (one k-order FMA chain per output). The GEMV's lane
+split differs with the vector width: its AVX2 and scalar builds agree bit for bit, AVX-512 folds 16
+lanes to 8 first (the same sums in another order). The builds come from the cache `make setup` fills."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference_engine.kernels import cpu_build
+
+ORDER = ["DEFAULT", "AVX2", "AVX512"]
+HERE = torch.backends.cpu.get_cpu_capability()
+BELOW = ORDER[:ORDER.index(HERE)] if HERE in ORDER else []  # the builds this CPU can run besides its own
+ROOT = Path(__file__).resolve().parents[3]
+
+pytestmark = [pytest.mark.skipif(not cpu_build.compiler_available(), reason="needs a C++ compiler"),
+              pytest.mark.slow]  # a subprocess per ISA (and its build, where `make setup` did not cache it)
+
+
+
+def outputs(inputs: str) -> dict[str, torch.Tensor]:
+    """The GEMM's and the GEMV's outputs on the saved inputs, at row counts across their tiles. (The
+    inputs come from one process: torch.randn itself draws other numbers under another CPU capability.)"""
+    from reference_engine.kernels import cpp_gemm, cpp_gemv
+    w, x = torch.load(inputs)
+    p = cpp_gemm.pack(w)
+    out = {f"gemm{m}": cpp_gemm.gemm(x[:m], p, 1000, None) for m in (1, 5, 12, 13, 64, 300)}
+    return out | {f"gemv{m}": cpp_gemv.gemv(x[:m], w, None) for m in (1, 5, 12)}
+
+
+OUTPUTS = f"""
+import sys, torch
+from reference_engine.kernels import cpu_build
+from {__name__} import outputs
+assert cpu_build.isa() == sys.argv[3], (cpu_build.isa(), sys.argv[3])
+torch.save(outputs(sys.argv[1]), sys.argv[2])
+"""
+
+
+def _run(isa: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa.lower(), "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=ROOT)
+
+
+def _outputs(isa: str, inputs, tmp_path) -> dict[str, torch.Tensor]:
+    f = tmp_path / f"{isa}.pt"
+    run = _run(isa, "-c", OUTPUTS, str(inputs), str(f), isa)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return torch.load(f)
+
+
+@pytest.mark.parametrize("isa", BELOW)
+def test_the_linear_kernels_tests_pass_on_each_isa_build(isa):
+    run = _run(isa, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/reference_engine/kernels/test_cpp_gemm.py",
+               "tests/reference_engine/model/test_packed_linear.py", "-k", "gemv_ or gemm_")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-1000:]
+
+
+@pytest.mark.skipif(not BELOW, reason="this CPU executes one ISA build only")
+def test_the_gemm_gives_the_same_bits_on_every_isa_and_the_gemv_on_avx2_and_scalar(tmp_path):
+    g = torch.Generator().manual_seed(7)
+    inputs = tmp_path / "inputs.pt"
+    torch.save((torch.randn(1000, 576, generator=g), torch.randn(300, 576, generator=g)), inputs)
+    outs = {isa: _outputs(isa, inputs, tmp_path) for isa in BELOW} | {HERE: outputs(inputs)}
+    for isa, out in outs.items():
+        for k, v in out.items():
+            if k.startswith("gemm"):
+                assert torch.equal(v, outs[HERE][k]), (isa, k)
+    if "AVX2" in outs and "DEFAULT" in outs:
+        for k in outs["AVX2"]:
+            assert torch.equal(outs["AVX2"][k], outs["DEFAULT"][k]), k
