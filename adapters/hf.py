@@ -127,6 +127,8 @@ class HFEngine(Engine):
         if "kv_cache_tokens" in self.options:
             knobs["kv_cache_tokens"] = "ignored: HF allocates KV per batch"
         effective, memory = read_back(self._model, self.max_batch_size, self._max_len, before)
+        # CPU: the RSS high-water from here on is generate()'s: its per-batch KV cache and activations
+        self._rss_loaded = runtime_base.rss() if device == "cpu" and runtime_base.reset_peak_rss() else None
         unhonoured = {}
         if self.options.get("enable_prefix_caching"):
             unhonoured["enable_prefix_caching"] = NO_PREFIX_CACHE
@@ -137,6 +139,12 @@ class HFEngine(Engine):
                                knobs=knobs, mode="in_process", pid=None, unhonoured=unhonoured,
                                effective=effective, memory=memory)
         return self.info
+
+    async def memory(self) -> dict[str, int]:
+        """CPU: activation_peak, the process's RSS high-water since the model loaded above its RSS then (HF
+        allocates its KV cache per batch: it is in this figure, not in kv_allocated)."""
+        loaded = getattr(self, "_rss_loaded", None)
+        return {} if loaded is None else {"activation_peak": max(0, runtime_base.peak_rss() - loaded)}
 
     def _load(self, transformers, torch_dtype, device):
         from packaging.version import Version

@@ -16,6 +16,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from reference_engine.worker.gpu_memory import peak_rss, reset_peak_rss, rss  # noqa: F401  (the adapters' too)
+
 PROBE = r"""
 import importlib, json, os, sys
 
@@ -42,15 +44,6 @@ for i, mods in enumerate(json.loads(sys.argv[1])):
     out.append(rss())
 print(json.dumps(out))
 """
-
-
-def rss() -> int | None:
-    """This process's resident bytes now (VmRSS); None where /proc is absent."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
 
 
 def probe(python: str, stages: list[list[str]], timeout_s: float = 300) -> list[int]:

@@ -63,10 +63,12 @@ KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"
          "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "seed", "speculative_config")
 
 
-# What each process of `vllm serve` on CPU imports before its weights: the API server, then the engine
-# core it forks (multiprocessing's fork, vLLM's default) with the CPU worker, its model runner and ops.
-RUNTIME_STAGES = [[SERVER_MODULE], ["vllm.v1.engine.core", "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner",
-                                    "vllm.model_executor.models.llama", "vllm._custom_ops"]]
+# What each process of `vllm serve` on CPU imports before its weights (0.32: APIServer -> EngineCore ->
+# VllmWorker, each forked from the one before, multiprocessing's fork being vLLM's default): the API
+# server; the engine core and its multiprocess executor; the CPU worker, its model runner, the model and ops.
+RUNTIME_STAGES = [[SERVER_MODULE], ["vllm.v1.engine.core", "vllm.v1.executor.multiproc_executor"],
+                  ["vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner", "vllm.model_executor.models.llama",
+                   "vllm._custom_ops"]]
 
 
 def engine_args(model: str, dtype: str, options: dict[str, Any]) -> dict[str, Any]:

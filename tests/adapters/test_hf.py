@@ -187,6 +187,25 @@ async def test_effective_is_what_the_baseline_is_and_features_are_unhonoured(tin
     assert "plain generate()" in info.unhonoured["speculative_config"]
 
 
+async def test_cpu_activation_peak_is_the_rss_high_water_since_the_load(tiny_llama):
+    """memory() after the levels: generate()'s per-batch KV cache and activations land in the process's RSS
+    high-water; 128 MiB of fresh pages touched now must show in it."""
+    import mmap
+
+    from adapters.runtime_base import rss
+
+    engine = await started(tiny_llama, max_batch_size=2)
+    try:
+        now = rss()
+        buf = mmap.mmap(-1, 128 << 20)
+        for i in range(0, len(buf), 4096):
+            buf[i] = 1
+        buf.close()
+        assert (await engine.memory())["activation_peak"] >= now + (128 << 20) - engine._rss_loaded - (8 << 20)
+    finally:
+        await engine.stop()
+
+
 async def test_the_runs_max_model_len_is_its_limit_and_read_back(tiny_llama):
     """The harness gives every engine one context length; the baseline refuses beyond it, as vLLM does."""
     engine = await started(tiny_llama, max_model_len=40)
