@@ -7,7 +7,7 @@ imports, and reads each process's RSS: the first process imports the first group
 forked from the one before (as vLLM's engine core is forked from its API server) and imports its own
 group on top. The sum is the tree's interpreter and libraries. `cached` keeps the figure per engine,
 version and interpreter in the inferlab cache (`runtime_base.json`): importing vLLM takes 20-50 s.
-`INFERLAB_RUNTIME_PROBE=0` skips the probe (the split then shows a dash).
+`INFERLAB_RUNTIME_PROBE=0` turns the figure off (the split then shows a dash).
 """
 from __future__ import annotations
 
@@ -62,7 +62,10 @@ def cache_file() -> Path:
 
 def cached(engine: str, version: str, python: str, stages: list[list[str]]) -> tuple[int, str] | None:
     """(bytes, what was measured) for this engine, version and interpreter: probed once, then read back.
-    None when `INFERLAB_RUNTIME_PROBE=0` or the probe fails (a dash, never a guess)."""
+    None when `INFERLAB_RUNTIME_PROBE=0` (cached or not: the tests' setting) or the probe fails (a dash,
+    never a guess)."""
+    if os.environ.get("INFERLAB_RUNTIME_PROBE") == "0":
+        return None
     key = f"{engine} {version} {python} {json.dumps(stages)}"
     path = cache_file()
     try:
@@ -70,8 +73,6 @@ def cached(engine: str, version: str, python: str, stages: list[list[str]]) -> t
     except (OSError, ValueError):
         known = {}
     if key not in known:
-        if os.environ.get("INFERLAB_RUNTIME_PROBE") == "0":
-            return None
         try:
             known[key] = probe(python, stages)
         except (RuntimeError, subprocess.TimeoutExpired, ValueError):

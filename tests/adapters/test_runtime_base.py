@@ -17,14 +17,16 @@ def test_probe_reads_each_process_after_its_imports(tmp_path, monkeypatch):
 
 def test_cached_probes_once_per_engine_version_and_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path))
-    monkeypatch.setenv("INFERLAB_RUNTIME_PROBE", "0")
-    assert runtime_base.cached("e", "1.0", sys.executable, [["json"]]) is None  # probing off, nothing cached: a dash
     monkeypatch.setenv("INFERLAB_RUNTIME_PROBE", "1")
     got, how = runtime_base.cached("e", "1.0", sys.executable, [["json"]])
     assert got > 0 and "json" in how and "e 1.0" in how
-    monkeypatch.setenv("INFERLAB_RUNTIME_PROBE", "0")  # read back, not probed again
-    assert runtime_base.cached("e", "1.0", sys.executable, [["json"]])[0] == got
-    assert len(json.loads((tmp_path / "runtime_base.json").read_text())) == 1
-    assert runtime_base.cached("e", "2.0", sys.executable, [["json"]]) is None  # another version: probed anew
-    monkeypatch.setenv("INFERLAB_RUNTIME_PROBE", "1")
+    path = tmp_path / "runtime_base.json"
+    (key, value), = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: [123 << 20]}))  # read back, not probed again: the cached figure comes back
+    assert runtime_base.cached("e", "1.0", sys.executable, [["json"]])[0] == 123 << 20
+    again = runtime_base.cached("e", "2.0", sys.executable, [["json"]])[0]  # another version: probed anew
+    assert abs(again - value[0]) < 1 << 20
+    assert len(json.loads(path.read_text())) == 2
     assert runtime_base.cached("e", "1.0", sys.executable, [["no_such_module_x"]]) is None  # a failed probe: a dash
+    monkeypatch.setenv("INFERLAB_RUNTIME_PROBE", "0")
+    assert runtime_base.cached("e", "1.0", sys.executable, [["json"]]) is None  # turned off: a dash, cached or not
