@@ -92,12 +92,11 @@ def test_inferlab_serve_exits_2_with_one_line(tiny_llama):
     assert p.stderr.count("\n") == 1 and "inferlab serve: not enough memory to start (GiB)" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("mode", ["in_process", "server"])
-def test_inferlab_run_exits_2_with_one_line(tmp_path, tiny_llama, mode):
-    """Refused when the adapter is built, before any engine starts."""
+def test_inferlab_run_exits_2_with_one_line(tmp_path, tiny_llama):
+    """Refused when the adapter is built (whatever its mode: before it picks one), before any engine starts."""
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'name = "t"\nmodel = "{tiny_llama}"\nengine = "reference"\n[engine_options.reference]\n'
-                   f'mode = "{mode}"\nkv_cache_tokens = {HUGE // 1024}\n')
+                   f'mode = "server"\nkv_cache_tokens = {HUGE // 1024}\n')
     p = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--out", str(tmp_path / "res")],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "not enough memory to start (GiB)" in p.stderr, p.stderr
