@@ -71,10 +71,13 @@ def main(argv: list[str]) -> int:
         slo = capacity.parse_slo(a.slo) if a.capacity else None
     except ValueError as e:
         return fail(str(e))
-    engine = cfg.engine_list()[0]
-    if cfg.adapter(engine) != "reference" and not a.settings_from and not a.calibrate:
-        return fail(f"{a.config}: engine {engine!r}: the simulator runs the reference engine's scheduler; give "
-                    f"--settings-from RUN_DIR (a measured run of {engine}) for its block size, budget and KV")
+    if cfg.cells:
+        return fail(f"{a.config}: a matrix config ([[cells]]): simulate one cell at a time (a plain config)")
+    engines = [e for e in cfg.engine_list() if a.settings_from or cfg.adapter(e) == "reference"]
+    if not engines:
+        return fail(f"{a.config}: no reference engine to simulate (the simulator runs the reference engine's "
+                    f"scheduler); give --engine NAME --settings-from RUN_DIR (a measured run of it) for another")
+    engine = engines[0]
     try:
         ensure_model(cfg)
         if a.calibrate:
@@ -94,7 +97,11 @@ def main(argv: list[str]) -> int:
         return 0
     from experiments.simulate.replay import replay
 
-    run_dir = replay(cfg, Path(a.config).read_text(), profile, Path(a.out), lengths, a.accept, settings)
+    skipped = sorted(set(cfg.engine_list()) - set(engines))
+    if skipped:
+        print(f"inferlab: not simulated (not the reference engine; --settings-from a run of one to replay it with "
+              f"its settings): {', '.join(skipped)}", file=sys.stderr)
+    run_dir = replay(cfg, Path(a.config).read_text(), profile, Path(a.out), lengths, a.accept, settings, engines)
     print(f"inferlab: simulated run ({profile.label}) written to {run_dir}/report.md", file=sys.stderr)
     return 0
 

@@ -61,8 +61,9 @@ def replica_for(cfg, engine: str, profile: Profile, max_model_len: int | None, a
 
 
 def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] | None = None,
-           accept: float = 0.7, settings: dict[str, Any] | None = None) -> Path:
-    """Run every engine of the config in simulated time into `<out>/<name>-simulated/`; returns the folder."""
+           accept: float = 0.7, settings: dict[str, Any] | None = None, engines: list[str] | None = None) -> Path:
+    """Run the config's engines (or `engines`) in simulated time into `<out>/<name>-simulated/`; returns
+    the folder."""
     from experiments.report import build
     from experiments.runner import Plan, run_engine
 
@@ -75,7 +76,7 @@ def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] 
     (run_dir / "workload.json").write_text(json.dumps(workloads.describe(items, cfg.workload), indent=2))
     plan = Plan(cfg, run_dir, items, warm, {"note": "simulated: no bandwidth measured"})
     with clock.simulated():
-        for name in cfg.engine_list():
+        for name in engines or cfg.engine_list():
             rep = replica_for(cfg, name, profile, max_model_len, accept, settings)
             label = f"{name}-simulated"
             eng = SimulatedEngine(rep, label, lengths, {"simulated_engine": name, "profile": profile.label})

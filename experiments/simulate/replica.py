@@ -62,6 +62,7 @@ class Replica:
     targets: dict[str, tuple[int, str]] = field(default_factory=dict)  # rid -> (output tokens, finish reason)
     steps: int = 0
     busy_s: float = 0.0
+    spec: list[int] = field(default_factory=lambda: [0, 0, 0])  # drafts verified, draft tokens, accepted
 
     def __post_init__(self) -> None:
         self.sched = Scheduler(self.cfg, self.num_blocks, self.lookahead)
@@ -104,6 +105,10 @@ class Replica:
             target, reason = self.targets[req.request_id]
             n = min(1 + a, target - len(req.output_token_ids))
             accepted[req.request_id] = min(a, n - 1) if s.drafts else 0
+            if s.drafts:
+                self.spec[0] += 1
+                self.spec[1] += len(s.drafts)
+                self.spec[2] += accepted[req.request_id]
             req.output_token_ids.extend([req.fake_id % 30000 + 1] * n)  # type: ignore[attr-defined]
             done = len(req.output_token_ids) >= target
             if done:

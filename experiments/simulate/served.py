@@ -107,9 +107,16 @@ class SimulatedEngine(Engine):
         return self.replica.sched.reset_prefix_cache()
 
     async def snapshot(self) -> MemorySnapshot:
-        kv = self.replica.sched.kv
+        r = self.replica
+        kv, (drafts, draft_tokens, accepted) = r.sched.kv, r.spec
         return MemorySnapshot(clock.now_ns(), kv_used_tokens=kv.num_used * kv.block_size,
-                              kv_capacity_tokens=kv.num_blocks * kv.block_size)
+                              kv_capacity_tokens=kv.num_blocks * kv.block_size,
+                              kv_usage=kv.num_used / max(1, kv.num_blocks), num_running=len(r.sched.running),
+                              num_waiting=len(r.sched.waiting),
+                              extra={"num_preemptions_total": r.sched.num_preemptions,
+                                     "prefix_cache_queries": kv.queries, "prefix_cache_hits": kv.hits,
+                                     "spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
+                                     "spec_decode_num_accepted_tokens": accepted})
 
     async def stop(self) -> None:
         if self._task is not None:
