@@ -34,12 +34,14 @@ tokens = 2048
     (["{cfg}", "--router", "random"], "invalid choice"),
     (["{cfg}", "--profile", "/no/such/profile.json"], "not a file"),
     (["{bad}"], "unknown key"),
+    (["{mat}"], "a matrix config"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(exp_model, tmp_path, capsys, args, says):
     cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
     bad = write_config(tmp_path / "b.toml", exp_model, BODY + "bogus = 1\n")
+    mat = write_config(tmp_path / "m.toml", exp_model, BODY + '[[cells]]\nname = "a"\n')
     try:
-        rc = main(["simulate"] + [a.format(cfg=cfg, bad=bad) for a in args])
+        rc = main(["simulate"] + [a.format(cfg=cfg, bad=bad, mat=mat) for a in args])
     except SystemExit as e:  # argparse's own errors exit from inside the parser
         rc = e.code
     err = capsys.readouterr().err.strip()
