@@ -58,8 +58,8 @@ def read_back(model: Any, max_batch_size: int, max_len: int | None = None,
                 for t in [*model.parameters(), *model.buffers()]}
     rb.mem("weights", sum(storages.values()), "the model's parameter and buffer storages")
     if model.device.type == "cpu":
-        rb.mem("runtime_base", runtime, "RSS of the baseline's process before from_pretrained (torch and "
-                                        "transformers imported, nothing loaded)")
+        rb.mem("runtime_base", runtime, "RSS of the baseline's process before from_pretrained (torch, "
+                                        "transformers and the model's class imported, no weight loaded)")
     if model.device.type == "cuda":
         import torch
 
@@ -105,6 +105,7 @@ class HFEngine(Engine):
         except ImportError as e:
             raise EngineUnavailable(f"engine 'hf' needs transformers ({e.name} is missing): {INSTALL}") from e
         device = self.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        await asyncio.to_thread(self._model_class, transformers)  # its modules are libraries, not weights
         before = runtime_base.rss()  # the process with its libraries, before any weight
         self._model = await asyncio.to_thread(self._load, transformers, getattr(torch, self.dtype), device)
         gc = self._model.generation_config
@@ -127,7 +128,13 @@ class HFEngine(Engine):
         if "kv_cache_tokens" in self.options:
             knobs["kv_cache_tokens"] = "ignored: HF allocates KV per batch"
         effective, memory = read_back(self._model, self.max_batch_size, self._max_len, before)
-        # CPU: the RSS high-water from here on is generate()'s: its per-batch KV cache and activations
+        # CPU: the RSS high-water from here on is generate()'s: its per-batch KV cache and activations. The
+        # parameters may still be unread pages of the mapped checkpoint (an fp32 file loaded as fp32 is not
+        # copied): read them once first, so that the first batch's page-ins are not counted as activations.
+        if device == "cpu":
+            with torch.no_grad():
+                for p in self._model.parameters():
+                    p.sum()
         self._rss_loaded = runtime_base.rss() if device == "cpu" and runtime_base.reset_peak_rss() else None
         unhonoured = {}
         if self.options.get("enable_prefix_caching"):
@@ -145,6 +152,16 @@ class HFEngine(Engine):
         allocates its KV cache per batch: it is in this figure, not in kv_allocated)."""
         loaded = getattr(self, "_rss_loaded", None)
         return {} if loaded is None else {"activation_peak": max(0, runtime_base.peak_rss() - loaded)}
+
+    def _model_class(self, transformers):
+        """Import the model's class (SmolLM2: modeling_llama and the generation stack, ~165 MiB of modules,
+        which `from_pretrained` would import on the way) without loading a weight; None if it cannot be
+        resolved (the load then says why)."""
+        try:
+            cfg = transformers.AutoConfig.from_pretrained(self.model)
+            return transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+        except Exception:  # noqa: BLE001  (an unknown model fails in _load with transformers' own message)
+            return None
 
     def _load(self, transformers, torch_dtype, device):
         from packaging.version import Version
