@@ -266,9 +266,8 @@ class LLMEngine:
         """The settings this engine runs with, read back from its parts (not from what was asked):
         the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
         fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
-        prefill_gemm (the library of fp32 GEMMs of prefill size: "mkl" or "onednn", measured at load),
-        decode_gemv (who multiplies fp32 products of decode size: "inferlab", the C++ kernel, or "onednn"),
-        mid_gemm (who multiplies fp32 products of a decode batch, 13 to 128 rows: "inferlab" or "onednn"),
+        linear_kernel (who multiplies fp32 projections, every row count: "inferlab", the C++ GEMM on the one
+        resident copy, or "onednn"; `packed_linear.linear_kernel`),
         kv_cache_dtype, num_threads (torch intra-op threads), weights_layouts ({layout name: bytes} held beside
         the parameters, `packed_linear.layout_bytes`) and bytes_per_weight (everything held for weights, the
         parameters as held plus every layout, over the number of weights as loaded; tied weights count once)."""
@@ -286,7 +285,7 @@ class LLMEngine:
             "tensor_parallel_size": r.tp.size if r.tp else 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
             "attention_backend": cfg.attention_backend, "device": str(r.device),
             "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
-            "prefill_gemm": r.prefill_gemm, "decode_gemv": r.decode_gemv, "mid_gemm": r.mid_gemm,
+            "linear_kernel": r.linear_kernel,
             "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
             "weights_layouts": layouts,

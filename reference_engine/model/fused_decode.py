@@ -1,9 +1,8 @@
 """The CPU decode fast path: an all-decode step runs each decoder layer as one C++ call.
 
-At batch 1..`PackedLinear.SMALL_M` a decode step is a read of the weights (the GEMVs) plus ~15
-small ops per layer; at batch 1 on SmolLM2 those ops' Python, nn.Module and dispatcher overhead was
-~5 ms of a ~17-20 ms step. Up to `PackedLinear.MID_M` rows, where the projections have the C++
-GEMM's panels (kernels/cpp_gemm.py), the same call takes the GEMM for them (64 rows: ~3 ms a step).
+At batch 1 a decode step is a read of the weights plus ~15 small ops per layer; on SmolLM2 those ops'
+Python, nn.Module and dispatcher overhead was ~5 ms of a ~17-20 ms step. Up to `PackedLinear.MID_M`
+rows the call takes the panel GEMM (kernels/cpp_gemm.py) on each projection's one copy.
 bf16 weights on a CPU that multiplies bf16 natively take it too, every product then oneDNN's packed
 linear called from C++ as PackedLinear calls it from Python. `FusedDecode.forward` runs the
 embedding and the final norm as the model does and every layer through
@@ -13,10 +12,9 @@ bit-identical (tests/reference_engine/model/test_fused_decode.py). The model's m
 reference and serve every other step (prefill, mixed, larger batches, spec verification).
 
 Taken when (`FusedDecode.build` returns None otherwise): CPU, the fused element-wise modules
-(`fused_ops`), every projection a `PackedLinear` (fp32 weights: on the C++ GEMV; bf16: multiplied
+(`fused_ops`), every projection a `PackedLinear` (fp32 weights: on the panels; bf16: multiplied
 in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
-builds; per step (`takes`): every row is one decoding sequence and there are at most `SMALL_M` of
-them (`MID_M` where every projection has panels, and in bf16). Module hooks do not fire on it:
+builds; per step (`takes`): every row is one decoding sequence and there are at most `MID_M` of them. Module hooks do not fire on it:
 `INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py); `1`
 (the default) leaves it where it applies; anything else is refused at start (`pin_problems`).
 """
@@ -43,22 +41,17 @@ class FusedDecode:
         empty = torch.empty(0)
         # bf16 weights multiplied natively: every product is oneDNN's, on PackedLinear's packed copies
         onednn = next(model.parameters()).dtype == torch.bfloat16
-        # per layer, in decode_layer's argument order: ln1, ln2, eps, W_qkv, b_qkv, W_o, W_gate_up, W_down,
-        # the four projections' second operand (fp32: the GEMM's panels, empty where PackedLinear has
-        # none; bf16: oneDNN's packed weights), SMALL_M and which of the two
+        # per layer, in decode_layer's argument order: ln1, ln2, eps, the four projections' one copy (fp32:
+        # the panels; bf16: oneDNN's packed weights), b_qkv, their output widths, which of the two
         self.args = []
-        panelled = True
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             bias = a.qkv_proj.bias if a.qkv_proj.bias is not None else empty  # PackedLinear's, in its compute dtype
             projections = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
-            mats = [p.packed if onednn else p.panels if p.panels is not None else empty for p in projections]
-            panelled &= all(p.panels is not None for p in projections)
+            mats = [p.packed if onednn else p.panels for p in projections]
             self.args.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                              layer.input_layernorm.eps, a.qkv_proj.weight.detach(), bias, a.o_proj.weight.detach(),
-                              m.gate_up_proj.weight.detach(), m.down_proj.weight.detach(), mats,
-                              PackedLinear.SMALL_M, onednn))
-        self.max_rows = PackedLinear.MID_M if panelled or onednn else PackedLinear.SMALL_M
+                              layer.input_layernorm.eps, mats, bias, [p.out_features for p in projections], onednn))
+        self.max_rows = PackedLinear.MID_M
 
     @classmethod
     def build(cls, model: CausalLM, backend, tp) -> FusedDecode | None:
@@ -73,8 +66,8 @@ class FusedDecode:
                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         if not all(isinstance(m, PackedLinear) for m in linears):
             return None
-        if dtype == torch.float32 and not all(m.small_gemv for m in linears):
-            return None
+        if dtype == torch.float32 and not all(m.panels is not None for m in linears):
+            return None  # fp32 on oneDNN (INFERLAB_LINEAR=onednn): the modules serve
         if dtype == torch.bfloat16 and not all(m.compute_dtype == torch.bfloat16 for m in linears):
             return None  # bf16 multiplied in fp32 (no native bf16): the modules' casts stay in Python
         if not all(isinstance(layer.input_layernorm, fused_ops.FusedRMSNorm) for layer in layers):

@@ -128,14 +128,8 @@ class ModelRunner:
             packed_linear.pack(self.model)
             tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
             self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
-        # which library multiplies fp32 prefill-sized GEMMs (packed_linear.prefill_gemm, measured once)
-        self.prefill_gemm = packed_linear.prefill_gemm() if cfg.linear_backend == "onednn" \
-            and self.dtype == torch.float32 else cfg.linear_backend
-        # and fp32 decode-sized ones (at most PackedLinear.SMALL_M rows): the C++ GEMV or oneDNN
-        self.decode_gemv = packed_linear.decode_gemv() if cfg.linear_backend == "onednn" \
-            and self.dtype == torch.float32 else cfg.linear_backend
-        # and those between (a decode batch of SMALL_M + 1 to MID_M rows): the C++ GEMM or oneDNN
-        self.mid_gemm = packed_linear.mid_gemm() if cfg.linear_backend == "onednn" \
+        # who multiplies fp32 projections: "inferlab" (one copy, the panels) or "onednn" (packed_linear.linear_kernel)
+        self.linear_kernel = packed_linear.linear_kernel() if cfg.linear_backend == "onednn" \
             and self.dtype == torch.float32 else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
