@@ -53,28 +53,48 @@ class FusedDecode:
                               layer.input_layernorm.eps, mats, bias, [p.out_features for p in projections], onednn))
         self.max_rows = PackedLinear.MID_M
 
+    # The model features the layer kernel implements; any other value is refused by name (`refusal`), so a
+    # feature added to the model later is served by the modules until the kernel learns it.
+    SUPPORTS = {"family": ("llama", "qwen2"),  # qwen2: a bias on the qkv projection
+                "qk_norm": (False,)}  # Qwen3's per-head q/k RMSNorm is not in the kernel
+    DTYPES = (torch.float32, torch.bfloat16)
+
     @classmethod
-    def build(cls, model: CausalLM, backend, tp) -> FusedDecode | None:
-        """The fast path for this model and backend, or None where it does not apply (module docstring)."""
-        if os.environ.get("INFERLAB_FUSED_DECODE", "1") == "0" or tp or model.cfg.qk_norm:
-            return None
+    def refusal(cls, model: CausalLM, backend, tp) -> str | None:
+        """Why the fast path does not apply to this model and backend, in words naming the input; None
+        where it does. What it supports: CPU attention backend, fp32 (panels) or natively multiplied bf16
+        weights, the fused element-wise modules, the `SUPPORTS` model features, one rank, a kernel that builds."""
+        if os.environ.get("INFERLAB_FUSED_DECODE", "1") == "0":
+            return "INFERLAB_FUSED_DECODE=0"
+        if tp:
+            return "tensor parallelism (the layer kernel has no all-reduce)"
+        for feature, ok in cls.SUPPORTS.items():
+            if getattr(model.cfg, feature) not in ok:
+                return f"model {feature}={getattr(model.cfg, feature)!r} (the layer kernel supports {ok})"
         dtype = next(model.parameters()).dtype
-        if type(backend) is not CpuBackend or dtype not in (torch.float32, torch.bfloat16):
-            return None
+        if type(backend) is not CpuBackend:
+            return f"attention backend {type(backend).__name__} (the layer kernel reads the CPU backend's cache)"
+        if dtype not in cls.DTYPES:
+            return f"dtype {dtype} (the layer kernel takes float32 and bfloat16)"
         layers = model.model.layers
         linears = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         if not all(isinstance(m, PackedLinear) for m in linears):
-            return None
+            return "projections not packed (linear_backend is not onednn)"
         if dtype == torch.float32 and not all(m.panels is not None for m in linears):
-            return None  # fp32 on oneDNN (INFERLAB_LINEAR=onednn): the modules serve
+            return "fp32 projections on oneDNN (INFERLAB_LINEAR=onednn, or no panel kernel)"
         if dtype == torch.bfloat16 and not all(m.compute_dtype == torch.bfloat16 for m in linears):
-            return None  # bf16 multiplied in fp32 (no native bf16): the modules' casts stay in Python
+            return "bf16 weights multiplied in fp32 (no native bf16 here): the modules' casts stay in Python"
         if not all(isinstance(layer.input_layernorm, fused_ops.FusedRMSNorm) for layer in layers):
-            return None
+            return "fused element-wise ops off"
         if not available():
-            return None
-        return cls(model, backend)
+            return "the layer kernel does not build here"
+        return None
+
+    @classmethod
+    def build(cls, model: CausalLM, backend, tp) -> FusedDecode | None:
+        """The fast path for this model and backend, or None where it does not apply (`refusal`)."""
+        return None if cls.refusal(model, backend, tp) else cls(model, backend)
 
     def takes(self, batch) -> bool:
         """Is this step all decodes (one row per sequence), and few enough rows?"""

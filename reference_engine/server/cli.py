@@ -103,6 +103,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="when the engine core dies, keep serving (/health and requests answer 503) instead of "
                         "exiting 1 (vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--explain-paths", action="store_true",
+                   help="build the engine with these settings, print which code path runs each step shape "
+                        "and why (reference_engine/worker/paths.py), and exit without serving")
     _engine_flags(p.add_argument_group("engine (EngineConfig fields; defaults are EngineConfig's)"))
     return p.parse_args(argv)
 
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.model):
         _say(f"model directory {args.model!r} does not exist")
         return 2
+    if args.explain_paths:
+        return explain_paths(args)
     import uvicorn
 
     from reference_engine import AsyncEngine
@@ -182,6 +187,23 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             runner.run(engine.shutdown())  # a forced exit skips the app's shutdown; idempotent otherwise
     return 1 if died or not server.started else 0
+
+
+def explain_paths(args: argparse.Namespace) -> int:
+    """`--explain-paths`: the dispatch table of the engine these flags build, printed; no server."""
+    from reference_engine import LLMEngine
+    from reference_engine.worker.paths import render
+
+    try:
+        engine = LLMEngine(engine_config(args))
+    except ValueError as err:
+        _say(str(err))
+        return 2
+    try:
+        print(render(engine.runner))
+    finally:
+        engine.close()
+    return 0
 
 
 async def _start(engine) -> list[int]:

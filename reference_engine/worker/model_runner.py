@@ -170,7 +170,9 @@ class ModelRunner:
             self.proposer.allocate_kv(self.num_blocks)
         self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
         # CPU: small all-decode fp32 steps run each layer as one C++ call (fused_decode.py)
-        self.fast_decode = FusedDecode.build(self.model, self.backend, tp) if cfg.fused_ops else None
+        self.fast_decode_refusal = FusedDecode.refusal(self.model, self.backend, tp) if cfg.fused_ops \
+            else "fused_ops off"  # why not, in words (worker/paths.py shows it)
+        self.fast_decode = FusedDecode(self.model, self.backend) if self.fast_decode_refusal is None else None
         max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
         self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
                                  self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
