@@ -6,7 +6,8 @@
   invalid requests, n > 1, logprobs) and the fixed greedy probe set;
 - `client`: one request over aiohttp, its stream timestamped as the harness does (`recv_ns`
   when a line arrives), returned as a record `experiments.metrics.per_request` reads;
-- `load`: open-loop Poisson arrivals of the mix, and the SLO search over it (the harness's own
+- `load`: open-loop Poisson arrivals of the mix, one latency window's replayed every window (the
+  drift verdict compares the same arrivals), and the SLO search over it (the harness's own
   bracketing and bisection, `experiments.search`);
 - `observe`: every `sample_s`, the server tree's RSS, KV blocks in use from /metrics and the
   latency of the requests that finished since the last sample;
