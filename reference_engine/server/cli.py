@@ -57,17 +57,20 @@ def engine_config(args: argparse.Namespace):
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
              if f.name not in ENGINE_SKIP and getattr(args, f.name) is not None}
-    # Like vLLM's CPU backend, leave one core to the HTTP front end (and a client on the same
-    # machine): on 2 cores, 2 torch threads + a busy client made decode ~1.6x slower than 1 thread.
     # With tensor parallelism `num_threads` is per rank: the ranks share those cores.
-    given.setdefault("num_threads", max(1, serving_threads() // given.get("tensor_parallel_size", 1)))
+    given.setdefault("num_threads", max(1, serving_threads(args.engine_process) // given.get("tensor_parallel_size", 1)))
     return EngineConfig(model=args.model, **given)
 
 
-def serving_threads() -> int:
-    """Torch threads for a served engine: every usable core but one."""
+def serving_threads(engine_process: bool = True) -> int:
+    """Torch threads for a served engine. With the engine core in its own process (the default), every
+    usable core: the front end only parses, detokenizes and streams, and on the 2-core machines
+    `vllm bench serve` against no-flag servers measured 2 threads ahead of 1 at 1, 4 and 8 streams
+    (docs/perf/2026-12-04-defaults.md). With the core in a thread of the server's process
+    (--no-engine-process), every core but one, as vLLM's CPU backend leaves one: there 2 torch threads
+    and a busy client made decode ~1.6x slower than 1 thread on 2 cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return cores if engine_process else max(1, cores - 1)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -24,3 +24,14 @@ def test_bad_speculative_config_is_refused(capsys):
         parse(["m", "--speculative-config", "{not json"])
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         engine_config(parse(["m", "--speculative-config", '{"method": "ngram"}']))
+
+
+def test_default_threads_every_core_with_the_engine_process():
+    """No --num-threads: every usable core when the core has its own process (the default), one left to the
+    front end when it runs in the server's process; a tensor-parallel rank gets its share."""
+    import os
+    cores = len(os.sched_getaffinity(0))
+    assert engine_config(parse(["m"])).num_threads == cores
+    assert engine_config(parse(["m", "--no-engine-process"])).num_threads == max(1, cores - 1)
+    assert engine_config(parse(["m", "--tensor-parallel-size", "2"])).num_threads == max(1, cores // 2)
+    assert engine_config(parse(["m", "--num-threads", "1"])).num_threads == 1

