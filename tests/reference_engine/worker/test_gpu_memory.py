@@ -79,9 +79,9 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     per_tok = bytes_per_token(e.model_config, torch.float32)
     assert m["kv_bytes_per_token"] == per_tok
     assert m["kv_allocated"] == 1024 * per_tok == sum(k.nbytes + v.nbytes for k, v in e.runner.kv_cache)
-    params = {p.data_ptr(): p.nbytes for p in e.runner.model.parameters()}  # tied embedding once
-    rope = e.runner.model.rope
-    assert m["weights"] == sum(params.values()) + rope.cos.nbytes + rope.sin.nbytes
+    # the parameters and buffers as held (rope tables, biases), each storage once; no layout
+    held = {t.data_ptr(): t.nbytes for t in [*e.runner.model.parameters(), *e.runner.model.buffers()]}
+    assert m["weights"] == sum(held.values())
     assert m["kv_peak_used"] == 0
     llm.generate([[10] * 40, [11] * 20], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
     # both requests at their longest: ceil(49/16) + ceil(29/16) = 4 + 2 blocks
@@ -99,7 +99,8 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     eff = e.effective_config()
     assert EFFECTIVE_KEYS <= set(eff)
     assert eff["weights_layouts"] == layouts
-    count = sum(p.numel() for p in e.runner.model.parameters())
+    from reference_engine.worker.ram_check import weight_counts  # the model's weights, tied once (test_ram_check)
+    count = weight_counts(e.model_config)[0]
     assert eff["bytes_per_weight"] == round((m["weights"] + sum(layouts.values())) / count, 3)
     assert eff["bytes_per_weight"] >= 4  # fp32: at least the parameters themselves
     assert eff["dtype"] == "float32" and eff["kv_capacity_tokens"] == 1024 and eff["kv_blocks"] == 64
@@ -165,13 +166,15 @@ def test_dummy_weights_make_the_shape_without_reading_files(tiny_qwen3, tmp_path
     d = tmp_path / "no-weights"
     shutil.copytree(tiny_qwen3, d)
     (d / "model.safetensors").unlink()
-    llm = LLM(str(d), load_format="dummy", kv_cache_tokens=256)
-    model = llm.engine.runner.model
+    from reference_engine.worker.model_runner import dummy_model
+
+    model, _ = dummy_model(str(d), torch.float32, torch.device("cpu"), 64)  # as made, before any layout
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as the config says
     w = model.model.layers[0].self_attn.qkv_proj.weight
     assert abs(float(w.detach().std()) - 0.02) < 0.002
     q_norm = model.model.layers[0].self_attn.q_norm.weight.detach()
     assert torch.equal(q_norm, torch.ones_like(q_norm))
+    llm = LLM(str(d), load_format="dummy", kv_cache_tokens=256)
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0]
     assert len(out.token_ids) == 3
 
