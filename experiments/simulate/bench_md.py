@@ -51,7 +51,7 @@ def render(res: dict) -> str:
                       f"{r['simulator_wall_s']:.0f} |")
     if res.get("at_scale"):
         md += ["", "| router | requests | replicas | rate | TTFT p50 / p99 ms | TPOT p50 / p99 ms | prefix hits | "
-               "KV peak | preemptions | busy min-max | simulator s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "KV peak | preemptions | stepping min-max | simulator s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["at_scale"]:
             md.append(f"| {r['router']} | {r['requests']:,} | {r['replicas']} | {r['rate']:g} | "
                       f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['tpot_p50_ms']:.2f} / "

@@ -147,8 +147,8 @@ def render(doc: dict[str, Any]) -> str:
                  f"{doc['failing_rate']})" if b else "capacity: no rate passed")
     if doc.get("best"):
         for i, r in enumerate(doc["best"]["replicas"]):
-            lines.append(f"  replica {i}: {r['requests']} requests, busy {r['busy']:.0%}, KV peak {r['kv_peak']:.0%} "
-                         f"mean {r['kv_mean']:.0%}, {r['preemptions']} preemptions, prefix hits "
+            lines.append(f"  replica {i}: {r['requests']} requests, stepping {r['busy']:.0%} of the time, "
+                         f"KV peak {r['kv_peak']:.0%} mean {r['kv_mean']:.0%}, {r['preemptions']} preemptions, prefix hits "
                          f"{r['prefix_hit_rate']:.0%}")
     if doc.get("target_rate"):
         lines.append(f"replicas needed for {doc['target_rate']:g} req/s: {doc['replicas_needed'] or 'not found'}")
