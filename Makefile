@@ -63,7 +63,7 @@ soak: setup
 # The simulator's validation (issue 40; a benchmark, not a test): calibrate on this CPU, predict, then
 # measure the served reference engine (closed 1/4/8, the SLO search, Poisson at 50/85/95 % of it), plus the
 # H200 spec profile against TensorRT-LLM's table -> results/simulate-bench/bench.json, read in
-# docs/perf/2026-12-04-simulate.md. About 30 min on 2 quiet cores.
+# docs/perf/2026-12-04-simulate.md. About 30 min on 2 quiet cores, 45 on busy ones.
 simulate-bench: setup
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m experiments.simulate.bench --out results/simulate-bench
 
