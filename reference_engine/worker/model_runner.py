@@ -47,8 +47,8 @@ from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
 from reference_engine.worker import ram_check
 from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-                                         keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, reset_peak_rss,
-                                         rss)
+                                         keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss,
+                                         release_freed_cpu_memory, reset_peak_rss, rss)
 from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.model.loader import load_model
 from reference_engine.model.llama import CausalLM, RotaryEmbedding
@@ -181,7 +181,10 @@ class ModelRunner:
         self.graph_pool_bytes: int | None = None
         if self.use_graphs:
             self.capture_graphs()
-        # CPU: the high-water from here on is the steps' (activations, whose heap stays resident; kernel caches)
+        # CPU: what start-up freed goes back first (else a step reusing it hides its activations); the high-water
+        # from here on is the steps' (activations, whose heap stays resident; kernel caches)
+        if self.device.type == "cpu":
+            release_freed_cpu_memory()
         self.rss_at_start = rss() if self.device.type == "cpu" and reset_peak_rss() else None
 
     @property
