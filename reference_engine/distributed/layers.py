@@ -5,8 +5,8 @@ Column-parallel layers need no class of their own: a rank's `qkv_proj` and `gate
 (`packed_linear.pack`) and every backend treat them as any linear. `RowParallelLinear` holds its
 weight under the checkpoint's name (`...o_proj.weight`, so the loader fills it like any other) and
 adds the all-reduce: each rank's output is a partial sum over its columns, `(N, hidden)`, and the
-sum over ranks is the full layer's output. `pack` gives it the same oneDNN-packed GEMM as the
-plain linears (`packed_linear.PackedLinear` over the same parameter).
+sum over ranks is the full layer's output. `pack` gives it the same packed GEMM as the plain linears
+(`packed_linear.PackedLinear`): fp32 weights then live in its panels only, and `weight` is None.
 Invariant: the bias-free partial sums are added exactly once (o_proj and down_proj have no bias).
 """
 from __future__ import annotations
@@ -38,12 +38,14 @@ class RowParallelLinear(nn.Module):
 
 
 def pack(model: nn.Module) -> nn.Module:
-    """Give every `RowParallelLinear` of `model` a oneDNN-packed GEMM (CPU), as `packed_linear.pack` does
-    for plain linears; the parameter stays where the loader and the memory report find it."""
+    """Give every `RowParallelLinear` of `model` a packed GEMM (CPU), as `packed_linear.pack` does for
+    plain linears: one copy of the weight (the panels; on oneDNN's path the parameter stays beside it)."""
     for m in list(model.modules()):
         if isinstance(m, RowParallelLinear) and m.weight.dtype in (torch.float32, torch.bfloat16):
             shell = nn.Linear(1, 1, bias=False, device="meta")
             shell.weight, shell.bias = m.weight, None
             shell.in_features, shell.out_features = m.in_features, m.out_features
             m.mm = PackedLinear(shell)
+            if m.mm.panels is not None:  # the panels are the one copy: the parameter goes (`mm.weight` unpacks)
+                m.register_parameter("weight", None)
     return model

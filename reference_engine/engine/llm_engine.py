@@ -23,7 +23,7 @@ import torch
 from reference_engine.model import fused_decode, fused_ops, packed_linear
 from reference_engine.attention import cpu_backend
 from reference_engine.config import EngineConfig, ModelConfig
-from reference_engine.worker import ram_check
+from reference_engine.worker import paths, ram_check
 from reference_engine.worker.model_runner import ModelRunner
 from reference_engine.engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
@@ -266,12 +266,13 @@ class LLMEngine:
         """The settings this engine runs with, read back from its parts (not from what was asked):
         the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
         fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
-        prefill_gemm (the library of fp32 GEMMs of prefill size: "mkl" or "onednn", measured at load),
-        decode_gemv (who multiplies fp32 products of decode size: "inferlab", the C++ kernel, or "onednn"),
-        mid_gemm (who multiplies fp32 products of a decode batch, 13 to 128 rows: "inferlab" or "onednn"),
+        linear_kernel (who multiplies fp32 projections, every row count: "inferlab", the C++ GEMM on the one
+        resident copy, or "onednn"; `packed_linear.linear_kernel`),
         kv_cache_dtype, num_threads (torch intra-op threads), weights_layouts ({layout name: bytes} held beside
         the parameters, `packed_linear.layout_bytes`) and bytes_per_weight (everything held for weights, the
-        parameters as held plus every layout, over the number of weights as loaded; tied weights count once)."""
+        parameters as held plus every layout, over the number of weights as loaded; tied weights count once); paths
+        (`worker/paths.settings`: the ISA, the linear kernel, the one-call decode layer and its row limit or why it
+        is off, CUDA graph sizes, every pin that changes a path)."""
         r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
         mem = r.memory()
         layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}
@@ -286,10 +287,11 @@ class LLMEngine:
             "tensor_parallel_size": r.tp.size if r.tp else 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
             "attention_backend": cfg.attention_backend, "device": str(r.device),
             "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
-            "prefill_gemm": r.prefill_gemm, "decode_gemv": r.decode_gemv, "mid_gemm": r.mid_gemm,
+            "linear_kernel": r.linear_kernel,
             "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
             "weights_layouts": layouts,
+            "paths": paths.settings(r),  # which path runs each step shape, and the inputs that decide it
             "bytes_per_weight": round((mem["weights"] + sum(layouts.values())) / r.weight_count, 3),
         }
 

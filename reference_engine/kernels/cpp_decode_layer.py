@@ -3,21 +3,21 @@
 At batch 1 a SmolLM2 decode step spent ~5 ms of ~17-20 outside its 121 GEMVs: ~15 small ops per
 layer (norms, split and views, rotary, the KV write, attention, residual adds, SiLU-and-multiply)
 each paying Python, nn.Module and dispatcher overhead of a few microseconds, 30 layers deep. This
-module runs the same layer as one call: the same kernels (kernels/cpp_fused_ops.py, cpp_gemv.py,
+module runs the same layer as one call: the same kernels (kernels/cpp_fused_ops.py,
 cpp_gemm.py, attention/cpp_kernel.py), in the same order, on the same tensors, so the result is
 bit-identical to the module path (`DecoderLayer.forward` with the fused modules and the CPU attention
-backend). `linear` picks what PackedLinear would: the GEMV up to SMALL_M rows, else the GEMM on the
-panels (which `FusedDecode` passes only where PackedLinear holds them, and only for up to MID_M rows).
+backend). `project` multiplies as PackedLinear does: the panel GEMM on each projection's one copy (fp32), or
+oneDNN's packed copy (bf16 on a CPU with native bf16).
 
 Source: csrc/decode_layer.cpp, which calls the other kernels through their entry points (csrc/kernels.h),
 linked into the same extension; `decode_layer` is the only new code:
 
     h   = rms_norm(x, ln1)                                     (N, hidden)
-    qkv = linear(h, W_qkv) + b_qkv -> q (N, H, D), k, v (N, Hkv, D), views
+    qkv = project(h, W_qkv) + b_qkv -> q (N, H, D), k, v (N, Hkv, D), views
     q, k = rope(q), rope(k)                                    in place, as FusedRotary
     k_cache[slots], v_cache[slots] = k, v
-    x   = x + linear(attention(q, caches, tables, lens), W_o)
-    x   = x + linear(silu_mul(linear(rms_norm(x, ln2), W_gate_up)), W_down)
+    x   = x + project(attention(q, caches, tables, lens), W_o)
+    x   = x + project(silu_mul(project(rms_norm(x, ln2), W_gate_up)), W_down)
 """
 from __future__ import annotations
 

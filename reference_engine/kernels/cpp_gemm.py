@@ -1,9 +1,10 @@
-"""A C++ CPU GEMM for fp32 linear layers on W packed in 32-column panels: AVX-512, AVX2 + FMA or scalar.
+"""The C++ CPU GEMM of every fp32 linear layer, on W's one resident copy: 32-column k-major panels.
+AVX-512, AVX2 + FMA or scalar (cpu_build picks the build from torch's CPU capability).
 
-At 64 decode rows (an offline batch) SmolLM2's step is ~75 % GEMM, and oneDNN's packed kernel there
-reads W from memory and multiplies in turns: its time is about the arithmetic plus the read
-(docs/perf/2026-12-03-gemm.md). This kernel keeps the next panel of W in flight while the current
-one is multiplied, and needs no horizontal sums (the GEMV's dot products do: kernels/cpp_gemv.py).
+One kernel for every row count: a decode step (1-12 rows; the dot-product GEMV on W as stored it
+replaces read the same bytes), a decode batch (13-128; oneDNN's packed kernel reads W and multiplies
+in turns, this one keeps the next panel in flight: docs/perf/2026-12-03-gemm.md) and prefill
+(hundreds to thousands of rows, where oneDNN's copy served until 2026-12-04). No horizontal sums.
 
 Layout: W (N, K) is packed once into panels of NR = 32 output columns, k-major,
 
@@ -25,7 +26,7 @@ three builds give the same bits.
     pack(W (N, K) fp32) -> (P, K, NR)
     gemm(x (M, K) fp32 rows, packed, N, bias (N,) or empty) -> y (M, N)
 
-Source: csrc/linear.cpp (it serves any row count; PackedLinear takes it for SMALL_M + 1 to MID_M).
+Source: csrc/linear.cpp. `unpack` is pack's inverse (PackedLinear.weight, read on demand).
 """
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     p = -(-n // NR)
     w = F.pad(weight.detach().float(), (0, 0, 0, p * NR - n))  # (P * NR, K)
     return w.view(p, NR, k).transpose(1, 2).contiguous()  # (P, K, NR)
+
+
+def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """pack's inverse: (P, K, NR) panels -> W (n, K), a fresh contiguous copy."""
+    p, k, _ = packed.shape
+    return packed.transpose(1, 2).reshape(p * NR, k)[:n].contiguous()  # (P, NR, K) -> (P * NR, K) -> (n, K)
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:

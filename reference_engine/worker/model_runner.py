@@ -47,8 +47,8 @@ from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
 from reference_engine.worker import ram_check
 from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-                                         keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, reset_peak_rss,
-                                         rss)
+                                         keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss,
+                                         release_freed_cpu_memory, reset_peak_rss, rss)
 from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.model.loader import load_model
 from reference_engine.model.llama import CausalLM, RotaryEmbedding
@@ -128,14 +128,8 @@ class ModelRunner:
             packed_linear.pack(self.model)
             tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
             self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
-        # which library multiplies fp32 prefill-sized GEMMs (packed_linear.prefill_gemm, measured once)
-        self.prefill_gemm = packed_linear.prefill_gemm() if cfg.linear_backend == "onednn" \
-            and self.dtype == torch.float32 else cfg.linear_backend
-        # and fp32 decode-sized ones (at most PackedLinear.SMALL_M rows): the C++ GEMV or oneDNN
-        self.decode_gemv = packed_linear.decode_gemv() if cfg.linear_backend == "onednn" \
-            and self.dtype == torch.float32 else cfg.linear_backend
-        # and those between (a decode batch of SMALL_M + 1 to MID_M rows): the C++ GEMM or oneDNN
-        self.mid_gemm = packed_linear.mid_gemm() if cfg.linear_backend == "onednn" \
+        # who multiplies fp32 projections: "inferlab" (one copy, the panels) or "onednn" (packed_linear.linear_kernel)
+        self.linear_kernel = packed_linear.linear_kernel() if cfg.linear_backend == "onednn" \
             and self.dtype == torch.float32 else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
@@ -176,7 +170,9 @@ class ModelRunner:
             self.proposer.allocate_kv(self.num_blocks)
         self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
         # CPU: small all-decode fp32 steps run each layer as one C++ call (fused_decode.py)
-        self.fast_decode = FusedDecode.build(self.model, self.backend, tp) if cfg.fused_ops else None
+        self.fast_decode_refusal = FusedDecode.refusal(self.model, self.backend, tp) if cfg.fused_ops \
+            else "fused_ops off"  # why not, in words (worker/paths.py shows it)
+        self.fast_decode = FusedDecode(self.model, self.backend) if self.fast_decode_refusal is None else None
         max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
         self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
                                  self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
@@ -185,7 +181,10 @@ class ModelRunner:
         self.graph_pool_bytes: int | None = None
         if self.use_graphs:
             self.capture_graphs()
-        # CPU: the high-water from here on is the steps' (activations, whose heap stays resident; kernel caches)
+        # CPU: what start-up freed goes back first (else a step reusing it hides its activations); the high-water
+        # from here on is the steps' (activations, whose heap stays resident; kernel caches)
+        if self.device.type == "cpu":
+            release_freed_cpu_memory()
         self.rss_at_start = rss() if self.device.type == "cpu" and reset_peak_rss() else None
 
     @property

@@ -5,7 +5,6 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace inferlab;
-  m.def("gemv", &gemv, "y = x @ w.T (+ bias), the decode GEMV (gemv.cpp)");
   m.def("linear", &linear, "y = x @ W.T (+ bias) for any row count on W's 32-column panels (linear.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm, HF's order (fused_ops.cpp)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops.cpp)");

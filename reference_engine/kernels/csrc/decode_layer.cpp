@@ -18,30 +18,26 @@ static at::Tensor onednn_linear(const at::Tensor& h, const at::Tensor& packed, c
   return stack[0].toTensor();
 }
 
-// h @ w.T + b as PackedLinear computes it: with `onednn`, oneDNN on `mat` (its packed copy); else the
-// GEMV up to small_m rows (its SMALL_M) and the GEMM on `mat` (the panels) above
-static at::Tensor linear(const at::Tensor& h, const at::Tensor& w, const at::Tensor& mat,
-                            const at::Tensor& b, int64_t small_m, bool onednn) {
-  if (onednn) return onednn_linear(h, mat, b);
-  if (h.size(0) <= small_m) return gemv(h, w, b);
-  TORCH_CHECK(mat.numel(), "decode_layer: more than small_m rows need the GEMM's panels");
-  return linear(h, mat, w.size(0), b);
+// h @ W.T + b as PackedLinear computes it: with `onednn`, oneDNN on `mat` (its packed copy); else the
+// panel GEMM on `mat` (W's one resident copy, n output columns)
+static at::Tensor project(const at::Tensor& h, const at::Tensor& mat, int64_t n, const at::Tensor& b, bool onednn) {
+  return onednn ? onednn_linear(h, mat, b) : linear(h, mat, n, b);
 }
 
-// x (N, hidden) fp32 or bf16 -> x after one decoder layer; every row one decoding sequence
-at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, at::Tensor w_qkv,
-                           at::Tensor b_qkv, at::Tensor w_o, at::Tensor w_gate_up, at::Tensor w_down,
-                           std::vector<at::Tensor> mats, int64_t small_m, bool onednn,
-                           int64_t H, int64_t Hkv, double scale, at::Tensor cos, at::Tensor sin,
-                           at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
-                           at::Tensor tables, at::Tensor lens) {
+// x (N, hidden) fp32 or bf16 -> x after one decoder layer; every row one decoding sequence. mats: the
+// packed qkv, o, gate_up and down projections; outs: their output widths
+at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, std::vector<at::Tensor> mats,
+                        at::Tensor b_qkv, std::vector<int64_t> outs, bool onednn, int64_t H, int64_t Hkv,
+                        double scale, at::Tensor cos, at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache,
+                        at::Tensor slots, at::Tensor tables, at::Tensor lens) {
   PROFILE("inferlab::decode_layer");
-  const int64_t N = x.size(0), D = k_cache.size(3), I = w_down.size(1);
+  TORCH_CHECK(mats.size() == 4 && outs.size() == 4, "decode_layer: four projections");
+  const int64_t N = x.size(0), D = k_cache.size(3), I = outs[2] / 2;
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kFloat || onednn),
               "decode_layer: x (N, hidden) fp32, or any dtype oneDNN multiplies");
   auto h = at::empty_like(x);
   rms_norm(x, ln1, eps, h);
-  auto qkv = linear(h, w_qkv, mats[0], b_qkv, small_m, onednn);  // (N, (H + 2 Hkv) D)
+  auto qkv = project(h, mats[0], outs[0], b_qkv, onednn);  // (N, (H + 2 Hkv) D)
   auto q = qkv.narrow(1, 0, H * D).view({N, H, D});
   auto k = qkv.narrow(1, H * D, Hkv * D).view({N, Hkv, D});
   auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
@@ -52,12 +48,12 @@ at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps
   auto o = at::empty({N, H, D}, x.options());
   decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
   auto empty = x.new_empty({0});
-  x = x.add(linear(o.view({N, H * D}), w_o, mats[1], empty, small_m, onednn));  // x + y, as the module path
+  x = x.add(project(o.view({N, H * D}), mats[1], outs[1], empty, onednn));  // x + y, as the module path
   rms_norm(x, ln2, eps, h);
-  auto gu = linear(h, w_gate_up, mats[2], empty, small_m, onednn);  // (N, 2 I): gate, up
+  auto gu = project(h, mats[2], outs[2], empty, onednn);  // (N, 2 I): gate, up
   auto m = at::empty({N, I}, x.options());
   silu_mul(gu, m);
-  return x.add(linear(m, w_down, mats[3], empty, small_m, onednn));
+  return x.add(project(m, mats[3], outs[3], empty, onednn));
 }
 
 }  // namespace inferlab

@@ -8,8 +8,6 @@
 
 namespace inferlab {
 
-// gemv.cpp: y = x @ w.T (+ bias), x (M, K) fp32 rows, w (N, K) fp32 contiguous
-at::Tensor gemv(at::Tensor x, at::Tensor w, at::Tensor bias);
 // linear.cpp: y = x @ W.T (+ bias) for any row count, packed = W's (P, K, 32) k-major panels
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
@@ -22,10 +20,9 @@ void decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor blo
 void prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
              at::Tensor seq_lens, at::Tensor query_start, double scale, at::Tensor out);
 // decode_layer.cpp: one decoder layer for an all-decode batch
-at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, at::Tensor w_qkv,
-                           at::Tensor b_qkv, at::Tensor w_o, at::Tensor w_gate_up, at::Tensor w_down,
-                           std::vector<at::Tensor> mats, int64_t small_m, bool onednn, int64_t H, int64_t Hkv,
-                           double scale, at::Tensor cos, at::Tensor sin, at::Tensor k_cache,
-                           at::Tensor v_cache, at::Tensor slots, at::Tensor tables, at::Tensor lens);
+at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, std::vector<at::Tensor> mats,
+                        at::Tensor b_qkv, std::vector<int64_t> outs, bool onednn, int64_t H, int64_t Hkv,
+                        double scale, at::Tensor cos, at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache,
+                        at::Tensor slots, at::Tensor tables, at::Tensor lens);
 
 }  // namespace inferlab

@@ -1,13 +1,12 @@
-"""kernels/cpp_gemm.py: the fp32 GEMM on 32-column panels that PackedLinear takes for SMALL_M + 1 to MID_M
-rows (AVX-512 only; elsewhere PackedLinear keeps oneDNN and these tests skip)."""
+"""kernels/cpp_gemm.py: the fp32 GEMM on 32-column panels, W's one resident copy, that PackedLinear takes
+for every row count (AVX-512, AVX2 + FMA or scalar: tests/reference_engine/kernels/test_isa.py runs these
+on each build this CPU executes)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from reference_engine.model import packed_linear
 from reference_engine.kernels import cpp_gemm
 
 pytestmark = pytest.mark.skipif(not cpp_gemm.available(), reason="the C++ GEMM needs a C++ compiler")
@@ -39,11 +38,12 @@ def test_gemm_is_the_k_ordered_fma_chain_bit_for_bit():
     """y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)): checked against that chain
     computed in float64 with a rounding to float32 after each step (an fma rounds once, as here)."""
     torch.manual_seed(2)
-    w, x = torch.randn(45, 300), torch.randn(14, 300)
-    acc = torch.zeros(14, 45, dtype=torch.float64)
+    w, x = torch.randn(45, 300), torch.randn(250, 300)  # 250 rows: past one 240-row block
+    acc = torch.zeros(250, 45, dtype=torch.float64)
     for k in range(300):  # a float64 product of two float32 values is exact: one rounding per step
         acc = (acc + x[:, k:k + 1].double() * w[:, k].double()).float().double()
-    assert torch.equal(cpp_gemm.gemm(x, cpp_gemm.pack(w), 45, None), acc.float())
+    for rows in (1, 14, 250):
+        assert torch.equal(cpp_gemm.gemm(x[:rows], cpp_gemm.pack(w), 45, None), acc[:rows].float()), rows
 
 
 def test_gemm_rows_do_not_depend_on_the_batch_nor_the_thread_count():
@@ -73,24 +73,6 @@ def test_gemm_takes_a_strided_x_and_rejects_what_it_cannot_read():
         cpp_gemm.gemm(x[:, :96].double(), p, 64, None)
 
 
-def test_packed_linear_takes_the_gemm_between_small_m_and_mid_m_rows(monkeypatch):
-    torch.manual_seed(4)
-    lin = nn.Linear(64, 40, bias=True)
-    packed = packed_linear.PackedLinear(lin, large="onednn", small="inferlab", mid="inferlab")
-    assert packed.packed_bytes() == 40 * 64 * 4 + 64 * 64 * 4  # oneDNN's copy and the panels (40 -> 64 columns)
-    calls = []
-    real = cpp_gemm.gemm
-    monkeypatch.setattr(cpp_gemm, "gemm", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    for rows in (1, packed.SMALL_M, packed.SMALL_M + 1, packed.MID_M, packed.MID_M + 1):
-        x = torch.randn(rows, 64)
-        torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    assert calls == [packed.SMALL_M + 1, packed.MID_M]
-    off = packed_linear.PackedLinear(lin, mid="onednn")
-    assert off.panels is None and off.packed_bytes() == 40 * 64 * 4
-    assert packed_linear.PackedLinear(nn.Linear(8, 8).to(torch.bfloat16)).panels is None  # fp32 weights only
-
-
-def test_mid_gemm_is_chosen_or_pinned(monkeypatch):
-    from tests.reference_engine.model.test_packed_linear import _choice_is_pinned_by
-    assert packed_linear.mid_gemm() == "inferlab"  # the module is skipped where it cannot be
-    _choice_is_pinned_by(packed_linear.mid_gemm, "INFERLAB_MID_GEMM", ("inferlab", "onednn"), monkeypatch)
+def test_unpack_is_packs_inverse():
+    w = torch.randn(45, 7)
+    assert torch.equal(cpp_gemm.unpack(cpp_gemm.pack(w), 45), w)

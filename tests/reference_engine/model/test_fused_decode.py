@@ -11,8 +11,8 @@ from reference_engine.model import fused_decode, packed_linear
 from reference_engine.model.packed_linear import PackedLinear
 from tests.reference_engine.helpers import hf_argmax_along, random_prompts
 
-builds = pytest.mark.skipif(not (fused_decode.available() and packed_linear.decode_gemv() == "inferlab"),
-                            reason="the layer kernel or the C++ GEMV does not build here")
+builds = pytest.mark.skipif(not (fused_decode.available() and packed_linear.linear_kernel() == "inferlab"),
+                            reason="the layer kernel or the C++ GEMM does not build here")
 
 
 def _llm(model_dir) -> LLM:
@@ -24,7 +24,7 @@ def _llm(model_dir) -> LLM:
 
 @builds
 @pytest.mark.parametrize("family,n", [("tiny_llama", 6), ("tiny_qwen2", 6),  # qwen2: the qkv projection has a bias
-                                      ("tiny_llama", PackedLinear.SMALL_M + 6)])  # the GEMM above SMALL_M rows
+                                      ("tiny_llama", 18)])  # a decode batch of more than 12 rows
 def test_every_fast_step_equals_the_module_path_and_hf(family, n, request, monkeypatch):
     model_dir = request.getfixturevalue(family)
     llm = _llm(model_dir)
@@ -40,16 +40,13 @@ def test_every_fast_step_equals_the_module_path_and_hf(family, n, request, monke
         return got
 
     monkeypatch.setattr(fast, "forward", both)
-    if n > PackedLinear.SMALL_M:
-        if packed_linear.mid_gemm() != "inferlab":  # decided by the kernel's build, not by the path under test
-            pytest.skip("no C++ GEMM here (AVX-512 only): the fast path stops at SMALL_M rows")
-        assert fast.max_rows == PackedLinear.MID_M  # where the GEMM exists, the layer call must reach MID_M
+    assert fast.max_rows == PackedLinear.MID_M  # the panel GEMM serves every row count: the call reaches MID_M
     prompts = random_prompts(llm.engine.model_config.vocab_size, n, seed=3)
     params = [SamplingParams(max_tokens=4 + 3 * (i % 6), temperature=0.0, ignore_eos=True) for i in range(n)]
     outs = llm.generate(prompts, params)
     assert seen and all(same for _, same in seen), seen
-    rows = {r for r, _ in seen}  # batches shrink as requests finish: both kernels inside the call ran
-    assert n in rows and (rows >= {1, 2} if n <= PackedLinear.SMALL_M else min(rows) <= PackedLinear.SMALL_M)
+    rows = {r for r, _ in seen}  # batches shrink as requests finish
+    assert n in rows and min(rows) < n
     hf = hf_argmax_along(str(model_dir), prompts, [o.token_ids for o in outs])
     assert [list(o.token_ids) for o in outs] == hf
 
@@ -79,7 +76,7 @@ def test_bf16_fast_steps_equal_the_module_path(tiny_qwen2, monkeypatch):
 def test_only_all_decode_steps_of_at_most_max_rows_take_it(tiny_llama, monkeypatch):
     llm = _llm(tiny_llama)
     fast = llm.engine.runner.fast_decode
-    assert fast.max_rows == (PackedLinear.MID_M if packed_linear.mid_gemm() == "inferlab" else PackedLinear.SMALL_M)
+    assert fast.max_rows == PackedLinear.MID_M
     calls = []
     real = fast.forward
     monkeypatch.setattr(fast, "forward", lambda *a: calls.append(a[0].shape[0]) or real(*a))
@@ -100,3 +97,11 @@ def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
     assert LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner.fast_decode is None
     monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")
     assert LLM(str(tiny_llama), dtype="float32").engine.runner.fast_decode is None
+    monkeypatch.setenv("INFERLAB_FUSED_DECODE", "1")
+    monkeypatch.setenv("INFERLAB_LINEAR", "onednn")  # fp32 on oneDNN's copy: the modules serve
+    packed_linear.linear_kernel.cache_clear()
+    try:
+        assert LLM(str(tiny_llama), dtype="float32").engine.runner.fast_decode is None
+    finally:
+        monkeypatch.delenv("INFERLAB_LINEAR")
+        packed_linear.linear_kernel.cache_clear()

@@ -13,10 +13,10 @@ import pytest
 from reference_engine import LLM, SamplingParams
 from reference_engine.config import EngineConfig
 from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.kernels import cpp_gemm, cpp_gemv
-from reference_engine.model.packed_linear import decode_gemv, mid_gemm, pin_problem
+from reference_engine.kernels import cpp_gemm
+from reference_engine.model.packed_linear import GONE, linear_kernel, pin_problem
 
-PINS = ("INFERLAB_PREFILL_GEMM", "INFERLAB_DECODE_GEMV", "INFERLAB_MID_GEMM", "INFERLAB_FUSED_DECODE")
+PINS = ("INFERLAB_LINEAR", *GONE, "INFERLAB_FUSED_DECODE")
 
 
 @pytest.fixture
@@ -24,27 +24,26 @@ def pins(monkeypatch):
     """Set pins for one test; the cached choices are read afresh before and after it."""
     for var in PINS:
         monkeypatch.delenv(var, raising=False)
-    decode_gemv.cache_clear(), mid_gemm.cache_clear()
+    linear_kernel.cache_clear()
     yield monkeypatch
-    decode_gemv.cache_clear(), mid_gemm.cache_clear()
+    linear_kernel.cache_clear()
 
 
 def test_each_impossible_pin_is_one_line_naming_it_its_value_and_why():
-    for var in ("INFERLAB_DECODE_GEMV", "INFERLAB_MID_GEMM"):
-        why = pin_problem(var, "inferlab", cxx=None)
-        assert why.startswith(f"{var}=inferlab needs a C++ compiler") and "\n" not in why
-    assert pin_problem("INFERLAB_PREFILL_GEMM", "blas") == "INFERLAB_PREFILL_GEMM='blas': expected 'mkl' or 'onednn'"
-    for var in ("INFERLAB_PREFILL_GEMM", "INFERLAB_DECODE_GEMV", "INFERLAB_MID_GEMM"):
-        assert pin_problem(var, "onednn") is None  # oneDNN runs wherever torch has it
-    # this machine, as it is: a kernel pin holds exactly where the kernel builds and loads
-    assert (pin_problem("INFERLAB_DECODE_GEMV", "inferlab") is None) == cpp_gemv.available()
-    assert (pin_problem("INFERLAB_MID_GEMM", "inferlab") is None) == cpp_gemm.available()
+    why = pin_problem("INFERLAB_LINEAR", "inferlab", cxx=None)
+    assert why.startswith("INFERLAB_LINEAR=inferlab needs a C++ compiler") and "\n" not in why
+    assert pin_problem("INFERLAB_LINEAR", "blas") == "INFERLAB_LINEAR='blas': expected 'inferlab' or 'onednn'"
+    assert pin_problem("INFERLAB_LINEAR", "onednn") is None  # oneDNN runs wherever torch has it
+    for var in GONE:  # the three-layout design's pins: named, not silently ignored
+        assert pin_problem(var, "onednn").startswith(f"{var}='onednn': no longer exists (one weight layout")
+    # this machine, as it is: the kernel pin holds exactly where the kernel builds and loads
+    assert (pin_problem("INFERLAB_LINEAR", "inferlab") is None) == cpp_gemm.available()
 
 
 def test_the_engine_refuses_a_pin_without_a_compiler_before_loading_anything(tiny_llama, pins):
-    pins.setenv("INFERLAB_DECODE_GEMV", "inferlab")
+    pins.setenv("INFERLAB_LINEAR", "inferlab")
     pins.setenv("CXX", "/nonexistent/c++")
-    with pytest.raises(ValueError, match=r"^INFERLAB_DECODE_GEMV=inferlab needs a C\+\+ compiler .*"
+    with pytest.raises(ValueError, match=r"^INFERLAB_LINEAR=inferlab needs a C\+\+ compiler .*"
                                          r"CXX=/nonexistent/c\+\+ is not on PATH"):
         LLMEngine(EngineConfig(model=str(tiny_llama), kv_cache_tokens=256))
 
@@ -71,25 +70,21 @@ def test_without_a_compiler_every_impossible_setting_is_named_at_start(tiny_llam
     so that alone refuses nothing), CXX one without a compiler; the engine names all four settings in
     one line and builds nothing."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "CXX": "/nonexistent/c++", "INFERLAB_CACHE": str(tmp_path),
-           "INFERLAB_MID_GEMM": "inferlab", "INFERLAB_DECODE_GEMV": "inferlab", "OMP_NUM_THREADS": "1"}
+           "INFERLAB_LINEAR": "inferlab", "INFERLAB_DECODE_GEMV": "inferlab", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", REFUSED, str(tiny_llama)], env=env, capture_output=True, text=True)
     assert run.returncode == 2, run.stderr
     line = run.stdout.strip()
     assert "\n" not in line
-    assert "INFERLAB_MID_GEMM=inferlab needs a C++ compiler" in line
-    assert "INFERLAB_DECODE_GEMV=inferlab needs a C++ compiler" in line
+    assert "INFERLAB_LINEAR=inferlab needs a C++ compiler" in line
+    assert "INFERLAB_DECODE_GEMV='inferlab': no longer exists" in line
     assert "attention_backend='cpu'" in line and "fused_ops=True" in line
     assert not any(tmp_path.iterdir())  # no kernel was built, or tried
 
 
 def test_a_pin_that_can_hold_still_works(tiny_llama, pins):
-    gemv = "inferlab" if cpp_gemv.available() else "onednn"
-    gemm = "inferlab" if cpp_gemm.available() else "onednn"
-    pins.setenv("INFERLAB_DECODE_GEMV", gemv)
-    pins.setenv("INFERLAB_MID_GEMM", gemm)
+    kernel = "inferlab" if cpp_gemm.available() else "onednn"
+    pins.setenv("INFERLAB_LINEAR", kernel)
     llm = LLM(str(tiny_llama), kv_cache_tokens=1024, max_num_seqs=16)
-    eff = llm.engine.effective_config()
-    assert (eff["decode_gemv"], eff["mid_gemm"]) == (gemv, gemm)
-    # 14 decoding sequences: the steps between SMALL_M and MID_M rows, where the GEMM pin serves
+    assert llm.engine.effective_config()["linear_kernel"] == kernel
     outs = llm.generate([[1, 2, 3 + i] for i in range(14)], SamplingParams(max_tokens=3, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [3] * 14

@@ -1,6 +1,6 @@
-"""packed_linear.PackedLinear: oneDNN-packed below LARGE_M rows, from LARGE_M rows on (float32 only)
-MKL's F.linear or oneDNN as `prefill_gemm` measured, up to SMALL_M rows (float32 only) the C++ GEMV of
-kernels/cpp_gemv.py; the same products every way up to summation order."""
+"""packed_linear.PackedLinear: fp32 weights held once, as the C++ GEMM's panels, serving every row count
+with the same bits per row (a decode step, a decode batch and a prefill agree); tied embeddings read the
+LM head's panels; the oneDNN fallback (bf16, INFERLAB_LINEAR=onednn) as before."""
 from __future__ import annotations
 
 import pytest
@@ -8,150 +8,114 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reference_engine.kernels import cpp_gemm
 from reference_engine.model import packed_linear
+from reference_engine.model.packed_linear import PackedLinear, PanelEmbedding
 
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN linear")
+panels = pytest.mark.skipif(packed_linear.linear_kernel() != "inferlab", reason="the C++ GEMM does not build here")
 
 
-@pytest.mark.parametrize("large", ["mkl", "onednn"])
-def test_rows_on_either_side_of_large_m_agree_with_f_linear(large):
-    torch.manual_seed(0)
-    lin = nn.Linear(96, 80, bias=True)
-    packed = packed_linear.PackedLinear(lin, large=large)
-    for rows in (1, 8, packed.LARGE_M - 1, packed.LARGE_M, 3 * packed.LARGE_M):
-        x = torch.randn(rows, 96)
-        want = F.linear(x, lin.weight, lin.bias)
-        got = packed(x)
-        assert got.shape == (rows, 80) and got.dtype == torch.float32
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        if rows >= packed.LARGE_M and large == "mkl":  # the large path is F.linear itself: bit for bit
-            assert torch.equal(got, want)
-
-
-def test_bf16_weights_never_take_the_fp32_large_path():
-    torch.manual_seed(0)
-    lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
-    packed = packed_linear.PackedLinear(lin)
-    x = torch.randn(packed.LARGE_M, 64).to(torch.bfloat16)
-    got = packed(x)
-    assert got.dtype == torch.bfloat16
-    want = F.linear(x.float(), lin.weight.float()).to(torch.bfloat16)  # fp32 products of bf16 values
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-
-
-def _choice_is_pinned_by(choose, env: str, kinds: tuple[str, str], monkeypatch) -> None:
-    for pin in kinds:
-        monkeypatch.setenv(env, pin)
-        choose.cache_clear()
-        assert choose() == pin
-    monkeypatch.setenv(env, "blas")
-    choose.cache_clear()
-    with pytest.raises(ValueError, match=f"{env}='blas'"):
-        choose()
-    monkeypatch.delenv(env)
-    choose.cache_clear()
-
-
-def test_prefill_gemm_is_measured_or_pinned(monkeypatch):
-    measured = packed_linear.prefill_gemm()
-    assert measured in ("mkl", "onednn")
-    packed = packed_linear.PackedLinear(nn.Linear(8, 8))
-    assert packed.large_mkl == (measured == "mkl")
-    _choice_is_pinned_by(packed_linear.prefill_gemm, "INFERLAB_PREFILL_GEMM", ("mkl", "onednn"), monkeypatch)
-
-
-# --- the decode-sized kernel (kernels/cpp_gemv.py): fp32 products of at most SMALL_M rows ----------
-
-gemv_builds = pytest.mark.skipif(packed_linear.decode_gemv() != "inferlab", reason="the C++ GEMV does not build here")
-
-
-@gemv_builds
-@pytest.mark.parametrize("n,k", [(8, 1), (13, 7), (96, 64), (100, 576), (960, 576), (576, 1536)])
-def test_gemv_agrees_with_a_float64_product_for_every_row_count(n, k):
-    from reference_engine.kernels import cpp_gemv
+@panels
+@pytest.mark.parametrize("n,k", [(8, 1), (45, 7), (96, 64), (100, 576)])
+def test_every_row_count_agrees_with_a_float64_product(n, k):
     torch.manual_seed(n + k)
-    w, b = torch.randn(n, k), torch.randn(n)
-    for rows in (1, 2, 3, 4, 5, 8, 9, 17):
+    lin = nn.Linear(k, n, bias=True)
+    packed = PackedLinear(lin)
+    for rows in (1, 5, 12, 13, 128, 241, 600):  # the GEMV's, the decode batch's and prefill's counts; MB = 240
         x = torch.randn(rows, k)
-        for bias in (None, b):
-            got = cpp_gemv.gemv(x, w, bias)
-            want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
-            assert got.shape == (rows, n) and got.dtype == torch.float32
-            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k ** 0.5)
+        want = F.linear(x.double(), lin.weight.double(), lin.bias.double())
+        got = packed(x)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k ** 0.5)
+    assert packed(torch.randn(2, 3, k)).shape == (2, 3, n)  # (..., in) -> (..., out)
 
 
-@gemv_builds
-def test_gemv_is_exact_where_every_partial_sum_is_representable():
-    from reference_engine.kernels import cpp_gemv
-    g = torch.Generator().manual_seed(1)
-    w = torch.randint(-8, 9, (40, 300), generator=g).float()
-    x = torch.randint(-8, 9, (3, 300), generator=g).float()
-    assert torch.equal(cpp_gemv.gemv(x, w, None), (x.double() @ w.double().T).float())  # |sums| < 2^24
-
-
-@gemv_builds
-def test_gemv_rows_do_not_depend_on_the_batch_nor_the_thread_count():
-    """Each output is one fixed sequence of roundings, whatever the batch and however threads split W."""
-    from reference_engine.kernels import cpp_gemv
+@panels
+def test_a_row_has_the_same_bits_in_every_regime_and_on_any_thread_count():
+    """One k-order FMA chain per output: a decode step, a decode batch and a prefill chunk give a
+    sequence's row the same bits, however many threads split the panels."""
     torch.manual_seed(3)
-    w = torch.randn(3000, 576)
-    x = torch.randn(12, 576)
+    packed = PackedLinear(nn.Linear(576, 1000, bias=False))
+    x = torch.randn(700, 576)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = [cpp_gemv.gemv(x[i:i + 1], w, None) for i in range(12)]
+        alone = [packed(x[i:i + 1]) for i in (0, 11, 250)]
         torch.set_num_threads(max(2, threads))
-        for rows in (2, 3, 5, 8, 12):
-            batched = cpp_gemv.gemv(x[:rows], w, None)
-            for i in range(rows):
-                assert torch.equal(batched[i:i + 1], alone[i]), (rows, i)
+        for rows in (12, 64, 300, 700):
+            y = packed(x[:rows])
+            for i, want in zip((0, 11, 250), alone):
+                if i < rows:
+                    assert torch.equal(y[i:i + 1], want), (rows, i)
     finally:
         torch.set_num_threads(threads)
 
 
-@gemv_builds
-def test_gemv_takes_a_strided_x_and_rejects_what_it_cannot_read():
-    from reference_engine.kernels import cpp_gemv
+@panels
+def test_one_copy_is_held_and_weight_unpacks_it_on_demand():
     torch.manual_seed(5)
-    w, x = torch.randn(64, 96), torch.randn(4, 200)
-    torch.testing.assert_close(cpp_gemv.gemv(x[:, :96], w, None), F.linear(x[:, :96], w), rtol=1e-5, atol=1e-4)
-    with pytest.raises(RuntimeError, match="W \\(N, K\\) float32, contiguous"):
-        cpp_gemv.gemv(x[:, :96], w.t().contiguous().t(), None)
-    with pytest.raises(RuntimeError, match="float32 rows"):
-        cpp_gemv.gemv(x[:, :96].double(), w, None)
-
-
-@gemv_builds
-def test_packed_linear_takes_the_kernel_up_to_small_m_rows_only(monkeypatch):
-    torch.manual_seed(4)
     lin = nn.Linear(64, 40, bias=True)
-    packed = packed_linear.PackedLinear(lin, large="onednn", mid="onednn")
-    assert packed.small_gemv and packed.packed_bytes() == 40 * 64 * 4  # the GEMV adds no copy to oneDNN's
-    from reference_engine.kernels import cpp_gemv
-    calls = []
-    real = cpp_gemv.gemv
-    monkeypatch.setattr(cpp_gemv, "gemv", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    for rows in (1, packed.SMALL_M, packed.SMALL_M + 1):
-        x = torch.randn(rows, 64)
-        torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    assert calls == [1, packed.SMALL_M]
-    assert not packed_linear.PackedLinear(nn.Linear(8, 8).to(torch.bfloat16)).small_gemv  # fp32 weights only
-    assert not packed_linear.PackedLinear(lin, small="onednn").small_gemv
+    packed = PackedLinear(lin)
+    assert packed.packed is None and list(packed.parameters()) == []  # no parameter, no oneDNN copy
+    assert packed.packed_bytes() == 2 * 64 * 32 * 4  # 40 columns in two 32-column panels
+    assert torch.equal(packed.weight, lin.weight.detach()) and packed.weight.data_ptr() != packed.weight.data_ptr()
+    assert torch.equal(packed.bias, lin.bias.detach()) and [n for n, _ in packed.named_buffers()] == ["bias"]
+    assert packed_linear.layout_bytes(nn.Sequential(packed)) == {"panels": packed.packed_bytes()}
 
 
-def test_decode_gemv_is_chosen_or_pinned(monkeypatch):
-    assert packed_linear.decode_gemv() in ("inferlab", "onednn")
-    from reference_engine.kernels import cpp_gemv
-    can = ("inferlab", "onednn") if cpp_gemv.available() else ("onednn",)  # an impossible pin is refused
-    _choice_is_pinned_by(packed_linear.decode_gemv, "INFERLAB_DECODE_GEMV", can, monkeypatch)
+@panels
+def test_a_tied_embedding_reads_the_lm_heads_panels():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cfg = type("Cfg", (), {"tie_word_embeddings": True})()
+            self.model = nn.Module()
+            self.model.embed_tokens = nn.Embedding(70, 16)
+            self.lm_head = nn.Linear(16, 70, bias=False)
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    torch.manual_seed(6)
+    m = Tied()
+    table = m.model.embed_tokens.weight.detach().clone()
+    packed_linear.pack(m)
+    assert isinstance(m.model.embed_tokens, PanelEmbedding) and list(m.parameters()) == []  # stored once
+    ids = torch.tensor([[0, 31, 32], [69, 5, 64]])
+    assert torch.equal(m.model.embed_tokens(ids), table[ids])
 
 
-def test_the_mid_gemm_is_on_exactly_where_its_kernel_runs():
-    """AVX-512 with a compiler: the C++ GEMM and its panels; anywhere else oneDNN and no third copy."""
-    from reference_engine.kernels import cpp_gemm
-    want = "inferlab" if cpp_gemm.available() else "onednn"
-    assert packed_linear.mid_gemm() == want
-    packed = packed_linear.PackedLinear(nn.Linear(64, 40))
-    assert (packed.panels is not None) == (want == "inferlab")
-    x = torch.randn(packed.SMALL_M + 5, 64)
-    torch.testing.assert_close(packed(x), F.linear(x, packed.weight, packed.bias), rtol=1e-5, atol=1e-5)
+def test_bf16_weights_keep_onednn_beside_the_parameter():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    packed = PackedLinear(lin)
+    assert packed.panels is None and packed.weight is lin.weight
+    x = torch.randn(300, 64).to(torch.bfloat16)
+    got = packed(x)
+    assert got.dtype == torch.bfloat16
+    want = F.linear(x.float(), lin.weight.float()).to(torch.bfloat16)  # fp32 products of bf16 values
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert packed_linear.layout_bytes(nn.Sequential(packed)) == {"onednn": packed.packed_bytes()}
+
+
+def test_the_onednn_pin_keeps_fp32_on_onednn():
+    torch.manual_seed(1)
+    lin = nn.Linear(96, 80)
+    packed = PackedLinear(lin, kernel="onednn")
+    assert packed.panels is None and packed.weight is lin.weight
+    x = torch.randn(20, 96)
+    torch.testing.assert_close(packed(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_kernel_is_chosen_or_pinned(monkeypatch):
+    can = ("inferlab", "onednn") if cpp_gemm.available() else ("onednn",)  # an impossible pin is refused
+    assert packed_linear.linear_kernel() == can[0]
+    for pin in can:
+        monkeypatch.setenv("INFERLAB_LINEAR", pin)
+        packed_linear.linear_kernel.cache_clear()
+        assert packed_linear.linear_kernel() == pin
+    monkeypatch.setenv("INFERLAB_LINEAR", "blas")
+    packed_linear.linear_kernel.cache_clear()
+    with pytest.raises(ValueError, match="INFERLAB_LINEAR='blas'"):
+        packed_linear.linear_kernel()
+    monkeypatch.delenv("INFERLAB_LINEAR")
+    packed_linear.linear_kernel.cache_clear()
