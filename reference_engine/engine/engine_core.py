@@ -35,6 +35,7 @@ WAVE_S, WAVE_MAX_S = 0.100, 0.030
 # oneDNN's primitive cache and ideep's (torch's oneDNN wrapper) each keep up to 1,024 GEMMs by shape,
 # each holding memory that grows with its row count; a server sees a new row count at almost every
 # prefill, so the core's heap grew ~2 MiB per new one (SmolLM2, docs/perf/2026-12-04-soak-3.md).
+# Linears take oneDNN on the fallback path (packed_linear: INFERLAB_LINEAR=onednn, bf16, no compiler).
 # One step uses ~5 shapes per row count, so 16 entries still hit inside a step, for a bounded heap.
 GEMM_CACHE_VARS, GEMM_CACHE_ENTRIES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"), "16"
 # The runner keeps freed CPU memory in the heap (gpu_memory.keep_freed_cpu_memory: no trimming, so no

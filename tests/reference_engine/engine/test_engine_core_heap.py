@@ -3,8 +3,10 @@ and an idle core hands its largest batch's memory back (engine_core.trim_heap).
 
 oneDNN's primitive cache and ideep's each keep up to 1,024 GEMMs by shape, each holding memory that grows
 with its rows: a server meeting a new prefill length at almost every step grew its heap with every one
-(the soak's RSS steps). The check runs the real engine in a fresh process (the caches read their
-variables at their first GEMM) over prefills of distinct lengths, twice: without the bound the heap's
+(the soak's RSS steps). Since the one-layout change (c4280b3) that is the oneDNN fallback's path
+(`INFERLAB_LINEAR=onednn`, bf16 weights, no compiler), pinned here. The check runs the real engine in
+a fresh process (the caches read their variables at their first GEMM) over prefills of distinct
+lengths, twice: without the bound the heap's
 bytes in use grow with each new length, with it they stop. Bytes in use (glibc's mallinfo2), not RSS:
 freed activations that malloc keeps on purpose (`keep_freed_cpu_memory`) are not counted."""
 from __future__ import annotations
@@ -60,7 +62,8 @@ print(json.dumps(used))
 
 def heap(model, mode: str) -> list[int]:
     p = subprocess.run([sys.executable, "-c", CHILD, str(model), mode], capture_output=True, text=True,
-                       timeout=600, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # timeout: a hang guard
+                       timeout=600, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                            "INFERLAB_LINEAR": "onednn"})  # timeout: a hang guard
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
