@@ -2,12 +2,13 @@
 qkv, o, gate_up, down + the LM head; distinct random weights, so nothing stays in cache), alternating
 A and B within one run, median of the passes; time ratios B / A (below 1: B faster).
 
-    --layout: A = today's three layouts (the GEMV on W as stored <= 12 rows, the GEMM on the panels
-              13-128, oneDNN's packed copy above), B = one layout: the panel GEMM for every row count
-    --isa:    A = the AVX-512 build, B = the AVX2 + FMA build of the same kernels (cpu_build.load
-              with isa_), each taking what PackedLinear takes at that row count (oneDNN above 128)
+    --layout OLD_TREE: A = the three layouts of OLD_TREE's kernels (before 2026-12-04's one layout: the
+              GEMV on W as stored <= 12 rows, the GEMM on the panels 13-128, oneDNN's packed copy
+              above), B = one layout: this tree's panel GEMM for every row count
+    --isa:    A = the AVX-512 build, B = the AVX2 + FMA build of this tree's kernels (cpu_build.load
+              with isa_), the panel GEMM at every row count
 
-    .venv/bin/python scripts/linear_ab.py --layout|--isa [--threads N] [--passes N] [M ...]
+    .venv/bin/python scripts/linear_ab.py --layout OLD_TREE | --isa [--threads N] [--passes N] [M ...]
 (docs/perf/2026-12-04-one-layout.md).
 """
 import argparse
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference_engine.kernels import cpp_gemm, cpu_build  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("--layout", action="store_true")
+p.add_argument("--layout", metavar="OLD_TREE")
 p.add_argument("--isa", action="store_true")
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--passes", type=int, default=7)
@@ -33,7 +34,7 @@ shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)
 g = torch.Generator().manual_seed(0)
 ws = [torch.randn(n, k, generator=g) * 0.05 for n, k in shapes]
 panels = [cpp_gemm.pack(w) for w in ws]
-onednn = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+onednn = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws] if a.layout else None
 empty = torch.empty(0)
 
 
@@ -48,12 +49,18 @@ def routed(mod):
     return f
 
 
+def panel_gemm(mod):
+    return lambda i, x: mod.linear(x, panels[i], shapes[i][0], empty)
+
+
 native = cpu_build.module()
 if a.layout:
-    sides = {"three layouts": routed(native), "one layout": lambda i, x: native.linear(x, panels[i], shapes[i][0], empty)}
+    # another module name: Python keeps one extension module per name, the native build has "inferlab_cpu"
+    old = cpu_build.load("inferlab_ab_old", cpu_build.sources(Path(a.layout) / "reference_engine/kernels/csrc"))
+    sides = {"three layouts": routed(old), "one layout": panel_gemm(native)}
 else:
     avx2 = cpu_build.load("inferlab_cpu", cpu_build.sources(), isa_="AVX2")
-    sides = {f"{cpu_build.isa()}": routed(native), "AVX2": routed(avx2)}
+    sides = {f"{cpu_build.isa()}": panel_gemm(native), "AVX2": panel_gemm(avx2)}
 
 
 def one_pass(f, xs):
