@@ -40,8 +40,8 @@ def free_port() -> int:
 
 
 def server_cmd(engine: str, model: str, port: int) -> list[str]:
-    if engine == "inferlab":
-        return [str(REPO / ".venv" / "bin" / "inferlab"), "serve", model, "--port", str(port)]
+    if engine == "inferlab":  # `inferlab serve`, from this checkout (PYTHONPATH: a worktree measures its own code)
+        return [sys.executable, "-m", "experiments.cli", "serve", model, "--port", str(port)]
     return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port)]
 
 
@@ -74,8 +74,9 @@ def bench(model: str, port: int, conc: int, out: Path) -> dict:
 def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int) -> dict[int, dict]:
     port = free_port()
     log = open(tmp / f"{engine}-{rnd}.log", "w")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(server_cmd(engine, model, port), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, cwd=REPO, env=env)
     try:
         wait_ready(port, proc)
         bench(model, port, 1, tmp / f"warm-{engine}-{rnd}.json")  # compile / first-touch outside the numbers
