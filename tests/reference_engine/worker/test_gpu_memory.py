@@ -73,9 +73,10 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     assert set(m) == {"weights", "kv_allocated", "kv_bytes_per_token", "kv_peak_used", "runtime_base",
                       "activation_peak"} | {f"layout_{k}" for k in layouts}  # no device readings
     assert all(m[f"layout_{k}"] == v > 0 for k, v in layouts.items())
-    # before any weight: the interpreter, torch and the tokenizer, more than nothing, less than the whole process
+    # before any weight: the interpreter, torch and the tokenizer. (No upper bound here: in a test process earlier
+    # engines' freed heap is in it until the start-up trim; test_exp_memory_split checks it in fresh processes.)
     from reference_engine.worker.gpu_memory import rss
-    assert 50 << 20 < m["runtime_base"] < rss() - m["weights"] - m["kv_allocated"] + (64 << 20)
+    assert m["runtime_base"] > 50 << 20
     per_tok = bytes_per_token(e.model_config, torch.float32)
     assert m["kv_bytes_per_token"] == per_tok
     assert m["kv_allocated"] == 1024 * per_tok == sum(k.nbytes + v.nbytes for k, v in e.runner.kv_cache)
