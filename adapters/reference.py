@@ -68,9 +68,9 @@ class ReferenceEngine(ModalEngine):
             cfg = EngineConfig(model=model, dtype=dtype, **{k: v for k, v in options.items() if k in fields})
             if problems := kernel_problems(cfg):
                 raise ValueError("; ".join(problems))
-            from reference_engine.worker import ram_check
+            from reference_engine import check_ram
 
-            ram_check.refuse(cfg)  # a model and KV budget beyond this machine's free RAM: one line, exit 2
+            check_ram(cfg)  # a model and KV budget beyond this machine's free RAM: one line, exit 2
 
 
 def to_sampling_params(request: GenerationRequest):

@@ -16,7 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from reference_engine.worker.gpu_memory import peak_rss, reset_peak_rss, rss  # noqa: F401  (the adapters' too)
+from reference_engine import peak_rss, reset_peak_rss, rss  # noqa: F401  (the adapters' too)
 
 PROBE = r"""
 import importlib, json, os, sys

@@ -26,7 +26,8 @@ THREADS_AFTER_TORCH = None if _TORCH_FIRST else _count_threads()
 from reference_engine.config import EngineConfig  # noqa: E402
 from reference_engine.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer", "kernel_problems"]
+__all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer", "kernel_problems",
+           "check_ram", "rss", "peak_rss", "reset_peak_rss"]
 
 
 def __getattr__(name: str):
@@ -37,6 +38,12 @@ def __getattr__(name: str):
     if name == "AsyncEngine":
         from reference_engine.engine.async_engine import AsyncEngine
         return AsyncEngine
+    if name == "check_ram":  # a config whose weights, layouts, KV and activations exceed free RAM: ValueError
+        from reference_engine.worker.ram_check import refuse
+        return refuse
+    if name in ("rss", "peak_rss", "reset_peak_rss"):  # this process's RSS, its high-water, and a reset of it
+        from reference_engine.worker import gpu_memory
+        return getattr(gpu_memory, name)
     if name == "Tokenizer":
         from reference_engine.tokenizer.tokenizer import Tokenizer
         return Tokenizer

@@ -101,7 +101,7 @@ class EngineConfig:
 
     This is data: it validates itself and imports no backend. A backend left None is chosen for the
     device by the module that implements it, when the runner resolves the config
-    (`model_runner.with_default_backends`): `attention_backend` "triton" on CUDA (when triton
+    (`worker/backends.with_default_backends`): `attention_backend` "triton" on CUDA (when triton
     imports), "cpu" on CPU (when its C++ kernel builds), else "torch" (`attention/triton_backend.py`);
     `linear_backend` "onednn" on CPU (weights prepacked for oneDNN; bf16 weights are multiplied as
     fp32 where the CPU has no bf16 dot product), else "torch" (`packed_linear.default_backend`);

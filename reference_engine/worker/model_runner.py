@@ -11,26 +11,23 @@ host sync (the token ids) for the whole step.
 On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_graphs.py`;
 `enforce_eager` turns that off); the attention backend defaults to Triton there. At start, on CUDA,
 a profile forward over a full token budget measures peak activation memory, and with
-`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`). On CPU the
-activation peak is the process's RSS high-water above its RSS at the end of start-up (no profile
-forward: a full token budget's prefill would add seconds to every start), and a KV cache that would
-not fit in the RAM available is refused before it is allocated (`ram_check.py`).
+`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`). On CPU the activation
+peak is the RSS high-water above the RSS at the end of start-up (a profile prefill would add seconds to
+every start); a KV cache that would not fit in the RAM available is refused (`ram_check.py`).
 
 The runner gets the scheduler's per-step record (`core/scheduler_output.ScheduledSeq`: query tokens, first
 position, block table, whether it samples, drafts) and derives the slot mapping from the block
 tables in its input builder (as vLLM v1's runner does); it never sees the block pool or the
 KV-cache manager, and never changes a block table. It sizes and allocates the KV tensors
-(`gpu_memory.py`) and tells the scheduler how many blocks they hold.
-With speculation, the proposer runs here too, after verification: a draft model
-writes KV into the same block ids (its own tensors), n-gram lookup only reads tokens.
-Device and dtype are explicit (`cfg.device`): one runner drives one device.
+(`gpu_memory.py`) and tells the scheduler how many blocks they hold. With speculation, the proposer runs
+here too, after verification: a draft model writes KV into the same block ids (its own tensors), n-gram
+lookup only reads tokens. Device and dtype are explicit (`cfg.device`): one runner drives one device.
 With `tensor_parallel_size` N > 1 the runner is rank 0 of N (`distributed/`): it starts the workers,
 holds its shard of the weights and KV heads, and broadcasts each step's `(seqs, rows)` before its own
 forward; the workers run the same `forward` on the same record. Only rank 0 samples.
 """
 from __future__ import annotations
 
-import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -41,14 +38,12 @@ from reference_engine.model import fused_ops, packed_linear
 from reference_engine.model.fused_decode import FusedDecode
 from reference_engine.attention import AttentionMetadata, get_backend
 from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
-from reference_engine.distributed import group as tp_group
-from reference_engine.distributed import layers as tp_layers
+from reference_engine.distributed import group as tp_group, layers as tp_layers
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
 from reference_engine.worker import ram_check
 from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-                                         keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss,
-                                         release_freed_cpu_memory, reset_peak_rss, rss)
+    keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, release_freed_cpu_memory, reset_peak_rss, rss)
 from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.model.loader import load_model
 from reference_engine.model.llama import CausalLM, RotaryEmbedding
@@ -58,7 +53,7 @@ from reference_engine.worker.sampler import all_argmax, banned_ids, logprobs_of,
 from reference_engine.core.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
-from reference_engine.attention import default_attention_backend
+from reference_engine.worker.backends import with_default_backends
 
 
 @dataclass
@@ -68,17 +63,6 @@ class RunnerOutput:
     logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
     num_accepted: dict[str, int] = field(default_factory=dict)  # per request whose drafts were verified
     drafts: dict[str, Draft] = field(default_factory=dict)  # proposals for the next step
-
-
-def with_default_backends(cfg: EngineConfig) -> EngineConfig:
-    """The config with every backend it leaves None chosen for its device, each by the module that
-    implements it; everything built from the result (runner, draft model, effective_config) agrees.
-    A copy: the caller's config is left as given (it was validated when it was made)."""
-    out = copy.copy(cfg)
-    out.attention_backend = cfg.attention_backend or default_attention_backend(cfg.device)
-    out.linear_backend = cfg.linear_backend or packed_linear.default_backend(cfg.device)
-    out.fused_ops = fused_ops.default_on(cfg.device) if cfg.fused_ops is None else cfg.fused_ops
-    return out
 
 
 class ModelRunner:
@@ -160,10 +144,7 @@ class ModelRunner:
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
         if self.device.type == "cpu":  # the KV tensors are zeroed (every page touched): refuse what cannot fit
-            parts = {"KV cache": self.num_blocks * cfg.block_size * self.kv_bytes_per_token}
-            parts["activations (estimate)"] = ram_check.activation_estimate(
-                self.model_config, cfg.max_num_batched_tokens, cfg.max_num_seqs)
-            ram_check.check(parts, *ram_check.available())
+            ram_check.check_kv(cfg, self.model_config, self.num_blocks * cfg.block_size * self.kv_bytes_per_token)
         self.kv_cache = allocate_kv_cache(kv_cfg, self.num_blocks, cfg.block_size, self.dtype,
                                           self.device)
         if self.proposer:
@@ -267,11 +248,10 @@ class ModelRunner:
 
     def memory(self) -> dict[str, int]:
         """Bytes: weights (the parameters as held, no layout), kv_allocated, kv_bytes_per_token (any device);
-        layout_<name> for each weight layout held beside them (`packed_linear.layout_bytes`; nothing is
-        counted twice); activation_peak (CUDA: the profile forward's; CPU: the process's RSS high-water since
-        the end of start-up above its RSS then, where VmHWM can be reset: the largest step's activations,
-        plus kernel caches built on first use and request state, plus the harness's own growth when the
-        engine runs in its process); runtime_base (CPU: the process's RSS before any weight); graph_pool
+        layout_<name> per weight layout beside them (`packed_linear.layout_bytes`; nothing counted twice);
+        activation_peak (CUDA: the profile forward's; CPU: RSS high-water since the end of start-up above the
+        RSS then: the largest step's activations, kernel caches built on first use, request state, and the
+        harness's growth when it shares the process); runtime_base (CPU: RSS before any weight); graph_pool
         and the device's readings (`DeviceMemory.report`) on CUDA."""
         out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}

@@ -101,7 +101,7 @@ def weight_counts(mcfg: ModelConfig) -> tuple[int, int]:
 def plan(cfg: EngineConfig) -> dict[str, int]:
     """The parts the check adds up before loading (bytes): parameters, layouts, KV cache, activations."""
     from reference_engine.worker.gpu_memory import bytes_per_token, capacity_blocks
-    from reference_engine.worker.model_runner import with_default_backends
+    from reference_engine.worker.backends import with_default_backends
 
     cfg = with_default_backends(cfg)
     mcfg, dtype = ModelConfig.from_dir(cfg.model), parse_dtype(cfg.dtype)
@@ -130,3 +130,11 @@ def refuse(cfg: EngineConfig) -> None:
     """The check before loading (CPU engines only; CUDA sizes its KV cache from the device)."""
     if torch.device(cfg.device).type == "cpu":
         check(plan(cfg), *available())
+
+
+def check_kv(cfg: EngineConfig, mcfg: ModelConfig, kv_bytes: int) -> None:
+    """Just before the KV tensors are allocated (and zeroed: every page touched): the cache as sized plus the
+    activation estimate must fit what is available now, else one line (`check`)."""
+    parts = {"KV cache": kv_bytes,
+             "activations (estimate)": activation_estimate(mcfg, cfg.max_num_batched_tokens, cfg.max_num_seqs)}
+    check(parts, *available())

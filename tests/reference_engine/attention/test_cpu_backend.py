@@ -96,7 +96,7 @@ def test_float16_falls_back_to_torch():
 
 def test_registered_and_default_on_cpu():
     assert attention.get_backend("cpu") is ca.CpuBackend
-    from reference_engine.worker.model_runner import with_default_backends
+    from reference_engine.worker.backends import with_default_backends
 
     assert EngineConfig("m").attention_backend is None  # config is data: the runner resolves the default
     assert with_default_backends(EngineConfig("m")).attention_backend == "cpu"

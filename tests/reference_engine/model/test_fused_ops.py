@@ -84,7 +84,8 @@ def test_other_dtypes_fall_back():
 
 def test_on_by_default_on_cpu_and_off_with_one_setting(tmp_path):
     from reference_engine.model.make import make_model
-    from reference_engine.worker.model_runner import ModelRunner, with_default_backends
+    from reference_engine.worker.backends import with_default_backends
+    from reference_engine.worker.model_runner import ModelRunner
 
     assert with_default_backends(EngineConfig("m")).fused_ops is True
     with pytest.raises(ValueError, match="fused_ops must be a bool"):

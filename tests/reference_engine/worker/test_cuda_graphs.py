@@ -54,7 +54,7 @@ def test_enforce_eager_and_sizes_are_config_fields():
         EngineConfig("m", enforce_eager="yes")
     from reference_engine.attention import cpu_backend
     # CPU default: the C++ kernel where it builds, else the PyTorch backend; "triton" on CUDA
-    from reference_engine.worker.model_runner import with_default_backends
+    from reference_engine.worker.backends import with_default_backends
     assert with_default_backends(EngineConfig("m")).attention_backend == ("cpu" if cpu_backend.available() else "torch")
     cuda = with_default_backends(EngineConfig("m", device="cuda"))
     assert cuda.attention_backend == "triton"  # (triton imports here)
