@@ -7,9 +7,10 @@ profile. The rest of the step's wall time is attributed, not assumed: the lab ma
 itself says how much of each phase ran outside any operator (the runner's is building the step's inputs
 and the Python between its operators). The profiler slows what it watches (the observer effect), so the
 step is also timed without it, several times, and both are shown.
-On a CPU the engine runs its PyTorch backends here (`attention_backend="torch"`, no C++ fused ops):
-the project's own C++ kernels are called through pybind, not PyTorch's dispatcher, so the profiler
-would not see them and their time would be counted as Python. Writes a Chrome / Perfetto trace (open it at https://ui.perfetto.dev or chrome://tracing).
+On a CPU the engine runs its default path here, the one `inferlab serve` runs (a decode step of 4 is one
+C++ call per layer): each of the project's C++ kernels is a named profiler region (`inferlab::decode_layer`,
+`inferlab::linear`, `inferlab::attention_decode`, ...; kernels/csrc/common.h's PROFILE), so its time is
+counted inside the operators, not as Python. Writes a Chrome / Perfetto trace (open it at https://ui.perfetto.dev or chrome://tracing).
 
     python docs/handbook/labs/03_profile.py [--model DIR] [--device cuda] [--out FILE]
 
@@ -42,8 +43,7 @@ cuda = args.device.startswith("cuda")
 
 def engine_mid_decode(eager: bool) -> LLMEngine:
     """4 sequences past their prefill, so the next step is a pure decode step."""
-    backends = {} if cuda else {"attention_backend": "torch", "fused_ops": False}  # every op visible to the profiler
-    eng = LLMEngine(EngineConfig(model=model, device=args.device, kv_cache_tokens=1024, enforce_eager=eager, **backends))
+    eng = LLMEngine(EngineConfig(model=model, device=args.device, kv_cache_tokens=1024, enforce_eager=eager))
     for i in range(4):
         eng.add_request(list(range(10 + i, 42 + i)), SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
     for _ in range(3):  # prefill, then two decode steps: caches and buffers are warm
@@ -128,7 +128,7 @@ def one(eager: bool, out: str) -> dict:
     if cuda:  # device time: what the GPU spent in kernels during the step
         kernels = sum(e.self_device_time_total for e in ops) / 1e6
         calls = sum(e.count for e in ops if e.self_device_time_total > 0)
-    else:  # every dispatcher op's self time (aten::, mkldnn::, ...): its C++ work, children excluded
+    else:  # every dispatcher op's and inferlab:: kernel region's self time: its C++ work, children excluded
         kernels = sum(e.self_cpu_time_total for e in ops) / 1e6
         calls = sum(e.count for e in ops)
     print(ev.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=8, max_name_column_width=28))
