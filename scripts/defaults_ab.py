@@ -42,7 +42,11 @@ def free_port() -> int:
 def server_cmd(engine: str, model: str, port: int) -> list[str]:
     if engine == "inferlab":  # `inferlab serve`, from this checkout (PYTHONPATH: a worktree measures its own code)
         return [sys.executable, "-m", "experiments.cli", "serve", model, "--port", str(port)]
-    return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port)]
+    # vLLM-CPU with no flags reserves 92 % of the machine's RAM (`--gpu-memory-utilization` sizes the CPU KV
+    # cache) and refuses to start unless that much is free; on a shared machine VLLM_MEM names a smaller share
+    # (it sizes the KV cache only: 8 streams of 192 tokens use a sliver of either)
+    mem = ["--gpu-memory-utilization", os.environ["VLLM_MEM"]] if os.environ.get("VLLM_MEM") else []
+    return [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port), *mem]
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -116,7 +120,8 @@ def main() -> int:
                     f"{med('vllm', c, 'median_tpot_ms'):.1f} |")
     text = "\n".join(rows)
     print(text)
-    Path(a.out).write_text(f"<!-- command: .venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} -->\n"
+    vmem = f"VLLM_MEM={os.environ['VLLM_MEM']} " if os.environ.get("VLLM_MEM") else ""
+    Path(a.out).write_text(f"<!-- command: {vmem}.venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} -->\n"
                            + text + "\n")
     return 0
 
