@@ -1,5 +1,5 @@
 """fp32 GEMM speed of MKL (F.linear) against oneDNN's prepacked linear on SmolLM2's projection shapes at
-2048 and 4096 rows, 2 threads, best of 3 (the measurement behind packed_linear.prefill_gemm).
+2048 and 4096 rows, 2 threads, best of 3 (the measurement behind the three-layout design's prefill choice, before 2026-12-04).
 
     .venv/bin/python scripts/gemm_libraries.py
 """
