@@ -90,11 +90,13 @@ def test_only_all_decode_steps_of_at_most_max_rows_take_it(tiny_llama, monkeypat
 
 
 def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
-    assert LLM(str(tiny_qwen3), dtype="float32").engine.runner.fast_decode is None  # q/k norm
+    qwen3 = LLM(str(tiny_qwen3), dtype="float32").engine.runner
+    assert qwen3.fast_decode is None and "family='qwen3'" in qwen3.fast_decode_refusal  # refused by name
     # bf16 takes it only where oneDNN multiplies bf16 natively (else PackedLinear casts in Python)
     bf16 = LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode
     assert (bf16 is not None) == (packed_linear.native_bf16() and fused_decode.available())
-    assert LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner.fast_decode is None
+    unfused = LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner
+    assert unfused.fast_decode is None and unfused.fast_decode_refusal == "fused_ops off"
     monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")
     assert LLM(str(tiny_llama), dtype="float32").engine.runner.fast_decode is None
     monkeypatch.setenv("INFERLAB_FUSED_DECODE", "1")
