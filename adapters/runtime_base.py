@@ -16,7 +16,23 @@ import os
 import subprocess
 from pathlib import Path
 
-from reference_engine import peak_rss, reset_peak_rss, rss  # noqa: F401  (the adapters' too)
+
+# The engine's RSS readers, imported when first called: importing an adapter must not import torch
+# (the reference_engine package does), tests/adapters/test_registry.py.
+def rss() -> int | None:
+    from reference_engine import rss as read
+    return read()
+
+
+def peak_rss() -> int | None:
+    from reference_engine import peak_rss as read
+    return read()
+
+
+def reset_peak_rss() -> bool:
+    from reference_engine import reset_peak_rss as reset
+    return reset()
+
 
 PROBE = r"""
 import importlib, json, os, sys

@@ -101,8 +101,7 @@ class ModelRunner:
         self.mem = DeviceMemory(self.device)
         start = self.mem.snapshot()  # None off CUDA
         self.plan = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None
-        # Within a sliding window, sliding attention equals full attention: cap the context there.
-        limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
+        limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)  # sliding = full within
         self.max_model_len = min(cfg.max_model_len or limit, limit)
         load = dummy_model if cfg.load_format == "dummy" else load_model
         self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len, shard=self.plan)
@@ -140,7 +139,8 @@ class ModelRunner:
             self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
         if tp:  # every rank indexes the same block ids: the smallest cache decides
             self.num_blocks = tp.min(self.num_blocks)
-        self.rank_weights = tp.gather(self.weights_bytes) if tp else [self.weights_bytes]  # bytes, per rank
+        held = self.weights_bytes + (packed_linear.packed_bytes(self.model) if cfg.linear_backend == "onednn" else 0)
+        self.rank_weights = tp.gather(held) if tp else [held]  # bytes held for weights (parameters + layouts), per rank
         if self.num_blocks < 1:
             raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
         if self.device.type == "cpu":  # the KV tensors are zeroed (every page touched): refuse what cannot fit

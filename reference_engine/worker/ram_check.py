@@ -127,8 +127,9 @@ def check(parts: dict[str, int], avail: int | None, source: str) -> None:
 
 
 def refuse(cfg: EngineConfig) -> None:
-    """The check before loading (CPU engines only; CUDA sizes its KV cache from the device)."""
-    if torch.device(cfg.device).type == "cpu":
+    """The check before loading (CPU engines only; CUDA sizes its KV cache from the device). A model
+    directory that does not exist is left to the engine's start, whose error names it."""
+    if torch.device(cfg.device).type == "cpu" and Path(cfg.model).is_dir():
         check(plan(cfg), *available())
 
 

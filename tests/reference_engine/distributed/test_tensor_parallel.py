@@ -11,6 +11,7 @@ import sys
 import psutil
 import pytest
 
+from reference_engine.model.packed_linear import PackedLinear
 from reference_engine import LLM, SamplingParams
 from reference_engine.distributed.group import RankFailure
 
@@ -32,8 +33,21 @@ def engine(model, tp: int) -> LLM:
 
 
 def sharded_bytes(llm: LLM) -> int:
-    return sum(p.numel() * p.element_size() for n, p in llm.engine.runner.model.named_parameters()
-               if any(f".{s}." in n for s in SHARDED))
+    """Bytes held for the sharded projections: their parameters, and their packed layouts where the CPU
+    holds them packed (with one layout per weight the panels are all there is)."""
+    model = llm.engine.runner.model
+    held = [*model.named_parameters(), *model.named_buffers()]  # a PackedLinear's bias is a buffer
+    layouts = [m for n, m in model.named_modules()  # a row-parallel layer's GEMM is its `.mm`
+               if isinstance(m, PackedLinear) and any(f".{s}." in n + "." for s in SHARDED)]
+    packed = {id(t) for m in layouts for t in (m.panels, m.packed) if t is not None}
+    return sum(m.packed_bytes() for m in layouts) + sum(
+        t.numel() * t.element_size() for n, t in held if any(f".{s}." in n for s in SHARDED) and id(t) not in packed)
+
+
+def weight_total(llm: LLM) -> int:
+    """Everything the engine holds for weights: the parameters plus every layout (memory_report)."""
+    mem = llm.engine.memory_report()
+    return mem["weights"] + sum(v for k, v in mem.items() if k.startswith("layout_"))
 
 
 def gone(pids: list[int]) -> bool:
@@ -56,7 +70,7 @@ def llama_tp(tiny_llama):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_two_ranks_emit_the_tokens_of_one(make_tiny, llama_tp, family):
     one = engine(make_tiny(family), 1)
-    want, want_sharded, want_weights = generate(one), sharded_bytes(one), one.engine.memory_report()["weights"]
+    want, want_sharded, want_weights = generate(one), sharded_bytes(one), weight_total(one)
     two = llama_tp if family == "llama" else engine(make_tiny(family), 2)
     try:
         assert generate(two) == want
