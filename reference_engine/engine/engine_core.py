@@ -18,7 +18,6 @@ import ctypes
 import gc
 import os
 import pickle
-import platform
 import signal
 import struct
 import time
@@ -29,6 +28,7 @@ from typing import Any
 from reference_engine.engine.async_engine import AddRequest, apply_ops, step_or_fail
 from reference_engine.engine.llm_engine import EngineStats, LLMEngine
 from reference_engine.outputs import TokenDelta
+from reference_engine.worker.gpu_memory import release_freed_cpu_memory
 
 BURST_GAP_S, BURST_MAX_S = 0.002, 0.010
 WAVE_S, WAVE_MAX_S = 0.100, 0.030
@@ -40,9 +40,8 @@ WAVE_S, WAVE_MAX_S = 0.100, 0.030
 GEMM_CACHE_VARS, GEMM_CACHE_ENTRIES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"), "16"
 # The runner keeps freed CPU memory in the heap (gpu_memory.keep_freed_cpu_memory: no trimming, so no
 # page faults per prefill), so RSS held the largest batch's activations for good and stepped up with
-# each new largest batch. A core idle this long hands the free pages back (malloc_trim) instead.
+# each new largest batch. A core idle this long hands the free pages back (`release_freed_cpu_memory`) instead.
 IDLE_TRIM_S = 0.5
-_LIBC = ctypes.CDLL("libc.so.6") if platform.libc_ver()[0] == "glibc" else None
 
 
 @dataclass(frozen=True)
@@ -93,15 +92,6 @@ def bound_gemm_caches() -> dict[str, str]:
     return {v: os.environ.setdefault(v, GEMM_CACHE_ENTRIES) for v in GEMM_CACHE_VARS}
 
 
-def trim_heap() -> bool:
-    """Hand the heap's free pages back to the kernel (glibc's `malloc_trim(0)`: the top of each arena
-    and the whole free pages inside it); False where there is no glibc."""
-    if _LIBC is None:
-        return False
-    _LIBC.malloc_trim(0)
-    return True
-
-
 def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None:
     """The child: build the core, report its facts, then loop: take messages (block only when
     idle), apply them in order, step, send one `TurnOutput`. Exits on "stop" or when the front is gone."""
@@ -147,7 +137,7 @@ def _loop(core: LLMEngine, inbox, outbox) -> None:
         batches = []
         if not core.has_unfinished():
             if stepped and not inbox.poll(IDLE_TRIM_S):  # idle: nothing came in IDLE_TRIM_S
-                trim_heap()
+                release_freed_cpu_memory()
                 stepped = False
                 finished.clear()  # a wave long past: the next burst expects nothing
             batches = _burst(inbox, expect=len(finished))

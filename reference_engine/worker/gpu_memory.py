@@ -59,7 +59,8 @@ def release_freed_cpu_memory() -> bool:
     """Hand the heap's free pages back to the kernel once (glibc's `malloc_trim(0)`), despite
     `keep_freed_cpu_memory`: at the end of start-up, what loading and packing freed is not the steps'
     to reuse (SmolLM2 with one layout: the checkpoint's 178 MiB the KV cache did not take, resident
-    until then). False where there is no glibc."""
+    until then); and by the engine core whenever it goes idle (engine_core: the largest batch's freed
+    activations). False where there is no glibc."""
     if platform.libc_ver()[0] != "glibc":
         return False
     ctypes.CDLL("libc.so.6").malloc_trim(0)
