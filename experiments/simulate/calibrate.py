@@ -1,10 +1,13 @@
 """`inferlab simulate --calibrate CONFIG`: fit the step-time model's coefficients on this machine.
 
-The fit minimizes the relative error of predicted step times, sum(((pred - t) / t)^2), over the
-sweep's steps, with every coefficient >= 0 (a term that would need a negative weight is dropped and
-the rest refitted). With one model the weight-read term and the per-step overhead are the same
-column (every step reads the same weights), so the per-step overhead is folded into `weights`:
-say so in the profile's notes. Residuals (median and p90 of |relative error|) go into `fit`.
+Per regime (step_model.regime: the dispatch table's path for the step's shape) the fit minimizes the
+relative error of predicted step times, sum(((pred - t) / t)^2), with every coefficient >= 0 (a term
+that would need a negative weight is dropped and the rest refitted). The overlapped pair
+max(a_w * W, a_lin * F) is not linear in its coefficients: for each ratio r = a_lin / a_w on a log
+grid the column max(W, r * F) is, so the fit is a one-dimensional search over r with a non-negative
+least squares inside; the best r wins. The tile padding of the linear rows (1 or the GEMM's 12) is
+chosen the same way, by the sweep's own error. Residuals (median and p90 of |relative error|) go
+into `fit`: on the sweep only; the validation (the teacher-forced trace) never feeds a coefficient.
 """
 from __future__ import annotations
 
@@ -15,27 +18,69 @@ from typing import Any
 
 import numpy as np
 
-from experiments.simulate.step_model import TERMS, ModelShape, Profile, StepShape, features, predict
+from experiments.simulate.step_model import (TERMS, ModelShape, Profile, StepShape, combine, features, predict,
+                                             regime)
 
-FOLDED = "per_step"  # collinear with `weights` when one model is calibrated
+FOLDED = "per_step"  # collinear with `weights` when one model is calibrated (summed form only)
+RATIOS = np.geomspace(1e-3, 1e3, 241)
+TILES = (1, 12)  # linear rows unpadded, or padded to the AVX-512 panel GEMM's register tile (cpp_gemm.py)
 
 
-def fit(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile,
-        terms: tuple[str, ...] = tuple(t for t in TERMS if t != FOLDED)) -> dict[str, float]:
-    """Non-negative relative least squares of the measured seconds on the profile's features."""
-    X = np.array([[features(s, m, prof)[k] for k in terms] for s, _ in rows])
-    t = np.array([d for _, d in rows])
-    A, b = X / t[:, None], np.ones(len(t))
-    keep = list(range(len(terms)))
+def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with the negative coefficients dropped and the rest refitted."""
+    keep = list(range(A.shape[1]))
     while True:
         sol, *_ = np.linalg.lstsq(A[:, keep], b, rcond=None)
         if (sol >= 0).all():
             break
         keep = [k for k, v in zip(keep, sol) if v >= 0] if (sol > 0).any() else keep[:1]
+    out = np.zeros(A.shape[1])
+    out[keep] = sol
+    return out
+
+
+def fit(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile,
+        terms: tuple[str, ...] = tuple(t for t in TERMS if t != FOLDED)) -> dict[str, float]:
+    """The summed form: non-negative relative least squares of the measured seconds on the features."""
+    X = np.array([[features(s, m, prof)[k] for k in terms] for s, _ in rows])
+    t = np.array([d for _, d in rows])
+    sol = _nnls(X / t[:, None], np.ones(len(t)))
     coef = {k: 0.0 for k in TERMS}
-    for k, v in zip(keep, sol):
-        coef[terms[k]] = float(v)
+    coef.update({k: float(v) for k, v in zip(terms, sol)})
     return coef
+
+
+def fit_regime(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, tile: int) -> dict[str, float]:
+    """One regime's coefficients in the overlapped form (module docstring)."""
+    F = [features(s, m, prof, tile) for s, _ in rows]
+    t = np.array([d for _, d in rows])
+    w, lin = np.array([f["weights"] for f in F]), np.array([f["linear"] for f in F])
+    rest = np.array([[f["per_step"], f["kv"], f["attention"], f["per_seq"]] for f in F])
+    best = None
+    for r in RATIOS:
+        A = np.column_stack([np.maximum(w, r * lin), rest]) / t[:, None]
+        sol = _nnls(A, np.ones(len(t)))
+        err = float(np.sum((A @ sol - 1) ** 2))
+        if best is None or err < best[0]:
+            best = (err, r, sol)
+    _, r, sol = best
+    return {"weights": float(sol[0]), "linear": float(sol[0] * r), "per_step": float(sol[1]), "kv": float(sol[2]),
+            "attention": float(sol[3]), "per_seq": float(sol[4])}
+
+
+def fit_regimes(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, fused_max_rows: int) -> Profile:
+    """`prof` with `regimes` (and `tile_rows`, `fused_max_rows`) fitted on the timed steps."""
+    best = None
+    for tile in TILES:
+        cand = Profile(**{**prof.__dict__, "tile_rows": tile, "fused_max_rows": fused_max_rows, "regimes": {}})
+        groups: dict[str, list] = {}
+        for s, d in rows:
+            groups.setdefault(regime(s, fused_max_rows), []).append((s, d))
+        cand.regimes = {g: fit_regime(rs, m, cand, tile) for g, rs in groups.items()}
+        e = errors(rows, m, cand)
+        if best is None or e["median_abs"] + e["p90_abs"] < best[0]:
+            best = (e["median_abs"] + e["p90_abs"], cand)
+    return best[1]
 
 
 def errors(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile) -> dict[str, Any]:
@@ -64,13 +109,21 @@ def commit() -> str:
 
 
 def calibrate(rows: list[tuple[StepShape, float]], m: ModelShape, bandwidth_gbps: float, tflops: float,
-              engine: str, notes: str = "") -> Profile:
-    """A calibrated profile from timed steps, at the measured peaks (so each a = 1 / efficiency)."""
+              engine: str, notes: str = "", fused_max_rows: int = 0) -> Profile:
+    """A calibrated profile from timed steps, at the measured peaks (so each a = 1 / efficiency): the
+    per-regime overlapped form, with the summed form's coefficients kept in `coef` for comparison."""
     prof = Profile(name=f"{engine} on {platform.node()}", bandwidth_gbps=bandwidth_gbps,
                    tflops={m.dtype: tflops}, coef={k: 0.0 for k in TERMS}, calibrated=True, machine=machine(),
-                   engine=engine, version=commit(), date=date.today().isoformat(),
-                   notes=("per-step overhead folded into `weights` (one model: the same column). " + notes).strip())
+                   engine=engine, version=commit(), date=date.today().isoformat(), notes=notes)
     prof.coef = fit(rows, m, prof)
-    prof.fit = {"sweep": errors(rows, m, prof),
+    summed = errors(rows, m, prof)
+    prof = fit_regimes(rows, m, prof, fused_max_rows)
+    counts: dict[str, int] = {}
+    for s, _ in rows:
+        counts[regime(s, fused_max_rows)] = counts.get(regime(s, fused_max_rows), 0) + 1
+    prof.fit = {"sweep": errors(rows, m, prof), "sweep_summed_form": summed, "steps_per_regime": counts,
                 "shapes": sorted({(len(s.seqs), max(n for n, _, _ in s.seqs)) for s, _ in rows})[:64]}
     return prof
+
+
+__all__ = ["fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine"]

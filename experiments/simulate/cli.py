@@ -40,6 +40,13 @@ def parser() -> Parser:
                                                               "in this measured run (e.g. vLLM's)")
     p.add_argument("--accept", type=float, default=0.7, help="speculative decoding: each draft token's acceptance "
                                                              "probability (default 0.7)")
+    p.add_argument("--calibrate-from", metavar="SWEEP_JSON", help="fit --profile from step times measured elsewhere "
+                                                                  "(vllm_sweep.py's output), at the peaks of --peaks-from")
+    p.add_argument("--peaks-from", metavar="PROFILE", help="with --calibrate-from: a calibrated profile of this "
+                                                          "machine whose measured peaks to reuse")
+    p.add_argument("--fit-served", metavar="RUN_DIR", help="fit the served overhead (HTTP, SSE, the engine-core "
+                                                           "pipe) into --profile from a measured closed-loop run of "
+                                                           "this config (a calibration run, not the one validated)")
     p.add_argument("--capacity", action="store_true", help="search the highest rate per replica meeting --slo")
     p.add_argument("--slo", default="", help="e.g. ttft_p99_ms=1000,tpot_p99_ms=100 (metric_stat_ms=limit)")
     p.add_argument("--replicas", type=int, default=1)
@@ -73,7 +80,7 @@ def main(argv: list[str]) -> int:
         return fail(str(e))
     if cfg.cells:
         return fail(f"{a.config}: a matrix config ([[cells]]): simulate one cell at a time (a plain config)")
-    engines = [e for e in cfg.engine_list() if a.settings_from or cfg.adapter(e) == "reference"]
+    engines = [e for e in cfg.engine_list() if a.settings_from or a.calibrate_from or cfg.adapter(e) == "reference"]
     if not engines:
         return fail(f"{a.config}: no reference engine to simulate (the simulator runs the reference engine's "
                     f"scheduler); give --engine NAME --settings-from RUN_DIR (a measured run of it) for another")
@@ -82,6 +89,8 @@ def main(argv: list[str]) -> int:
         ensure_model(cfg)
         if a.calibrate:
             return _calibrate(cfg, engine, a)
+        if a.calibrate_from:
+            return _calibrate_from(cfg, engine, a)
         profile = _profile(a.profile, engine)
         lengths = _lengths(a.lengths)
         settings = None
@@ -91,6 +100,8 @@ def main(argv: list[str]) -> int:
             settings = read_settings(a.settings_from, engine)
     except (ValueError, OSError) as e:
         return fail(f"{a.config}: {e}")
+    if a.fit_served:
+        return _fit_served(cfg, engine, a, profile)
     if a.capacity:
         print(capacity.run(cfg, engine, profile, slo, a.replicas, a.router, lengths, a.requests,
                            a.target_rate, Path(a.out), a.accept, settings))
@@ -140,22 +151,28 @@ def _calibrate(cfg, engine: str, a) -> int:
         return fail(f"--calibrate runs the reference engine here; engine {engine!r} is calibrated from a measured "
                     f"run (docs/perf/2026-12-04-simulate.md says how far vLLM-CPU got)")
     opts = dict(cfg.engine_options.get(engine, {}))
-    if opts.get("mode") == "server" and "num_threads" not in opts:
-        opts["num_threads"] = max(1, (os.cpu_count() or 2) - 1)  # what `inferlab serve` runs with
+    if "num_threads" not in opts:
+        from reference_engine.server.cli import serving_threads
+
+        opts["num_threads"] = serving_threads(opts.get("engine_process", True)) if opts.get("mode") == "server" \
+            else (os.cpu_count() or 1)  # what `inferlab serve` (or torch in-process) runs with
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, opts, kv_cache_tokens=65536, max_model_len=4096)
-    print(f"inferlab: calibrating {engine} ({ecfg.num_threads or 'default'} threads): peaks, then the sweep",
-          file=sys.stderr)
+    print(f"inferlab: calibrating {engine} ({ecfg.num_threads} threads): peaks, then the sweep", file=sys.stderr)
     bw = bandwidth.peak_copy_gbps()["cpu_gbps"]
     peak = ceilings.compute_peak(cfg.model, cfg.dtype)
     if not peak.get("gflops"):
         return fail(f"compute ceiling not measured: {peak.get('error')}")
     shape = ModelShape.from_dir(cfg.model, cfg.dtype)
-    rows = sweep.sweep(ecfg)
+    rows, paths = sweep.sweep(ecfg)
     prof = calibrate.calibrate(rows, shape, bw, peak["gflops"] / 1e3, engine,
-                               notes=f"num_threads={ecfg.num_threads}; step times are thread CPU seconds, the fastest of 2 "
-                                     "sweeps (robust to neighbours on a shared machine); peaks measured at calibration")
+                               notes=f"num_threads={ecfg.num_threads}; step wall times of a ragged closed-loop sweep "
+                                     f"(each step the median of 3 repeats); measure it quiet (under the bench lock); paths "
+                                     f"{paths.get('linear')}, one-call decode layer up to "
+                                     f"{paths.get('fused_decode_max_rows')} rows; peaks measured at calibration",
+                               fused_max_rows=int(paths.get("fused_decode_max_rows") or 0))
     out = default_profile(engine) if not a.profile else Path(a.profile)
     prof.save(out)
+    sweep.dump(rows, out.with_suffix(".steps.json"))
     items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
     lengths = sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos)
     lpath = out.with_name(f"{cfg.name}-lengths.json")
@@ -163,4 +180,54 @@ def _calibrate(cfg, engine: str, a) -> int:
     f = prof.fit["sweep"]
     print(f"inferlab: profile written to {out} ({f['steps']} steps, |error| median {f['median_abs']:.1%}, "
           f"p90 {f['p90_abs']:.1%}); greedy EOS lengths of the workload in {lpath}", file=sys.stderr)
+    return 0
+
+
+def _fit_served(cfg, engine: str, a, profile) -> int:
+    """Simulate the measured calibration run without a served overhead, fit it, save it into --profile."""
+    from experiments.simulate import served_overhead
+    from experiments.simulate.replay import replay
+
+    if not a.profile or not Path(a.profile).is_file():
+        return fail("--fit-served writes into the profile it reads: give --profile PATH (a calibrated profile JSON)")
+    run = Path(a.fit_served)
+    try:
+        lengths = _lengths(str(run / engine))
+        profile.served = {}
+        sim = replay(cfg, Path(a.config).read_text(), profile, Path(a.out) / "served-fit", lengths, a.accept,
+                     None, [engine])
+        terms = served_overhead.fit(served_overhead.levels(run, engine),
+                                    served_overhead.levels(sim, f"{engine}-simulated"))
+    except (ValueError, OSError, KeyError) as e:
+        return fail(f"--fit-served {run}: {e}")
+    served_overhead.apply(profile, terms, f"{run} ({cfg.name}), fitted against its simulation without overhead")
+    profile.save(a.profile)
+    print(f"inferlab: served overhead {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in terms.items())} "
+          f"written to {a.profile}", file=sys.stderr)
+    return 0
+
+
+def _calibrate_from(cfg, engine: str, a) -> int:
+    """A profile fitted on another tool's timed steps (vLLM's: vllm_sweep.py), at this machine's peaks."""
+    from experiments.simulate import calibrate, sweep
+    from experiments.simulate.step_model import ModelShape, Profile
+
+    if not a.profile or not a.peaks_from:
+        return fail("--calibrate-from needs --profile OUT and --peaks-from PROFILE (this machine's measured peaks)")
+    raw = json.loads(Path(a.calibrate_from).read_text())
+    sweep_path = Path(a.out) / "calibrate-from.steps.json"
+    sweep_path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_path.write_text(json.dumps(raw["steps"]))
+    rows, peaks = sweep.load_rows(sweep_path), Profile.load(a.peaks_from)
+    shape = ModelShape.from_dir(cfg.model, cfg.dtype)
+    settings = raw.get("settings", {})
+    prof = calibrate.calibrate(rows, shape, peaks.bandwidth_gbps, peaks.peak_tflops(cfg.dtype), raw.get("engine", engine),
+                               notes=f"steps timed by {a.calibrate_from} (offline generate, difference of two lengths "
+                                     f"per decode point); settings read back {settings}; peaks from {a.peaks_from}",
+                               fused_max_rows=int(settings.get("max_num_seqs") or 0))
+    prof.version = str(raw.get("version", ""))
+    prof.save(a.profile)
+    f = prof.fit["sweep"]
+    print(f"inferlab: profile written to {a.profile} ({f['steps']} steps, |error| median {f['median_abs']:.1%}, "
+          f"p90 {f['p90_abs']:.1%})", file=sys.stderr)
     return 0

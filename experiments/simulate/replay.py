@@ -27,7 +27,11 @@ SETTINGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_l
 
 
 def read_settings(run_dir: str | Path, engine: str) -> dict[str, Any]:
-    """An engine's settings as read back in a measured run (manifest info.effective)."""
+    """An engine's settings as read back in a measured run (manifest info.effective), or a JSON file
+    holding them under "settings" (vllm_sweep.py's output: read back from the engine it timed)."""
+    if Path(run_dir).is_file():
+        return {k: v for k, v in json.loads(Path(run_dir).read_text())["settings"].items()
+                if k in SETTINGS or k in ("enable_chunked_prefill", "enable_prefix_caching", "kv_cache_tokens")}
     m = json.loads((Path(run_dir) / engine / "manifest.json").read_text())
     eff = (m.get("info") or {}).get("effective") or {}
     out = {k: eff[k] for k in SETTINGS if eff.get(k) is not None}
@@ -56,8 +60,9 @@ def replica_for(cfg, engine: str, profile: Profile, max_model_len: int | None, a
                                          ecfg.max_num_seqs * (ecfg.max_model_len or 4096))
     k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
     lookahead = k if spec and (spec.get("method") == "draft_model" or spec.get("model")) else 0
+    served = opts.get("mode") == "server" or settings is not None  # behind HTTP: the served overhead applies
     return Replica(ecfg, tokens // ecfg.block_size, shape, profile, spec_k=k, accept=accept if k else 0.0,
-                   lookahead=lookahead, seed=seed)
+                   lookahead=lookahead, seed=seed, served=served)
 
 
 def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] | None = None,

@@ -23,6 +23,7 @@ from reference_engine import EngineConfig, SamplingParams
 from reference_engine.core.request import Request
 from reference_engine.core.scheduler import Scheduler
 
+from experiments.simulate.served_overhead import step_overhead
 from experiments.simulate.step_model import ModelShape, Profile, StepShape, predict
 
 
@@ -58,6 +59,7 @@ class Replica:
     accept: float = 0.0
     lookahead: int = 0  # draft_model: KV slots past the scheduled tokens (= spec_k)
     seed: int = 0
+    served: bool = False  # add the profile's served overhead (served_overhead.py): a served engine
     sched: Scheduler = field(init=False)
     targets: dict[str, tuple[int, str]] = field(default_factory=dict)  # rid -> (output tokens, finish reason)
     steps: int = 0
@@ -123,6 +125,8 @@ class Replica:
             if e.finished:
                 self.targets.pop(e.request_id, None)
         dt = predict(shape, self.shape, self.profile)
+        if self.served:
+            dt += step_overhead(self.profile, len(shape.seqs))
         self.steps += 1
         self.busy_s += dt
         return StepResult(dt, shape, emitted, sched_ids, [r.request_id for r in out.preempted])

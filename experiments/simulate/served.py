@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent
 from experiments import clock
 from experiments.simulate.replica import Replica
+from experiments.simulate.served_overhead import request_delay
 
 
 class SimulatedEngine(Engine):
@@ -80,6 +81,8 @@ class SimulatedEngine(Engine):
         self.prompt_tokens[rid] = len(request.prompt_token_ids)
         max_tokens = request.sampling.max_tokens
         out_len = None if request.sampling.ignore_eos else self.lengths.get(rid)
+        if self.replica.served and request_delay(self.replica.profile):
+            await asyncio.sleep(request_delay(self.replica.profile))  # HTTP, template, the pipe: served_overhead.py
         self.replica.add(rid, request.prompt_token_ids, max_tokens, out_len, clock.now_s())
         self._wake.set()
         n = 0

@@ -1,7 +1,20 @@
-"""The step-time model: one engine step's duration as a sum of roofline terms, each times a fitted
+"""The step-time model: one engine step's duration from roofline terms, each times a fitted
 coefficient (issue 40).
 
+Spec-sheet profiles (no `regimes`) sum the terms:
+
     t = a_w * W/BW + a_kv * KV/BW + a_lin * F/FLOPS + a_att * A/FLOPS + c_seq * B + c_step
+
+A calibrated profile has one coefficient set per *regime*, the code path the engine's dispatch
+table (reference_engine/worker/paths.py) takes for the step's shape: "decode" (every sequence one
+query token and at most `fused_max_rows` of them: the one-call C++ layer) or "mixed" (a prefill
+chunk in the step, or more decode rows: the module path). In a regime the weight read and the
+linear layers' FLOPs overlap (the GEMM streams the weight panels while it multiplies), so they
+enter as a max, the rest as a sum:
+
+    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_kv * KV/BW + a_att * A/FLOPS + c_seq * B
+
+where F' counts the linear rows padded to the GEMM's register tile (`tile_rows`; 1 = no padding).
 
 W: weight bytes read once per step; KV: bytes of every scheduled sequence's context read (sum of
 contexts x KV bytes per token); F: the linear layers' FLOPs (2 x layer params x new tokens, plus the
@@ -76,6 +89,10 @@ class Profile:
     date: str = ""
     notes: str = ""
     fit: dict = field(default_factory=dict)  # calibration residuals, shapes swept
+    regimes: dict[str, dict[str, float]] = field(default_factory=dict)  # {} : sum of `coef` terms
+    fused_max_rows: int = 0  # most rows of an all-decode step on the "decode" path (0: no such path)
+    tile_rows: int = 1  # the GEMM's rows per register tile (linear FLOPs padded to a multiple)
+    served: dict = field(default_factory=dict)  # served overhead terms and their source (served_overhead.py)
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype not in self.tflops:
@@ -107,9 +124,15 @@ class StepShape:
     seqs: tuple[tuple[int, int, int], ...]
 
 
-def features(shape: StepShape, m: ModelShape, prof: Profile) -> dict[str, float]:
-    """Each term at the profile's peaks, in seconds (per_seq: sequences; per_step: 1)."""
+def _pad(n: int, tile: int) -> int:
+    return -(-n // tile) * tile if n else 0
+
+
+def features(shape: StepShape, m: ModelShape, prof: Profile, tile_rows: int | None = None) -> dict[str, float]:
+    """Each term at the profile's peaks, in seconds (per_seq: sequences; per_step: 1); the linear
+    rows padded to `tile_rows` (default: the profile's)."""
     bw, fl = prof.bandwidth_gbps * 1e9, prof.peak_tflops(m.dtype) * 1e12
+    tile = tile_rows or prof.tile_rows or 1
     new = ctx = rows = att = 0
     for n, c, r in shape.seqs:
         new += n
@@ -117,14 +140,31 @@ def features(shape: StepShape, m: ModelShape, prof: Profile) -> dict[str, float]
         rows += r
         att += n * (c - (n - 1) / 2)  # causal: query i attends to c - n + i + 1 keys
     return {"weights": m.weight_bytes / bw, "kv": ctx * m.kv_bytes_per_token / bw,
-            "linear": 2 * (m.layer_params * new + m.vocab * m.hidden * rows) / fl,
+            "linear": 2 * (m.layer_params * _pad(new, tile) + m.vocab * m.hidden * _pad(rows, tile)) / fl,
             "attention": 4 * m.layers * m.heads * m.head_dim * att / fl,
             "per_seq": float(len(shape.seqs)), "per_step": 1.0}
 
 
+def regime(shape: StepShape, fused_max_rows: int) -> str:
+    """The dispatch table's path for the step: "decode" (all one-token sequences, at most
+    `fused_max_rows`: the one-call layer) or "mixed" (the modules: prefill chunks, bigger batches)."""
+    decode = all(n == 1 for n, _, _ in shape.seqs) and len(shape.seqs) <= fused_max_rows
+    return "decode" if decode else "mixed"
+
+
+def combine(coef: dict[str, float], f: dict[str, float]) -> float:
+    """One regime's time: weights and linear overlap (max), the rest add."""
+    return (coef["per_step"] * f["per_step"] + max(coef["weights"] * f["weights"], coef["linear"] * f["linear"])
+            + coef["kv"] * f["kv"] + coef["attention"] * f["attention"] + coef["per_seq"] * f["per_seq"])
+
+
 def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:
-    """Seconds the step takes under the profile."""
+    """Seconds the step takes under the profile (the engine's compute; a served overhead is the
+    replica's, served_overhead.py)."""
     f = features(shape, m, prof)
+    if prof.regimes:
+        r = regime(shape, prof.fused_max_rows)
+        return combine(prof.regimes.get(r) or prof.regimes["mixed"], f)
     return sum(prof.coef[k] * f[k] for k in TERMS)
 
 

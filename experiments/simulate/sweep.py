@@ -7,25 +7,28 @@ context after the step is the tokens it had computed before (its prefix-cache hi
 again after a preemption) plus the tokens scheduled now. The sweep's first steps warm the kernels
 and are dropped.
 
-Clocks: a step's wall time (the record's `duration_s`) counts the time a busy neighbour held the
-core; the engine runs its compute on the calling thread when `num_threads` is 1 (as `inferlab serve`
-does on 2 cores), so that thread's CPU time (`time.thread_time` around `step()`) is the step's time
-on a quiet machine. The sweep fits CPU time; the trace returns both, so the page can show what the
-neighbours add.
+Clock: every step is timed by its wall time (the record's `duration_s`: `LLMEngine.step` from the
+schedule to the commit), the clock the teacher-forced trace is compared on. The engine runs with
+the threads the served engine core gets (`serving_threads()`: every core), whose work thread CPU
+time cannot see, so the measurement has to be quiet: run it under the bench lock on an idle machine
+(the page records the load average).
+
+The sweep's steps are drawn like real traffic, not uniform batches: closed-loop levels of 1-32
+streams, each request with its own prompt length (log-uniform 16-1024 tokens) and output length
+(1-96 tokens), so steps mix ragged contexts, prefill chunks next to decodes, and batches that
+shrink and refill as requests end.
 """
 from __future__ import annotations
 
 import random
-import time
+
+import numpy as np
 from typing import Any, Iterable
 
 from reference_engine import EngineConfig, SamplingParams
 
 from experiments.simulate.step_model import StepShape
 
-# (streams, prompt tokens, output tokens): decode at short/long contexts and batch sizes, prefill chunks
-DECODE = [(b, p, 8) for b in (1, 2, 4, 8, 16) for p in (32, 256, 640) if b * p <= 4096]
-PREFILL = [(1, p, 2) for p in (16, 64, 128, 256, 512, 1024)] + [(4, 300, 2)]
 WARM_STEPS = 3
 
 
@@ -58,60 +61,80 @@ def shapes(records: Iterable[Any], seconds: list[float] | None = None) -> list[t
     return out
 
 
-def step(eng, cpu: list[float]) -> None:
-    """One engine step; its thread CPU seconds appended when it ran (made a step record)."""
-    n, t = len(eng.step_records), time.thread_time()
-    eng.step()
-    if len(eng.step_records) > n:
-        cpu.append(time.thread_time() - t)
+LEVELS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # closed-loop streams
 
 
-def _run_group(eng, streams: int, prompt: int, out: int, rng: random.Random, vocab: int, cpu: list) -> None:
-    params = SamplingParams(max_tokens=out, ignore_eos=True)
-    for _ in range(streams):
-        eng.add_request([rng.randrange(3, vocab) for _ in range(prompt)], params)
-    while eng.has_unfinished():
-        step(eng, cpu)
+def ragged(seed: int, vocab: int) -> list[tuple[int, list[int], int]]:
+    """(streams, prompt, output tokens) per request: each level's requests, in order."""
+    rng = random.Random(seed)
+    out = []
+    for c in LEVELS:
+        for _ in range(c + 6):
+            p = int(round(16 * 64 ** rng.random()))  # log-uniform 16-1024
+            out.append((c, [rng.randrange(3, vocab) for _ in range(p)], rng.randint(1, 96)))
+    return out
 
 
-def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 2) -> list[tuple[StepShape, float]]:
-    """Time the sweep's step shapes on the engine of `cfg` (prefix caching off: every token computed).
-    Times are thread CPU seconds; the sweep runs `repeats` times with the same prompts and each step
-    keeps its fastest time (cache and memory-bandwidth contention from neighbours still show in CPU
-    time; the fastest of two is hit only if both were)."""
-    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
-
-    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True, "enable_prefix_caching": False}))
-    runs = []
-    for _ in range(repeats):
-        rng, vocab = random.Random(seed), eng.model_config.vocab_size
-        start, cpu = len(eng.step_records), []
-        for g in DECODE + PREFILL:
-            _run_group(eng, *g, rng, vocab, cpu)
-        runs.append(shapes(eng.step_records[start:], cpu))
-    best = runs[0]
-    for other in runs[1:]:
-        if [s for s, _ in other] != [s for s, _ in best]:
-            raise RuntimeError("the sweep's repeats scheduled different steps")  # same prompts, same config
-        best = [(s, min(d, e)) for (s, d), (_, e) in zip(best, other)]
-    return best[WARM_STEPS:]
-
-
-def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
-          ignore_eos: bool) -> tuple[list[tuple[StepShape, float]], list[tuple[StepShape, float]]]:
-    """Teacher-forcing data: the engine serves `prompts` closed-loop at `concurrency` (a new request
-    is added as one finishes), with prefix caching as configured; every step's shape with its CPU
-    time, and with its wall time."""
-    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
-
-    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True}))
-    todo, cpu = list(zip(prompts, max_tokens))[::-1], []
+def closed_loop(eng, work: list[tuple[list[int], int]], concurrency: int, ignore_eos: bool = True) -> list[int]:
+    """Serve `work` (prompt, max tokens) keeping `concurrency` requests in the engine; -> each
+    request's output length, in order."""
+    todo, ids, n = list(work)[::-1], [], {}
     while todo or eng.has_unfinished():
         while todo and len(eng.requests) < concurrency:
             p, m = todo.pop()
-            eng.add_request(p, SamplingParams(max_tokens=m, ignore_eos=ignore_eos))
-        step(eng, cpu)
-    return shapes(eng.step_records, cpu)[WARM_STEPS:], shapes(eng.step_records)[WARM_STEPS:]
+            ids.append(eng.add_request(p, SamplingParams(max_tokens=m, ignore_eos=ignore_eos)))
+        for d in eng.step():
+            n[d.request_id] = n.get(d.request_id, 0) + len(d.new_token_ids)
+    return [n.get(i, 0) for i in ids]
+
+
+def median_of(runs: list[list[tuple[StepShape, float]]]) -> list[tuple[StepShape, float]]:
+    """Per step, the median time over repeats that scheduled the same steps (a neighbour's burst lands
+    on one repeat's step, rarely on the same step of two)."""
+    base = [s for s, _ in runs[0]]
+    for other in runs[1:]:
+        if [s for s, _ in other] != base:
+            raise RuntimeError("the repeats scheduled different steps")  # same prompts, same config
+    return [(s, float(np.median([r[i][1] for r in runs]))) for i, s in enumerate(base)]
+
+
+def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 3) -> tuple[list[tuple[StepShape, float]], dict]:
+    """Time the ragged sweep's steps (wall clock) on the engine of `cfg`, prefix caching off (every
+    token computed): each step's median over `repeats` runs of the same requests (the trace is timed
+    the same way). Also returns the engine's dispatch settings (`effective_config()["paths"]`: the
+    one-call layer's row limit)."""
+    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
+
+    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True, "enable_prefix_caching": False}))
+    reqs = ragged(seed, eng.model_config.vocab_size)
+    runs = []
+    for _ in range(repeats):
+        start = len(eng.step_records)
+        for c in LEVELS:
+            closed_loop(eng, [(p, m) for cc, p, m in reqs if cc == c], c)
+        runs.append(shapes(eng.step_records[start:])[WARM_STEPS:])
+    return median_of(runs), dict(eng.effective_config().get("paths") or {})
+
+
+def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
+          ignore_eos: bool, repeats: int = 3) -> list[tuple[StepShape, float]]:
+    """Teacher-forcing data: the engine serves `prompts` closed-loop at `concurrency` (a new request
+    is added as one finishes), with prefix caching as configured; every step's shape with its median
+    wall time over `repeats`. The later repeats form the same batches: the prefix cache is emptied
+    before each, and each answer is held to the length the first repeat gave it (greedy fp32 answers
+    can differ between runs at near-ties, which would change every later batch)."""
+    from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
+
+    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True}))
+    runs, work = [], list(zip(prompts, max_tokens))
+    for i in range(repeats):
+        eng.reset_prefix_cache()
+        start = len(eng.step_records)
+        got = closed_loop(eng, work, concurrency, ignore_eos if i == 0 else True)
+        if i == 0:
+            work = [(p, n) for (p, _), n in zip(work, got)]
+        runs.append(shapes(eng.step_records[start:])[WARM_STEPS:])
+    return median_of(runs)
 
 
 def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool) -> dict[str, int]:
@@ -128,3 +151,18 @@ def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool) -> dict[s
         for d in eng.step():
             n[d.request_id] = n.get(d.request_id, 0) + len(d.new_token_ids)
     return n
+
+
+def dump(rows: list[tuple[StepShape, float]], path) -> None:
+    """Timed steps as JSON ([[[new, context, rows], ...], seconds] per step): refits need no rerun."""
+    import json
+    from pathlib import Path
+
+    Path(path).write_text(json.dumps([[list(map(list, s.seqs)), d] for s, d in rows]))
+
+
+def load_rows(path) -> list[tuple[StepShape, float]]:
+    import json
+    from pathlib import Path
+
+    return [(StepShape(tuple(tuple(x) for x in s)), d) for s, d in json.loads(Path(path).read_text())]

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from experiments.simulate.calibrate import errors, fit
-from experiments.simulate.step_model import ModelShape, Profile, StepShape, features, predict
+from experiments.simulate.calibrate import errors, fit, fit_regimes
+from experiments.simulate.step_model import ModelShape, Profile, StepShape, features, predict, regime
 
 SHAPE = ModelShape(layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
 TRUE = {"weights": 1.4, "kv": 2.0, "linear": 1.8, "attention": 3.0, "per_seq": 2e-4, "per_step": 0.0}
@@ -49,3 +49,47 @@ def test_roofline_terms_by_hand():
     assert f["kv"] == 100 * 2 * 4 * 2 * 64 * 4 / 1e9
     assert f["linear"] == 2 * (SHAPE.layer_params + 1000 * 256) / 1e12
     assert f["attention"] == 4 * 4 * 4 * 64 * 100 / 1e12
+
+
+REGIMES = {"decode": {"per_step": 2e-3, "weights": 1.2, "linear": 2.5, "kv": 1.5, "attention": 0.0, "per_seq": 1e-4},
+           "mixed": {"per_step": 5e-3, "weights": 1.6, "linear": 1.7, "kv": 2.0, "attention": 3.0, "per_seq": 3e-4}}
+
+
+def decode_steps(n: int = 80) -> list[StepShape]:
+    rng = random.Random(2)
+    return [StepShape(tuple((1, rng.randrange(1, 3000), 1) for _ in range(rng.choice([1, 3, 8, 12, 13, 24, 40, 64]))))
+            for _ in range(n)]
+
+
+def test_regimes_and_overlap_recovered_from_planted_step_times():
+    """Steps timed by a planted per-regime model with the weight read and the GEMM overlapped (a max):
+    the fit finds the tile padding and reproduces every step time; one sum of terms cannot."""
+    planted = Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0), regimes=REGIMES, fused_max_rows=64,
+                      tile_rows=12)
+    shapes = steps() + decode_steps()
+    assert {regime(s, 64) for s in shapes} == {"decode", "mixed"}
+    # both sides of the max occur, or the search over the ratio would not be tested
+    c = REGIMES["decode"]
+    sides = {c["linear"] * features(s, SHAPE, planted)["linear"] > c["weights"] * features(s, SHAPE, planted)["weights"]
+             for s in decode_steps()}
+    assert len(sides) == 2
+    rows = [(s, predict(s, SHAPE, planted)) for s in shapes]
+    got = fit_regimes(rows, SHAPE, Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0)), 64)
+    assert got.tile_rows == 12 and got.fused_max_rows == 64
+    assert errors(rows, SHAPE, got)["p90_abs"] < 0.02  # the ratio grid is 1/40 of a decade
+    # coefficients are not unique (one model: the weight read and the per-step constant are one column,
+    # and the padded linear rows nearly follow the sequences), the times are; the summed form cannot fit them
+    summed = Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0))
+    summed.coef = fit(rows, SHAPE, summed)
+    assert errors(rows, SHAPE, summed)["p90_abs"] > 3 * errors(rows, SHAPE, got)["p90_abs"]
+
+
+def test_overlap_is_a_max_not_a_sum():
+    prof = Profile("p", 1.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0), fused_max_rows=8,
+                   regimes={"decode": {"per_step": 0.0, "weights": 1.0, "linear": 1.0, "kv": 0.0, "attention": 0.0,
+                                       "per_seq": 0.0}})
+    f = features(StepShape(((1, 10, 1),)), SHAPE, prof)
+    assert predict(StepShape(((1, 10, 1),)), SHAPE, prof) == max(f["weights"], f["linear"])
+    mixed = StepShape(((5, 10, 1),))  # a prefill chunk: the profile has no "mixed" coefficients: an error, no guess
+    with pytest.raises(KeyError):
+        predict(mixed, SHAPE, prof)

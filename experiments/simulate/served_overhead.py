@@ -1,0 +1,75 @@
+"""The served overhead: what a served reference engine adds to the engine core's step times.
+
+The step-time model is calibrated in-process (`LLMEngine.step`, wall clock). Served, each step also
+carries the engine-core process's pipe (one message of batched deltas per step), the front end's
+work per sequence per step (detokenization, one SSE event per stream; on a 2-core machine that work
+competes with the core's 2 threads) and, per request, the HTTP request, the chat template and the
+`AddRequest` message before the request reaches the scheduler, plus the first token's trip back.
+Three terms, in the profile's `served`:
+
+    step time (served) = predict(step) + per_step_s + per_seq_s * B
+    a request enters the scheduler per_request_s after it was sent
+
+They are fitted on a measured served *calibration* run (its own config and seed: never the run the
+prediction is validated on) against the same run simulated without them, with the answers' measured
+lengths (so only timing differs):
+  - per_step_s, per_seq_s: the p50 TPOT gap per closed-loop level against the level's streams B
+    (least squares, both >= 0; a TPOT step is one decode step, so the gap is the step overhead);
+  - per_request_s: the p50 TTFT gap at the lowest level, less the step overhead the first step
+    already carries.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from experiments.simulate.step_model import Profile
+
+TERMS = ("per_request_s", "per_step_s", "per_seq_s")
+
+
+def levels(run: Path, engine: str) -> dict[str, dict]:
+    return json.loads((run / engine / "summary.json").read_text())["levels"]
+
+
+def _streams(level: str) -> int:
+    """Closed-loop level names are "concurrency=N"."""
+    if not level.startswith("concurrency="):
+        raise ValueError(f"served overhead: fit on closed-loop levels (concurrency=N), not {level!r}")
+    return int(level.split("=", 1)[1])
+
+
+def fit(measured: dict[str, dict], simulated: dict[str, dict]) -> dict[str, float]:
+    """The three terms from per-level summaries of the same run, measured and simulated without them."""
+    lv = sorted((lv for lv in measured if lv in simulated), key=_streams)
+    if len(lv) < 2:
+        raise ValueError("served overhead: need at least 2 closed-loop levels measured and simulated")
+    B = np.array([_streams(x) for x in lv], dtype=float)
+    gap = np.array([(measured[x]["tpot_ms"]["median"] - simulated[x]["tpot_ms"]["median"]) / 1e3 for x in lv])
+    A = np.column_stack([np.ones_like(B), B])
+    sol, *_ = np.linalg.lstsq(A, gap, rcond=None)
+    if sol[1] < 0:
+        sol = np.array([max(0.0, float(gap.mean())), 0.0])
+    elif sol[0] < 0:
+        sol = np.array([0.0, max(0.0, float((B @ gap) / (B @ B)))])
+    step, seq = float(sol[0]), float(sol[1])
+    low = lv[0]
+    ttft_gap = (measured[low]["ttft_ms"]["median"] - simulated[low]["ttft_ms"]["median"]) / 1e3
+    req = max(0.0, ttft_gap - (step + seq * _streams(low)))
+    return {"per_request_s": req, "per_step_s": step, "per_seq_s": seq}
+
+
+def apply(prof: Profile, terms: dict[str, float], source: str) -> Profile:
+    prof.served = {**{k: float(terms[k]) for k in TERMS}, "source": source}
+    return prof
+
+
+def step_overhead(prof: Profile, seqs: int) -> float:
+    s = prof.served or {}
+    return float(s.get("per_step_s", 0.0)) + float(s.get("per_seq_s", 0.0)) * seqs
+
+
+def request_delay(prof: Profile) -> float:
+    return float((prof.served or {}).get("per_request_s", 0.0))

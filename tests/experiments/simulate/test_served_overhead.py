@@ -1,0 +1,49 @@
+"""The served overhead (served_overhead.py): fitted from per-level summaries, applied by the replica
+to each step and by the simulated engine to each request, only when the engine is served."""
+from __future__ import annotations
+
+import pytest
+
+from experiments.config import load
+from experiments.simulate import served_overhead
+from experiments.simulate.replay import replay
+from tests.experiments.exp_util import write_config
+from tests.experiments.simulate.planted import PER_SEQ, PER_STEP, planted
+from tests.experiments.simulate.test_replay import BODY, rows
+
+
+def level(ttft_ms: float, tpot_ms: float) -> dict:
+    return {"ttft_ms": {"median": ttft_ms}, "tpot_ms": {"median": tpot_ms}}
+
+
+def test_fit_recovers_planted_overheads():
+    """TPOT gap = 2 ms + 0.5 ms per stream; TTFT gap at one stream = that + 7 ms of request overhead."""
+    sim = {f"concurrency={b}": level(50.0, 20.0 + b) for b in (1, 3, 6)}
+    meas = {f"concurrency={b}": level(50.0 + 7.0 + 2.0 + 0.5, 20.0 + b + 2.0 + 0.5 * b) for b in (1, 3, 6)}
+    got = served_overhead.fit(meas, sim)
+    assert got == pytest.approx({"per_request_s": 7e-3, "per_step_s": 2e-3, "per_seq_s": 0.5e-3}, abs=1e-9)
+
+
+def test_fit_keeps_terms_non_negative_and_needs_closed_levels():
+    sim = {f"concurrency={b}": level(50.0, 20.0) for b in (1, 4)}
+    meas = {"concurrency=1": level(40.0, 25.0), "concurrency=4": level(40.0, 22.0)}  # gap falls with streams
+    got = served_overhead.fit(meas, sim)
+    assert got["per_seq_s"] == 0.0 and got["per_step_s"] == pytest.approx(3.5e-3) and got["per_request_s"] == 0.0
+    with pytest.raises(ValueError, match="closed-loop"):
+        served_overhead.fit({"rate=1": level(1, 1), "rate=2": level(1, 1)}, {"rate=1": level(1, 1), "rate=2": level(1, 1)})
+
+
+@pytest.mark.parametrize("mode", ["server", "in_process"])
+def test_overhead_applies_to_a_served_engine_only(exp_model, tmp_path, mode):
+    """One stream, 4 tokens: TTFT = request delay + one step; TPOT = one step; each step carries the
+    step and per-sequence overhead when served, nothing when in-process."""
+    path = write_config(tmp_path / "c.toml", exp_model, BODY.replace("concurrency = [1, 2]", "concurrency = [1]")
+                        + f'[engine_options.reference]\nmode = "{mode}"\n')
+    prof = planted()
+    served_overhead.apply(prof, {"per_request_s": 0.005, "per_step_s": 0.002, "per_seq_s": 0.0005}, "test")
+    run = replay(load(path), path.read_text(), prof, tmp_path / "out")
+    step = PER_STEP + PER_SEQ + ((0.002 + 0.0005) if mode == "server" else 0.0)
+    req = 0.005 if mode == "server" else 0.0
+    for r in rows(run, "concurrency=1"):
+        assert r["ttft_ms"] == pytest.approx((req + step) * 1e3, abs=1e-6)
+        assert r["tpot_ms"] == pytest.approx(step * 1e3, abs=1e-6)
