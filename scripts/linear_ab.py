@@ -7,9 +7,12 @@ A and B within one run, median of the passes; time ratios B / A (below 1: B fast
               above), B = one layout: this tree's panel GEMM for every row count
     --isa:    A = the AVX-512 build, B = the AVX2 + FMA build of this tree's kernels (cpu_build.load
               with isa_), the panel GEMM at every row count
+    --onednn: A = oneDNN's packed linear (torch.ops.mkldnn, what INFERLAB_LINEAR=onednn runs), B = this
+              tree's panel GEMM; with --bf16 both on bf16 weights and activations (B: the bf16 pair panels)
 
-    .venv/bin/python scripts/linear_ab.py --layout OLD_TREE | --isa [--threads N] [--passes N] [M ...]
-(docs/perf/2026-12-04-one-layout.md).
+    .venv/bin/python scripts/linear_ab.py --layout OLD_TREE | --isa | --onednn [--bf16] [--threads N]
+        [--passes N] [M ...]
+(docs/perf/2026-12-04-one-layout.md, 2026-12-04-one-layout-2.md).
 """
 import argparse
 import statistics
@@ -25,6 +28,8 @@ from reference_engine.kernels import cpp_gemm, cpu_build  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("--layout", metavar="OLD_TREE")
 p.add_argument("--isa", action="store_true")
+p.add_argument("--onednn", action="store_true")
+p.add_argument("--bf16", action="store_true")
 p.add_argument("--threads", type=int, default=2)
 p.add_argument("--passes", type=int, default=7)
 p.add_argument("rows", type=int, nargs="*", default=[1, 8, 12, 16, 64, 128, 512, 2048])
@@ -32,9 +37,10 @@ a = p.parse_args()
 torch.set_num_threads(a.threads)
 shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 g = torch.Generator().manual_seed(0)
-ws = [torch.randn(n, k, generator=g) * 0.05 for n, k in shapes]
-panels = [cpp_gemm.pack(w) for w in ws]
-onednn = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws] if a.layout else None
+dtype = torch.bfloat16 if a.bf16 else torch.float32
+ws = [(torch.randn(n, k, generator=g) * 0.05).to(dtype) for n, k in shapes]
+panels = [cpp_gemm.pack(w) for w in ws]  # fp32 (P, K, 32) or bf16 (P, K/2, 32, 2)
+onednn = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws] if a.layout or a.onednn else None
 empty = torch.empty(0)
 
 
@@ -53,8 +59,14 @@ def panel_gemm(mod):
     return lambda i, x: mod.linear(x, panels[i], shapes[i][0], empty)
 
 
+def onednn_linear(i, x):
+    return torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], "")
+
+
 native = cpu_build.module()
-if a.layout:
+if a.onednn:
+    sides = {f"oneDNN {dtype}": onednn_linear, "panel GEMM": panel_gemm(native)}
+elif a.layout:
     # another module name: Python keeps one extension module per name, the native build has "inferlab_cpu"
     old = cpu_build.load("inferlab_ab_old", cpu_build.sources(Path(a.layout) / "reference_engine/kernels/csrc"))
     sides = {"three layouts": routed(old), "one layout": panel_gemm(native)}
@@ -73,7 +85,7 @@ def one_pass(f, xs):
 (na, fa), (nb, fb) = sides.items()
 print(f"| rows | {na} ms | {nb} ms | {nb} / {na} |\n|---|---|---|---|")
 for m in a.rows:
-    xs = {k: torch.randn(m, k, generator=g) for k in (576, 1536)}
+    xs = {k: torch.randn(m, k, generator=g).to(dtype) for k in (576, 1536)}
     ta, tb = [], []
     for _ in range(a.passes if m <= 128 else max(3, a.passes // 2)):
         ta.append(one_pass(fa, xs))
