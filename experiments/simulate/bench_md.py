@@ -17,49 +17,56 @@ def served_table(levels: dict) -> list[str]:
     out = ["| level | TTFT p50 / p90 / p99 | TPOT p50 / p90 / p99 | E2EL p50 / p90 / p99 | throughput | "
            "measured TTFT p50, TPOT p50 (ms), tok/s |", "|---|---|---|---|---|---|"]
     for lv, d in levels.items():
-        e, m = d["errors"], d["measured"]
+        e, m = d["errors"], d.get("measured")
         cells = [" / ".join(pct(e[f"{k}_{s}"]) for s in STATS) for k in ("ttft", "tpot", "e2el")]
-        out.append(f"| {lv} | " + " | ".join(cells) + f" | {pct(e['throughput'])} | "
-                   f"{m['ttft_ms']['median']:.0f}, {m['tpot_ms']['median']:.1f}, {m['output_throughput']:.1f} |")
+        meas = (f"{m['ttft_ms']['median']:.0f}, {m['tpot_ms']['median']:.1f}, {m['output_throughput']:.1f}"
+                if m else "as above")
+        out.append(f"| {lv} | " + " | ".join(cells) + f" | {pct(e['throughput'])} | {meas} |")
     return out
 
 
 def render(res: dict) -> str:
-    p, tf = res["profile"], res["teacher_forced"]
-    md = [f"Profile: {p['name']} ({p['machine']}), coefficients "
-          + ", ".join(f"{k} {v:.3g}" for k, v in p["coef"].items())
-          + f"; peaks {p['bandwidth_gbps']:.1f} GB/s, {list(p['tflops'].values())[0] * 1e3:.1f} GFLOP/s; "
-          f"sweep fit |error| median {p['fit']['sweep']['median_abs']:.1%}, p90 {p['fit']['sweep']['p90_abs']:.1%} "
-          f"over {p['fit']['sweep']['steps']} steps.", "",
-          "| teacher-forced steps | n | median abs error | p90 abs error | median signed |", "|---|---|---|---|---|"]
+    p, tf = res["profile"], res.get("teacher_forced", {})
+    fit = p["fit"]
+    md = [f"Profile: {p['name']} ({p['machine']}); peaks {p['bandwidth_gbps']:.1f} GB/s, "
+          f"{list(p['tflops'].values())[0] * 1e3:.1f} GFLOP/s; linear rows padded to {p.get('tile_rows', 1)}; "
+          f"one-call decode layer up to {p.get('fused_max_rows')} rows. Sweep fit over {fit['sweep']['steps']} steps: "
+          f"|error| median {fit['sweep']['median_abs']:.1%}, p90 {fit['sweep']['p90_abs']:.1%} (one sum of terms: "
+          f"{fit['sweep_summed_form']['median_abs']:.1%}, {fit['sweep_summed_form']['p90_abs']:.1%}).", "",
+          "| regime | per step ms | weights | linear | kv | attention | per seq ms |", "|---|---|---|---|---|---|---|"]
+    for r, c in p.get("regimes", {}).items():
+        md.append(f"| {r} | {c['per_step'] * 1e3:.2f} | {c['weights']:.3g} | {c['linear']:.3g} | {c['kv']:.3g} | "
+                  f"{c['attention']:.3g} | {c['per_seq'] * 1e3:.3f} |")
+    if p.get("served"):
+        s = p["served"]
+        md += ["", f"Served overhead: per request {s['per_request_s'] * 1e3:.2f} ms, per step {s['per_step_s'] * 1e3:.2f} ms, "
+               f"per sequence per step {s['per_seq_s'] * 1e3:.3f} ms (from {s.get('source', '?')})."]
+    md += ["", "| teacher-forced steps | n | median abs error | p90 abs error | median signed |", "|---|---|---|---|---|"]
     for k, v in tf.items():
         if v.get("steps"):
             md.append(f"| {k} | {v['steps']} | {v['median_abs']:.1%} | {v['p90_abs']:.1%} | {v['median_signed']:+.1%} |")
-    md += ["", "Closed loop (error = predicted / measured - 1):", ""] + served_table(res["served"])
-    if res.get("poisson"):
-        md += ["", "Poisson at 50 / 85 / 95 % of the measured search capacity:", ""] + served_table(res["poisson"])
-    c = res["capacity"]
+    for key, title in (("served", "Closed loop, answers given their offline greedy EOS lengths (predicted first)"),
+                       ("served_measured_lengths", "Closed loop, answers given the lengths the served engine produced"),
+                       ("poisson", "Poisson at 50 / 85 / 95 % of the measured search capacity (offline lengths)"),
+                       ("poisson_measured_lengths", "Poisson, answers given the measured lengths"),
+                       ("vllm", "vLLM-CPU, closed loop, from its own calibration (offline lengths of the reference "
+                                "engine's greedy answers)")):
+        if res.get(key):
+            md += ["", f"{title} (error = predicted / measured - 1):", ""] + served_table(res[key])
+    c = res.get("capacity") or {}
     if c.get("measured") and c.get("predicted"):
         md += ["", f"SLO-search capacity: measured {c['measured']:g} req/s, simulated {c['predicted']:g} req/s "
                f"({pct(c['predicted'] / c['measured'] - 1)})."]
-    if res.get("published"):
+    pub = res.get("published") or {}
+    if pub.get("rows"):
         md += ["", "| ISL/OSL | requests | predicted tok/s (H200, uncalibrated) | TensorRT-LLM | ratio | "
                "preemptions | simulator s |", "|---|---|---|---|---|---|---|"]
-        for r in res["published"]["rows"]:
-            md.append(f"| {r['isl']}/{r['osl']} | {r['requests']} | {r['predicted_tok_s']:,.0f} | "
-                      f"{r['published_tok_s']:,.0f} | {r['ratio']:.2f} | {r['preemptions']} | "
-                      f"{r['simulator_wall_s']:.0f} |")
-    if res.get("at_scale"):
-        md += ["", "| router | requests | replicas | rate | TTFT p50 / p99 ms | TPOT p50 / p99 ms | prefix hits | "
-               "KV peak | preemptions | stepping min-max | simulator s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in res["at_scale"]:
-            md.append(f"| {r['router']} | {r['requests']:,} | {r['replicas']} | {r['rate']:g} | "
-                      f"{r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | {r['tpot_p50_ms']:.2f} / "
-                      f"{r['tpot_p99_ms']:.2f} | {r['prefix_hit_rate']:.0%} | {r['kv_peak_max']:.0%} | "
-                      f"{r['preemptions']} | {r['busy_min']:.0%}-{r['busy_max']:.0%} | {r['simulator_wall_s']:.0f} |")
-    md += ["", f"Load average (1/5/15 min) at start {res['load_at_start']}, at end {res.get('load_at_end')}; "
-           f"per phase: " + "; ".join(f"{k}: {tuple(round(x, 1) for x in v)}"
-                                      for k, v in (res.get("load_by_phase") or {}).items())]
+        md += [f"| {r['isl']}/{r['osl']} | {r['requests']} | {r['predicted_tok_s']:,.0f} | {r['published_tok_s']:,.0f} | "
+               f"{r['ratio']:.2f} | {r['preemptions']} | {r['simulator_wall_s']:.0f} |" for r in pub["rows"]]
+    md += ["", "Load average (1/5/15 min) as each phase began and ended:", ""]
+    for phase, d in (res.get("load") or {}).items():
+        md.append(f"- {phase}: " + ", ".join(f"{w} {v['utc']} load {tuple(round(x, 1) for x in v['loadavg'])}"
+                                             for w, v in d.items()))
     return "\n".join(md)
 
 

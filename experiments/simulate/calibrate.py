@@ -50,12 +50,20 @@ def fit(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile,
     return coef
 
 
-def fit_regime(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, tile: int) -> dict[str, float]:
-    """One regime's coefficients in the overlapped form (module docstring)."""
+REST = ("per_step", "kv", "attention", "per_seq")
+
+
+def fit_regime(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, tile: int,
+               fixed: dict[str, float] | None = None) -> dict[str, float]:
+    """One regime's coefficients in the overlapped form (module docstring); `fixed` terms (of REST)
+    are held at the given values and the rest fitted to what they leave."""
+    fixed = fixed or {}
     F = [features(s, m, prof, tile) for s, _ in rows]
-    t = np.array([d for _, d in rows])
+    t = np.array([d - sum(v * f[k] for k, v in fixed.items()) for (_, d), f in zip(rows, F)])
+    t = np.maximum(t, 1e-9)
     w, lin = np.array([f["weights"] for f in F]), np.array([f["linear"] for f in F])
-    rest = np.array([[f["per_step"], f["kv"], f["attention"], f["per_seq"]] for f in F])
+    free = [k for k in REST if k not in fixed]
+    rest = np.array([[f[k] for k in free] for f in F]).reshape(len(F), len(free))
     best = None
     for r in RATIOS:
         A = np.column_stack([np.maximum(w, r * lin), rest]) / t[:, None]
@@ -64,19 +72,25 @@ def fit_regime(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile
         if best is None or err < best[0]:
             best = (err, r, sol)
     _, r, sol = best
-    return {"weights": float(sol[0]), "linear": float(sol[0] * r), "per_step": float(sol[1]), "kv": float(sol[2]),
-            "attention": float(sol[3]), "per_seq": float(sol[4])}
+    return {"weights": float(sol[0]), "linear": float(sol[0] * r), **{k: float(v) for k, v in zip(free, sol[1:])},
+            **{k: float(v) for k, v in fixed.items()}}
 
 
-def fit_regimes(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, fused_max_rows: int) -> Profile:
-    """`prof` with `regimes` (and `tile_rows`, `fused_max_rows`) fitted on the timed steps."""
+def fit_regimes(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, fused_max_rows: int,
+                share_kv: bool = False) -> Profile:
+    """`prof` with `regimes` (and `tile_rows`, `fused_max_rows`) fitted on the timed steps. `share_kv`:
+    the "mixed" regime takes the "decode" regime's KV coefficient instead of fitting one (when its
+    steps are prefills only, as a sweep timed from outside gives: their context then equals their new
+    tokens, and the KV column is the linear one, not identifiable)."""
     best = None
     for tile in TILES:
         cand = Profile(**{**prof.__dict__, "tile_rows": tile, "fused_max_rows": fused_max_rows, "regimes": {}})
         groups: dict[str, list] = {}
         for s, d in rows:
             groups.setdefault(regime(s, fused_max_rows), []).append((s, d))
-        cand.regimes = {g: fit_regime(rs, m, cand, tile) for g, rs in groups.items()}
+        cand.regimes = {g: fit_regime(rs, m, cand, tile) for g, rs in groups.items() if g == "decode" or not share_kv}
+        if share_kv and "mixed" in groups:
+            cand.regimes["mixed"] = fit_regime(groups["mixed"], m, cand, tile, {"kv": cand.regimes["decode"]["kv"]})
         e = errors(rows, m, cand)
         if best is None or e["median_abs"] + e["p90_abs"] < best[0]:
             best = (e["median_abs"] + e["p90_abs"], cand)
@@ -109,7 +123,7 @@ def commit() -> str:
 
 
 def calibrate(rows: list[tuple[StepShape, float]], m: ModelShape, bandwidth_gbps: float, tflops: float,
-              engine: str, notes: str = "", fused_max_rows: int = 0) -> Profile:
+              engine: str, notes: str = "", fused_max_rows: int = 0, share_kv: bool = False) -> Profile:
     """A calibrated profile from timed steps, at the measured peaks (so each a = 1 / efficiency): the
     per-regime overlapped form, with the summed form's coefficients kept in `coef` for comparison."""
     prof = Profile(name=f"{engine} on {platform.node()}", bandwidth_gbps=bandwidth_gbps,
@@ -117,7 +131,7 @@ def calibrate(rows: list[tuple[StepShape, float]], m: ModelShape, bandwidth_gbps
                    engine=engine, version=commit(), date=date.today().isoformat(), notes=notes)
     prof.coef = fit(rows, m, prof)
     summed = errors(rows, m, prof)
-    prof = fit_regimes(rows, m, prof, fused_max_rows)
+    prof = fit_regimes(rows, m, prof, fused_max_rows, share_kv)
     counts: dict[str, int] = {}
     for s, _ in rows:
         counts[regime(s, fused_max_rows)] = counts.get(regime(s, fused_max_rows), 0) + 1

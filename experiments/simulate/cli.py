@@ -224,7 +224,9 @@ def _calibrate_from(cfg, engine: str, a) -> int:
     prof = calibrate.calibrate(rows, shape, peaks.bandwidth_gbps, peaks.peak_tflops(cfg.dtype), raw.get("engine", engine),
                                notes=f"steps timed by {a.calibrate_from} (offline generate, difference of two lengths "
                                      f"per decode point); settings read back {settings}; peaks from {a.peaks_from}",
-                               fused_max_rows=int(settings.get("max_num_seqs") or 0))
+                               fused_max_rows=int(settings.get("max_num_seqs") or 0),
+                               share_kv=not any(any(n == 1 for n, _, _ in s.seqs) and any(n > 1 for n, _, _ in s.seqs)
+                                                for s, _ in rows))  # no timed step mixes decodes and a prefill
     prof.version = str(raw.get("version", ""))
     prof.save(a.profile)
     f = prof.fit["sweep"]

@@ -23,7 +23,7 @@ from reference_engine import EngineConfig, SamplingParams
 from reference_engine.core.request import Request
 from reference_engine.core.scheduler import Scheduler
 
-from experiments.simulate.served_overhead import step_overhead
+from experiments.simulate.served_overhead import served_step
 from experiments.simulate.step_model import ModelShape, Profile, StepShape, predict
 
 
@@ -126,7 +126,7 @@ class Replica:
                 self.targets.pop(e.request_id, None)
         dt = predict(shape, self.shape, self.profile)
         if self.served:
-            dt += step_overhead(self.profile, len(shape.seqs))
+            dt = served_step(self.profile, dt, len(shape.seqs))
         self.steps += 1
         self.busy_s += dt
         return StepResult(dt, shape, emitted, sched_ids, [r.request_id for r in out.preempted])

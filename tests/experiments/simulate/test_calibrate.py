@@ -93,3 +93,14 @@ def test_overlap_is_a_max_not_a_sum():
     mixed = StepShape(((5, 10, 1),))  # a prefill chunk: the profile has no "mixed" coefficients: an error, no guess
     with pytest.raises(KeyError):
         predict(mixed, SHAPE, prof)
+
+
+def test_prefill_only_steps_share_the_decode_kv_coefficient():
+    """Prefills alone (context = new tokens) cannot tell KV reads from the linear layers: with
+    share_kv the mixed regime keeps the decode regime's KV coefficient and fits the rest."""
+    planted = Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0), regimes=REGIMES, fused_max_rows=64)
+    prefills = [StepShape(((p, p, 1),) * b) for b in (1, 2, 4) for p in (32, 128, 512, 1000)]
+    rows = [(s, predict(s, SHAPE, planted)) for s in decode_steps() + prefills]
+    got = fit_regimes(rows, SHAPE, Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0)), 64, share_kv=True)
+    assert got.regimes["mixed"]["kv"] == got.regimes["decode"]["kv"]
+    assert errors(rows, SHAPE, got)["p90_abs"] < 0.05

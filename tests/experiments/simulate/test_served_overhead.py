@@ -24,11 +24,16 @@ def test_fit_recovers_planted_overheads():
     assert got == pytest.approx({"per_request_s": 7e-3, "per_step_s": 2e-3, "per_seq_s": 0.5e-3}, abs=1e-9)
 
 
-def test_fit_keeps_terms_non_negative_and_needs_closed_levels():
+def test_a_served_core_faster_per_sequence_is_a_signed_correction_and_needs_closed_levels():
     sim = {f"concurrency={b}": level(50.0, 20.0) for b in (1, 4)}
     meas = {"concurrency=1": level(40.0, 25.0), "concurrency=4": level(40.0, 22.0)}  # gap falls with streams
     got = served_overhead.fit(meas, sim)
-    assert got["per_seq_s"] == 0.0 and got["per_step_s"] == pytest.approx(3.5e-3) and got["per_request_s"] == 0.0
+    assert got["per_seq_s"] == pytest.approx(-1e-3) and got["per_step_s"] == pytest.approx(6e-3)
+    assert got["per_request_s"] == 0.0  # TTFT 10 ms early: a request cannot arrive before it is sent
+    prof = planted()
+    served_overhead.apply(prof, got, "test")
+    assert served_overhead.served_step(prof, 0.020, 4) == pytest.approx(0.022)
+    assert served_overhead.served_step(prof, 0.020, 100) == pytest.approx(0.010)  # floor: half the prediction
     with pytest.raises(ValueError, match="closed-loop"):
         served_overhead.fit({"rate=1": level(1, 1), "rate=2": level(1, 1)}, {"rate=1": level(1, 1), "rate=2": level(1, 1)})
 
