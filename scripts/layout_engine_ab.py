@@ -1,9 +1,9 @@
-"""The engine on SmolLM2-135M fp32, two source trees A/B in alternating processes (one run): load peak
+"""The engine on SmolLM2-135M (fp32, or --dtype bfloat16), two source trees A/B in alternating processes (one run): load peak
 RSS, bytes per weight read back from effective_config(), a 512-token prefill (TTFT of one request),
 decode at 1 sequence and at 64 (offline), and the greedy tokens (must agree). Each process: 2 threads,
 its own model load; medians over the rounds.
 
-    .venv/bin/python scripts/layout_engine_ab.py OLD_TREE [NEW_TREE=.] [--rounds 3]
+    .venv/bin/python scripts/layout_engine_ab.py OLD_TREE [NEW_TREE=.] [--rounds 3] [--dtype bfloat16]
 e.g. OLD_TREE from `git archive <rev> | tar -x -C /tmp/old` (docs/perf/2026-12-04-one-layout.md).
 """
 import argparse
@@ -19,7 +19,7 @@ import json, resource, sys, time, torch
 torch.set_num_threads(2)
 from reference_engine import LLM, SamplingParams
 t = time.perf_counter()
-llm = LLM(sys.argv[1], dtype="float32", max_num_seqs=64, kv_cache_tokens=64 * 640)
+llm = LLM(sys.argv[1], dtype=sys.argv[2], max_num_seqs=64, kv_cache_tokens=64 * 640)
 load_s = time.perf_counter() - t
 peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
 eff = llm.engine.effective_config()
@@ -44,6 +44,7 @@ p.add_argument("old")
 p.add_argument("new", nargs="?", default=".")
 p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--model", default="models/smollm2-135m-instruct")
+p.add_argument("--dtype", default="float32")
 a = p.parse_args()
 model = str(Path(a.model).resolve())
 runs = {"old": [], "new": []}
@@ -51,7 +52,7 @@ for r in range(a.rounds):
     for side in ("old", "new"):
         tree = str(Path(getattr(a, side)).resolve())
         env = {**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "2"}
-        out = subprocess.run([sys.executable, "-c", CHILD, model], cwd=tree, env=env, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-c", CHILD, model, a.dtype], cwd=tree, env=env, capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"{side}: {out.stderr[-2000:]}")
         runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -1,4 +1,4 @@
-"""One C++ call per decoder layer for an all-decode fp32 batch on CPU (reference_engine/model/fused_decode.py).
+"""One C++ call per decoder layer for an all-decode batch on CPU (fp32 or bf16) (reference_engine/model/fused_decode.py).
 
 At batch 1 a SmolLM2 decode step spent ~5 ms of ~17-20 outside its 121 GEMVs: ~15 small ops per
 layer (norms, split and views, rotary, the KV write, attention, residual adds, SiLU-and-multiply)
@@ -6,8 +6,8 @@ each paying Python, nn.Module and dispatcher overhead of a few microseconds, 30 
 module runs the same layer as one call: the same kernels (kernels/cpp_fused_ops.py,
 cpp_gemm.py, attention/cpp_kernel.py), in the same order, on the same tensors, so the result is
 bit-identical to the module path (`DecoderLayer.forward` with the fused modules and the CPU attention
-backend). `project` multiplies as PackedLinear does: the panel GEMM on each projection's one copy (fp32), or
-oneDNN's packed copy (bf16 on a CPU with native bf16).
+backend). `project` multiplies as PackedLinear does: the panel GEMM on each projection's one copy (fp32 panels or
+bf16 pair panels), or on the INFERLAB_LINEAR=onednn fallback oneDNN's packed copy.
 
 Source: csrc/decode_layer.cpp, which calls the other kernels through their entry points (csrc/kernels.h),
 linked into the same extension; `decode_layer` is the only new code:

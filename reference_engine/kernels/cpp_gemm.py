@@ -26,6 +26,18 @@ three builds give the same bits.
     pack(W (N, K) fp32) -> (P, K, NR)
     gemm(x (M, K) fp32 rows, packed, N, bias (N,) or empty) -> y (M, N)
 
+bf16 weights (csrc/linear_bf16.cpp): the same panels over k pairs, (P, K/2, NR, 2), one bf16 copy,
+
+    packed[p, i, j, t] = W[p * NR + j, 2 i + t]        zero past N and past an odd K
+
+so one pair step of a panel is two 512-bit vectors of 16 column pairs, what AVX512_BF16's vdpbf16ps
+multiplies against a bf16 pair of x broadcast as 32 bits. x is bf16 (a bf16 model's activations);
+every output is acc += x[2i+1] W[2i+1], then acc += x[2i] W[2i] in pair order (vdpbf16ps' documented
+order; each product exact in fp32, one rounding per add), + bias in fp32, one rounding to bf16. Without
+AVX512_BF16 (AVX-512 F, AVX2, scalar) each pair is widened to fp32 (a 16-bit shift, exact) and goes
+through two FMAs in that order: the same bits (tests/reference_engine/kernels/test_cpp_gemm_bf16.py),
+except where vdpbf16ps flushes denormals to zero.
+
 Source: csrc/linear.cpp. `unpack` is pack's inverse (PackedLinear.weight, read on demand).
 """
 from __future__ import annotations
@@ -45,22 +57,47 @@ def module():
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """W (N, K) fp32 -> (P, K, NR) panels, k-major, zero past N: packed[p, k, j] = W[p * NR + j, k]."""
+    """W (N, K) fp32 -> (P, K, NR) panels, k-major, zero past N: packed[p, k, j] = W[p * NR + j, k].
+    bf16 W -> (P, K/2, NR, 2) pair panels: packed[p, i, j, t] = W[p * NR + j, 2 i + t] (K padded to even)."""
     n, k = weight.shape
     p = -(-n // NR)
+    if weight.dtype == torch.bfloat16:
+        k2 = -(-k // 2)
+        w = F.pad(weight.detach(), (0, 2 * k2 - k, 0, p * NR - n))  # (P * NR, 2 * k2)
+        return w.view(p, NR, k2, 2).transpose(1, 2).contiguous()  # (P, k2, NR, 2)
     w = F.pad(weight.detach().float(), (0, 0, 0, p * NR - n))  # (P * NR, K)
     return w.view(p, NR, k).transpose(1, 2).contiguous()  # (P, K, NR)
 
 
-def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """pack's inverse: (P, K, NR) panels -> W (n, K), a fresh contiguous copy."""
+def unpack(packed: torch.Tensor, n: int, k: int | None = None) -> torch.Tensor:
+    """pack's inverse: panels -> W (n, k), a fresh contiguous copy (k: bf16's K before padding)."""
+    if packed.dim() == 4:  # (P, k2, NR, 2) -> (P, NR, k2, 2) -> (P * NR, 2 * k2)
+        p, k2 = packed.shape[:2]
+        return packed.transpose(1, 2).reshape(p * NR, 2 * k2)[:n, :k].contiguous()
     p, k, _ = packed.shape
     return packed.transpose(1, 2).reshape(p * NR, k)[:n].contiguous()  # (P, NR, K) -> (P * NR, K) -> (n, K)
 
 
+def rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """W[ids] (len(ids), k) gathered from the panels, exact copies (a tied embedding's lookup)."""
+    got = packed[ids // NR, :, ids % NR]  # (n, K) fp32, or (n, k2, 2) bf16
+    return got.reshape(len(ids), -1)[:, :k]
+
+
 def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x @ W.T (+ bias) for x (M, K) fp32 rows and `packed` = pack(W) of W (n, K)."""
+    """y = x @ W.T (+ bias) for x (M, K) rows and `packed` = pack(W) of W (n, K): fp32, or bf16 x on
+    bf16 pair panels (vdpbf16ps where the CPU has it)."""
     return module().linear(x, packed, n, bias if bias is not None else x.new_empty(0))
+
+
+def gemm_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, native: bool = True):
+    """`gemm` on bf16 pair panels; native=False takes the widening FMAs even where vdpbf16ps exists."""
+    return module().linear_bf16(x, packed, n, bias if bias is not None else x.new_empty(0), native)
+
+
+def bf16_native() -> bool:
+    """Does the bf16 kernel run vdpbf16ps here (an AVX-512 build on a CPU with AVX512_BF16)?"""
+    return module().bf16_native()
 
 
 @functools.cache

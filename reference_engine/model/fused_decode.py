@@ -2,9 +2,9 @@
 
 At batch 1 a decode step is a read of the weights plus ~15 small ops per layer; on SmolLM2 those ops'
 Python, nn.Module and dispatcher overhead was ~5 ms of a ~17-20 ms step. Up to `PackedLinear.MID_M`
-rows the call takes the panel GEMM (kernels/cpp_gemm.py) on each projection's one copy.
-bf16 weights on a CPU that multiplies bf16 natively take it too, every product then oneDNN's packed
-linear called from C++ as PackedLinear calls it from Python. `FusedDecode.forward` runs the
+rows the call takes the panel GEMM (kernels/cpp_gemm.py) on each projection's one copy, fp32 or bf16
+(bf16 pair panels). On the oneDNN fallback (INFERLAB_LINEAR=onednn) bf16 weights multiplied natively take
+it too, every product then oneDNN's packed linear called from C++ as PackedLinear calls it from Python. `FusedDecode.forward` runs the
 embedding and the final norm as the model does and every layer through
 `kernels/cpp_decode_layer.py`: the same kernels in the same order as `DecoderLayer.forward` with the
 fused modules, PackedLinear's products and the CPU attention backend, so the hidden states are
@@ -12,8 +12,8 @@ bit-identical (tests/reference_engine/model/test_fused_decode.py). The model's m
 reference and serve every other step (prefill, mixed, larger batches, spec verification).
 
 Taken when (`FusedDecode.build` returns None otherwise): CPU, the fused element-wise modules
-(`fused_ops`), every projection a `PackedLinear` (fp32 weights: on the panels; bf16: multiplied
-in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
+(`fused_ops`), every projection a `PackedLinear` (on the panels, fp32 or bf16; on oneDNN: bf16
+multiplied in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
 builds; per step (`takes`): every row is one decoding sequence and there are at most `MID_M` of them. Module hooks do not fire on it:
 `INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py); `1`
 (the default) leaves it where it applies; anything else is refused at start (`pin_problems`).
@@ -39,10 +39,10 @@ class FusedDecode:
         self.heads, self.kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.scale = cfg.head_dim ** -0.5
         empty = torch.empty(0)
-        # bf16 weights multiplied natively: every product is oneDNN's, on PackedLinear's packed copies
-        onednn = next(model.parameters()).dtype == torch.bfloat16
-        # per layer, in decode_layer's argument order: ln1, ln2, eps, the four projections' one copy (fp32:
-        # the panels; bf16: oneDNN's packed weights), b_qkv, their output widths, which of the two
+        # the oneDNN fallback (bf16 multiplied natively): every product is oneDNN's, on its packed copies
+        onednn = model.model.layers[0].self_attn.qkv_proj.panels is None
+        # per layer, in decode_layer's argument order: ln1, ln2, eps, the four projections' one copy (the
+        # panels, fp32 or bf16; on the fallback oneDNN's packed weights), b_qkv, their output widths, which
         self.args = []
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp

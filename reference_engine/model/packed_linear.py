@@ -1,15 +1,20 @@
 """CPU linear layers over one resident copy of each weight: the C++ GEMM's 32-column panels.
 
-Every fp32 projection is packed once (`kernels/cpp_gemm.py`) into k-major panels of 32 output columns,
+Every fp32 or bf16 projection is packed once (`kernels/cpp_gemm.py`) into k-major panels of 32 output columns,
 (P, K, 32), and that is the only copy the engine holds: the panel GEMM (csrc/linear.cpp) reads it for
 every row count, a decode step's 1-12 rows, a decode batch's 13-128, a prefill chunk's thousands. The
 GEMV on W as stored, oneDNN's packed copy and MKL on the parameter (three layouts, 12 bytes per weight,
 until 2026-12-04) are gone; docs/perf/2026-12-04-one-layout.md has the A/B per row count.
+bf16 weights can be held the same way, once, as bf16 pair panels (P, K/2, 32, 2) (2 bytes per weight;
+oneDNN's path holds the parameter and its copy, 4): vdpbf16ps on AVX512_BF16, the pairs widened to fp32
+elsewhere, the same bits (kernels/cpp_gemm.py). Opt-in (`INFERLAB_LINEAR=inferlab`, `bf16_kernel`) while
+their prefill is ~1.1x slower than oneDNN's (docs/perf/2026-12-04-one-layout-2.md).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias,
 whatever the row count, the tile, the thread and the instruction set (AVX-512, AVX2 + FMA and scalar
 give the same bits): a sequence's logits do not depend on what it is batched with, nor on whether its
 step was a decode, a decode batch or a prefill (tests/reference_engine/model/test_packed_linear.py).
+bf16: the pair order of vdpbf16ps, fp32 sums, + bias, one rounding to bf16; batch-invariant the same way.
 
 Tied embeddings (SmolLM2): the LM head's panels are also the embedding table; `PanelEmbedding` gathers
 rows from them (exact copies), so the tied matrix is stored once.
@@ -18,17 +23,17 @@ rows from them (exact copies), so the tied matrix is stored once.
 weight while it lives), for code that wants W as nn.Linear stores it (TP sharding runs before packing,
 the handbook's labs, HF comparisons in tests).
 
-Fallback (`INFERLAB_LINEAR=onednn`, or no C++ compiler, or bf16 weights): oneDNN's packed copy beside
-the parameter, as before. bf16 on a CPU without bf16 dot products (no AVX512_BF16 / AMX): torch's bf16
-GEMM runs at a fraction of fp32 speed and oneDNN refuses bf16 there, so `PackedLinear` then keeps an
-fp32 copy of the bf16 weights (the same values, exactly), multiplies in fp32 and rounds the output to
-bf16; the engine reports `linear_compute_dtype = "float32"` in its effective settings.
+Fallback (`INFERLAB_LINEAR=onednn`, no C++ compiler, bf16 weights unless pinned to inferlab): oneDNN's
+packed copy beside the parameter, as before. bf16 there on a CPU without bf16 dot products (no AVX512_BF16 / AMX): oneDNN refuses bf16, so
+`PackedLinear` keeps an fp32 copy of the bf16 weights (the same values, exactly), multiplies in fp32 and
+rounds the output to bf16; the engine reports `linear_compute_dtype = "float32"`. The panels need no
+such copy: their kernel widens bf16 pairs in registers on any CPU.
 
 A pin that cannot hold here (`INFERLAB_LINEAR=inferlab` without a compiler, a value that names
 nothing, or one of the three pins of the three-layout design) is refused when the engine starts
 (`pin_problems`), in one line naming the variable, its value and why.
 
-Memory: `layout_bytes(model)` has the packed projections by layout ("panels", "onednn"); the model's
+Memory: `layout_bytes(model)` has the packed projections by layout ("panels", fp32 or bf16; "onednn"); the model's
 parameters and buffers (norms, an untied embedding, biases, the fallback's parameters) are the
 "weights" of the memory split (`gpu_memory.param_bytes`): the panels are neither, so nothing is
 counted twice.
@@ -107,15 +112,28 @@ def _pinned(var: str) -> str:
 @functools.cache
 def linear_kernel() -> str:
     """"inferlab" (one layout: the panels, kernels/cpp_gemm.py) or "onednn" (oneDNN's packed copy beside
-    the parameter): who multiplies fp32 projections. The panels wherever the kernel builds, unless
+    the parameter): who multiplies fp32 and bf16 projections. The panels wherever the kernel builds, unless
     `INFERLAB_LINEAR` names one."""
     return _pinned("INFERLAB_LINEAR") or ("inferlab" if cpp_gemm.available() else "onednn")
 
 
+def bf16_kernel() -> str:
+    """Who multiplies bf16 projections: "onednn" unless `INFERLAB_LINEAR=inferlab` names the pair panels.
+    The panels hold 2 bytes per weight against oneDNN's 4 and decode faster, but their prefill GEMM takes
+    ~1.1x oneDNN's time here (SmolLM2 bf16 TTFT at 512 tokens 1.11x): opt-in until it is level
+    (docs/perf/2026-12-04-one-layout-2.md)."""
+    return "inferlab" if _pinned("INFERLAB_LINEAR") == "inferlab" else "onednn"
+
+
+def kernel_for(dtype: torch.dtype) -> str:
+    """`bf16_kernel()` for bf16 weights, `linear_kernel()` for the rest."""
+    return bf16_kernel() if dtype == torch.bfloat16 else linear_kernel()
+
+
 class PackedLinear(nn.Module):
-    """`linear`'s forward over one resident copy of its weight: fp32 weights in the panels (`kernel`
-    "inferlab", `linear_kernel()` by default), any row count; else oneDNN's packed copy (fp32, or bf16
-    where native) beside the parameter (`param`)."""
+    """`linear`'s forward over one resident copy of its weight: fp32 or bf16 weights in the panels
+    (`kernel` "inferlab"; by default `linear_kernel()` for fp32, `bf16_kernel()` for bf16), any row count;
+    else oneDNN's packed copy (fp32, or bf16 where native) beside the parameter (`param`)."""
 
     MID_M = 128  # the most rows the fused decode layer takes (a decode batch; fused_decode.py)
 
@@ -125,9 +143,11 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = w.dtype
         b = linear.bias
-        if w.dtype == torch.float32 and (kernel or linear_kernel()) == "inferlab":
-            self.compute_dtype = torch.float32
-            self.panels, self.packed, self.param = cpp_gemm.pack(w), None, None  # (P, K, 32): the one copy
+        kernel = kernel or kernel_for(w.dtype)
+        if w.dtype in (torch.float32, torch.bfloat16) and kernel == "inferlab":
+            self.compute_dtype = w.dtype
+            # the one copy: fp32 (P, K, 32), bf16 (P, K/2, 32, 2)
+            self.panels, self.packed, self.param = cpp_gemm.pack(w), None, None
         else:
             self.compute_dtype = w.dtype if w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and native_bf16()) \
                 else torch.float32
@@ -140,11 +160,11 @@ class PackedLinear(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         """W (out, in): on the panel path unpacked on demand (a fresh copy, not resident); else the parameter."""
-        return self.param if self.panels is None else cpp_gemm.unpack(self.panels, self.out_features)
+        return self.param if self.panels is None else cpp_gemm.unpack(self.panels, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None:
-            rows = x.reshape(-1, x.shape[-1])  # (..., in) -> (M, in)
+            rows = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (M, in); a bf16 model's x is bf16
             y = cpp_gemm.gemm(rows if rows.stride(1) == 1 else rows.contiguous(), self.panels, self.out_features,
                               self.bias)
             return y.view(*x.shape[:-1], self.out_features)
@@ -166,9 +186,8 @@ class PanelEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        panels = self.head[0].panels
-        flat = ids.reshape(-1)
-        return panels[flat // cpp_gemm.NR, :, flat % cpp_gemm.NR].view(*ids.shape, self.embedding_dim)  # (..., K)
+        rows = cpp_gemm.rows(self.head[0].panels, ids.reshape(-1), self.embedding_dim)  # fp32 or bf16 panels
+        return rows.view(*ids.shape, self.embedding_dim)  # (..., K)
 
 
 def pack(model: nn.Module) -> nn.Module:
@@ -196,7 +215,7 @@ def packed_bytes(model: nn.Module) -> int:
 
 
 def layout_bytes(model: nn.Module) -> dict[str, int]:
-    """Bytes of each weight layout, by name ("panels": the one resident copy of the fp32 projections;
+    """Bytes of each weight layout, by name ("panels": the one resident copy of the fp32 or bf16 projections;
     "onednn": oneDNN's packed copies on the fallback path, whose parameters count as "weights"); a
     layout the model does not hold is absent. The memory split shows each as its own column; their sum
     is `packed_bytes`."""

@@ -111,9 +111,9 @@ class ModelRunner:
             packed_linear.pack(self.model)
             tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
             self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
-        # who multiplies fp32 projections: "inferlab" (one copy, the panels) or "onednn" (packed_linear.linear_kernel)
-        self.linear_kernel = packed_linear.linear_kernel() if cfg.linear_backend == "onednn" \
-            and self.dtype == torch.float32 else cfg.linear_backend
+        # who multiplies fp32 / bf16 projections: "inferlab" (one copy, the panels) or "onednn" (packed_linear.kernel_for)
+        self.linear_kernel = packed_linear.kernel_for(self.dtype) if cfg.linear_backend == "onednn" \
+            and self.dtype in (torch.float32, torch.bfloat16) else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
         spec = cfg.speculative

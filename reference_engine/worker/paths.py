@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from reference_engine.model.packed_linear import PackedLinear
+from reference_engine.model.packed_linear import PackedLinear, linear_kernel
 
 # every environment variable that changes a path, read back as set ("" when unset)
 PINS = ("INFERLAB_LINEAR", "INFERLAB_FUSED_DECODE", "ATEN_CPU_CAPABILITY", "CXX")
@@ -44,10 +44,11 @@ def linear_path(runner) -> tuple[str, str]:
     if not mods:
         return "torch", f"linear_backend={runner.cfg.linear_backend}: F.linear on the parameters"
     if all(m.panels is not None for m in mods):
-        return (f"panel GEMM ({isa()})", "fp32 weights held once as 32-column panels; one k-order FMA chain per "
-                "output at every row count (kernels/cpp_gemm.py)")
+        return (f"panel GEMM ({isa()})", f"{runner.dtype} weights held once as 32-column panels; one fixed sum "
+                "order per output at every row count (kernels/cpp_gemm.py)")
     why = "INFERLAB_LINEAR=onednn" if os.environ.get("INFERLAB_LINEAR") == "onednn" else \
-        "no C++ kernel here" if runner.linear_kernel != "inferlab" else f"{runner.dtype} weights"
+        "no C++ kernel here" if linear_kernel() != "inferlab" else \
+        f"{runner.dtype} weights: oneDNN by default (the bf16 panels: INFERLAB_LINEAR=inferlab)"
     return f"oneDNN packed ({runner.linear_compute_dtype})", why
 
 

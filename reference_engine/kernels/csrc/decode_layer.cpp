@@ -8,8 +8,8 @@
 
 namespace inferlab {
 
-// oneDNN's packed linear through the dispatcher, as PackedLinear calls it from Python (bf16 weights on
-// a CPU with native bf16: its only path there): _linear_pointwise(h, packed, b, "none", [], "")
+// oneDNN's packed linear through the dispatcher, as PackedLinear calls it from Python (the fallback,
+// INFERLAB_LINEAR=onednn): _linear_pointwise(h, packed, b, "none", [], "")
 static at::Tensor onednn_linear(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& b) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   std::vector<c10::IValue> stack{h, packed, b.numel() ? c10::IValue(b) : c10::IValue(), std::string("none"),
@@ -19,7 +19,7 @@ static at::Tensor onednn_linear(const at::Tensor& h, const at::Tensor& packed, c
 }
 
 // h @ W.T + b as PackedLinear computes it: with `onednn`, oneDNN on `mat` (its packed copy); else the
-// panel GEMM on `mat` (W's one resident copy, n output columns)
+// panel GEMM on `mat` (W's one resident copy, n output columns; fp32, or bf16 pair panels)
 static at::Tensor project(const at::Tensor& h, const at::Tensor& mat, int64_t n, const at::Tensor& b, bool onednn) {
   return onednn ? onednn_linear(h, mat, b) : linear(h, mat, n, b);
 }
@@ -33,8 +33,8 @@ at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps
   PROFILE("inferlab::decode_layer");
   TORCH_CHECK(mats.size() == 4 && outs.size() == 4, "decode_layer: four projections");
   const int64_t N = x.size(0), D = k_cache.size(3), I = outs[2] / 2;
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kFloat || onednn),
-              "decode_layer: x (N, hidden) fp32, or any dtype oneDNN multiplies");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == mats[0].scalar_type() || onednn),
+              "decode_layer: x (N, hidden) in the panels' dtype (fp32, bf16), or any dtype oneDNN multiplies");
   auto h = at::empty_like(x);
   rms_norm(x, ln1, eps, h);
   auto qkv = project(h, mats[0], outs[0], b_qkv, onednn);  // (N, (H + 2 Hkv) D)

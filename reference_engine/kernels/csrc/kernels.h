@@ -10,6 +10,10 @@ namespace inferlab {
 
 // linear.cpp: y = x @ W.T (+ bias) for any row count, packed = W's (P, K, 32) k-major panels
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
+// linear_bf16.cpp: the same for bf16 x and W's (P, K/2, 32, 2) pair panels; native: vdpbf16ps where
+// bf16_native() (else the widening FMAs, the same sums)
+at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, bool native);
+bool bf16_native();
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
 void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out);
 void silu_mul(at::Tensor gu, at::Tensor out);

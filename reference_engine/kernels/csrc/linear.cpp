@@ -2,6 +2,7 @@
 // zero past N (layout, rounding and why: reference_engine/kernels/cpp_gemm.py). It serves any row count. Every output is one fixed sequence of roundings,
 //   y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)),   then + bias,
 // whatever the row count, the tile, the thread or the ISA (AVX-512, AVX2 + FMA, scalar std::fma).
+// bf16 panels go to linear_bf16.cpp.
 #include "common.h"
 #include "kernels.h"
 
@@ -110,6 +111,7 @@ static void panel(const float* x, int64_t ldx, int64_t M, const float* p, int64_
 }
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
+  if (packed.scalar_type() == at::kBFloat16) return linear_bf16(x, packed, N, bias, true);  // bf16 pair panels
   PROFILE("inferlab::linear");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat, "linear: x (M, K) float32 rows");
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.scalar_type() == at::kFloat &&

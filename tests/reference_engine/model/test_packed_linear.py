@@ -1,6 +1,6 @@
-"""packed_linear.PackedLinear: fp32 weights held once, as the C++ GEMM's panels, serving every row count
-with the same bits per row (a decode step, a decode batch and a prefill agree); tied embeddings read the
-LM head's panels; the oneDNN fallback (bf16, INFERLAB_LINEAR=onednn) as before."""
+"""packed_linear.PackedLinear: fp32 and bf16 weights held once, as the C++ GEMM's panels, serving every
+row count with the same bits per row (a decode step, a decode batch and a prefill agree); tied embeddings
+read the LM head's panels; the oneDNN fallback (INFERLAB_LINEAR=onednn) as before."""
 from __future__ import annotations
 
 import pytest
@@ -84,7 +84,51 @@ def test_a_tied_embedding_reads_the_lm_heads_panels():
     assert torch.equal(m.model.embed_tokens(ids), table[ids])
 
 
-def test_bf16_weights_keep_onednn_beside_the_parameter():
+@panels
+def test_bf16_weights_are_held_once_as_pair_panels():
+    torch.manual_seed(0)
+    lin = nn.Linear(65, 48, bias=True).to(torch.bfloat16)
+    packed = PackedLinear(lin, kernel="inferlab")  # opt-in for bf16 (packed_linear.bf16_kernel)
+    assert packed.packed is None and list(packed.parameters()) == [] and packed.compute_dtype == torch.bfloat16
+    assert packed.panels.shape == (2, 33, 32, 2) and packed.packed_bytes() == 2 * 33 * 32 * 2 * 2  # 2 bytes a weight
+    assert torch.equal(packed.weight, lin.weight.detach())  # unpacked on demand, exactly
+    assert packed_linear.layout_bytes(nn.Sequential(packed)) == {"panels": packed.packed_bytes()}
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 65).to(torch.bfloat16)
+        got = packed(x)
+        assert got.dtype == torch.bfloat16
+        want = F.linear(x.double(), lin.weight.double(), lin.bias.double())
+        torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=2e-2)
+        assert torch.equal(got[:1], packed(x[:1]))  # batch-invariant
+
+
+@panels
+def test_a_bf16_model_holds_at_most_2_25_bytes_per_weight(monkeypatch):
+    from reference_engine.worker.ram_check import held_per_weight_byte
+    # by default the parameter and oneDNN's copy (an fp32 one where bf16 is not native)
+    assert held_per_weight_byte(576, torch.bfloat16) == (2.0 if packed_linear.native_bf16() else 3.0)
+    monkeypatch.setenv("INFERLAB_LINEAR", "inferlab")
+    assert held_per_weight_byte(576, torch.bfloat16) == 1.0  # the panels replace the parameter, byte for byte
+    assert held_per_weight_byte(576, torch.float32) == 1.0
+
+
+@panels
+def test_a_tied_bf16_embedding_reads_the_lm_heads_pair_panels(monkeypatch):
+    monkeypatch.setenv("INFERLAB_LINEAR", "inferlab")
+    m = nn.Module()
+    m.cfg = type("Cfg", (), {"tie_word_embeddings": True})()
+    m.model = nn.Module()
+    m.model.embed_tokens = nn.Embedding(70, 15).to(torch.bfloat16)
+    m.lm_head = nn.Linear(15, 70, bias=False).to(torch.bfloat16)
+    m.lm_head.weight = m.model.embed_tokens.weight
+    table = m.model.embed_tokens.weight.detach().clone()
+    packed_linear.pack(m)
+    assert isinstance(m.model.embed_tokens, PanelEmbedding) and list(m.parameters()) == []
+    ids = torch.tensor([[0, 31, 32], [69, 5, 64]])
+    assert torch.equal(m.model.embed_tokens(ids), table[ids])
+
+
+def test_bf16_stays_on_onednn_beside_the_parameter_unless_pinned():
     torch.manual_seed(0)
     lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
     packed = PackedLinear(lin)

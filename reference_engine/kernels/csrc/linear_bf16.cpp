@@ -1,0 +1,241 @@
+// y = x @ W.T (+ bias) for bf16 x and W's bf16 pair panels (P, K/2, NR, 2), packed[p, i, j, t] =
+// W[p * NR + j, 2 i + t], zero past N and past an odd K (layout and why: reference_engine/kernels/cpp_gemm.py).
+// Every output is one fixed sequence of roundings, the order of AVX512_BF16's vdpbf16ps (Intel SDM:
+// acc += x[2i+1] * w[2i+1], then acc += x[2i] * w[2i]; each product of two bf16 is exact in fp32):
+//   acc = fma(x[1], W[1], 0); acc = fma(x[0], W[0], acc); acc = fma(x[3], W[3], acc); ...
+// then + bias in fp32 and one rounding to bf16. AVX512_BF16 runs vdpbf16ps itself; AVX-512 without it,
+// AVX2 and scalar widen each pair to fp32 (a 16-bit shift, exact) and run the two FMAs: the same bits,
+// except where vdpbf16ps flushes denormal inputs or sums to zero (|v| < 2^-126; not in the test data).
+#include <cstring>
+
+#include <ATen/ops/constant_pad_nd.h>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace inferlab {
+
+static constexpr int64_t NR = 32;    // output columns per panel
+static constexpr int64_t KB2 = 128;  // k pairs per pass: two panels' slices (32 KB), near L1
+static constexpr int64_t MB = 240;   // rows per pass over W
+static constexpr int64_t RS = 48;    // rows per work item: a multiple of every MR
+
+static inline uint32_t pair_at(const uint32_t* p) {  // x's rows may start on any 2-byte boundary
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+static inline float hi(uint32_t v) { float f; v &= 0xffff0000u; std::memcpy(&f, &v, 4); return f; }  // x[2i+1]
+static inline float lo(uint32_t v) { float f; v <<= 16; std::memcpy(&f, &v, 4); return f; }           // x[2i]
+
+// The pair step on NR / L lanes at a time. Ops: Acc (accumulator), Wv (a loaded weight vector), Xb (a
+// broadcast pair of x), zero/load/store of Acc, loadw, bcast, step(acc, xb, wv) = the two roundings above.
+#if defined(__AVX512F__)
+#define BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+struct Dp {  // vdpbf16ps: 32 products per instruction; two panels per tile, 6 rows: 24 accumulators,
+  static constexpr int L = 16, NP = 2, MR = 6;  // 4 panel vectors, a broadcast (one per 4 products)
+  using Acc = __m512;
+  using Wv = __m512i;
+  using Xb = __m512i;
+  BF16_TARGET static Acc zero() { return _mm512_setzero_ps(); }
+  BF16_TARGET static Acc load(const float* p) { return _mm512_loadu_ps(p); }
+  BF16_TARGET static void store(float* p, Acc v) { _mm512_storeu_ps(p, v); }
+  BF16_TARGET static Wv loadw(const uint32_t* q) { return _mm512_loadu_si512(q); }
+  BF16_TARGET static Xb bcast(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+  BF16_TARGET static Acc step(Acc a, Xb x, Wv w) { return _mm512_dpbf16_ps(a, (__m512bh)x, (__m512bh)w); }
+};
+struct Widen {  // AVX-512 without AVX512_BF16
+  static constexpr int L = 16, NP = 1, MR = 6;
+  using Acc = __m512;
+  struct Wv { __m512 h, l; };
+  struct Xb { __m512 h, l; };
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Acc v) { _mm512_storeu_ps(p, v); }
+  static Wv loadw(const uint32_t* q) {
+    const __m512i v = _mm512_loadu_si512(q);
+    return {_mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))),
+            _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))};
+  }
+  static Xb bcast(uint32_t v) { return {_mm512_set1_ps(hi(v)), _mm512_set1_ps(lo(v))}; }
+  static Acc step(Acc a, const Xb& x, const Wv& w) { return _mm512_fmadd_ps(x.l, w.l, _mm512_fmadd_ps(x.h, w.h, a)); }
+};
+#elif defined(VEC8)
+struct Widen {
+  static constexpr int L = 8, NP = 1, MR = 2;  // 8 accumulators + 2 broadcast pairs + a widened weight pair
+  using Acc = __m256;
+  struct Wv { __m256 h, l; };
+  struct Xb { __m256 h, l; };
+  static Acc zero() { return _mm256_setzero_ps(); }
+  static Acc load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, Acc v) { _mm256_storeu_ps(p, v); }
+  static Wv loadw(const uint32_t* q) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    return {_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))),
+            _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))};
+  }
+  static Xb bcast(uint32_t v) { return {_mm256_set1_ps(hi(v)), _mm256_set1_ps(lo(v))}; }
+  static Acc step(Acc a, const Xb& x, const Wv& w) { return _mm256_fmadd_ps(x.l, w.l, _mm256_fmadd_ps(x.h, w.h, a)); }
+};
+#else
+struct Widen {  // scalar: std::fma rounds once, as the vector FMAs do
+  static constexpr int L = 1, NP = 1, MR = 4;
+  using Acc = float;
+  struct Wv { float h, l; };
+  struct Xb { float h, l; };
+  static Acc zero() { return 0.f; }
+  static Acc load(const float* p) { return *p; }
+  static void store(float* p, Acc v) { *p = v; }
+  static Wv loadw(const uint32_t* q) { return {hi(*q), lo(*q)}; }
+  static Xb bcast(uint32_t v) { return {hi(v), lo(v)}; }
+  static Acc step(Acc a, const Xb& x, const Wv& w) { return std::fma(x.l, w.l, std::fma(x.h, w.h, a)); }
+};
+#endif
+
+// R rows of x (ldx pairs apart) against pairs [k0, k1) of NP adjacent panels (p, p + ps, ...), into c
+// (R, NP * NR): from 0 at k0 == 0, else from c's partial sums (a store and a load round nothing); with PF,
+// prefetch the slices at pf (and pf + ps, ...) as it goes.
+template <class O, int NP, int R, bool PF>
+#if defined(__AVX512F__)
+BF16_TARGET  // O's functions are inlined into this one
+#endif
+static void tile(const uint32_t* x, int64_t ldx, const uint32_t* p, int64_t ps, int64_t k0, int64_t k1, float* c,
+                 const uint32_t* pf) {
+  constexpr int NV = NR / O::L, V = NP * NV, CW = NP * NR;
+  typename O::Acc a[R][V];
+  for (int m = 0; m < R; ++m)
+    for (int j = 0; j < V; ++j) a[m][j] = k0 ? O::load(c + m * CW + j * O::L) : O::zero();
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint32_t* q = p + k * NR;
+    if constexpr (PF) {  // one pair step of each panel: 128 bytes
+      for (int n = 0; n < NP; ++n) {
+        __builtin_prefetch(pf + n * ps + (k - k0) * NR);
+        __builtin_prefetch(pf + n * ps + (k - k0) * NR + 16);
+      }
+    }
+    if constexpr (V <= 4) {  // the panels' vectors in registers, each row's broadcast used V times
+      typename O::Wv w[V];
+      for (int j = 0; j < V; ++j) w[j] = O::loadw(q + (j / NV) * ps + (j % NV) * O::L);
+      for (int m = 0; m < R; ++m) {
+        const typename O::Xb b = O::bcast(pair_at(x + m * ldx + k));
+        for (int j = 0; j < V; ++j) a[m][j] = O::step(a[m][j], b, w[j]);
+      }
+    } else {  // the rows' broadcasts in registers, each panel vector used R times
+      typename O::Xb b[R];
+      for (int m = 0; m < R; ++m) b[m] = O::bcast(pair_at(x + m * ldx + k));
+      for (int j = 0; j < V; ++j) {
+        const typename O::Wv w = O::loadw(q + (j / NV) * ps + (j % NV) * O::L);
+        for (int m = 0; m < R; ++m) a[m][j] = O::step(a[m][j], b[m], w);
+      }
+    }
+  }
+  for (int m = 0; m < R; ++m)
+    for (int j = 0; j < V; ++j) O::store(c + m * CW + j * O::L, a[m][j]);
+}
+
+template <class O, int NP, int R>  // the last r < MR rows: the tile size picked at run time
+static void tail(const uint32_t* x, int64_t ldx, int64_t r, const uint32_t* p, int64_t ps, int64_t k0, int64_t k1,
+                 float* c, const uint32_t* pf, bool first) {
+  if constexpr (R > 0) {
+    if (r != R) return tail<O, NP, R - 1>(x, ldx, r, p, ps, k0, k1, c, pf, first);
+    if (first) tile<O, NP, R, true>(x, ldx, p, ps, k0, k1, c, pf);
+    else tile<O, NP, R, false>(x, ldx, p, ps, k0, k1, c, pf);
+  }
+}
+
+// M rows of x against NP adjacent panels, KB2 pairs at a time, into c (M, NP * NR); the first row tile of
+// each slice prefetches the next slices (of these panels, or of the next ones at `next`)
+template <class O, int NP>
+static void panels(const uint32_t* x, int64_t ldx, int64_t M, const uint32_t* p, int64_t K2, float* c,
+                   const uint32_t* next) {
+  const int64_t ps = K2 * NR, CW = NP * NR;
+  for (int64_t k0 = 0; k0 < K2; k0 += KB2) {
+    const int64_t k1 = std::min(K2, k0 + KB2);
+    const uint32_t* pf = k1 < K2 ? p + k1 * NR : next;
+    int64_t m = 0;
+    for (; m + O::MR <= M; m += O::MR) {
+      if (m == 0) tile<O, NP, O::MR, true>(x, ldx, p, ps, k0, k1, c, pf);
+      else tile<O, NP, O::MR, false>(x + m * ldx, ldx, p, ps, k0, k1, c + m * CW, pf);
+    }
+    if (m < M) tail<O, NP, O::MR - 1>(x + m * ldx, ldx, M - m, p, ps, k0, k1, c + m * CW, pf, m == 0);
+  }
+}
+
+// nc sums of one row, + bias, each rounded once to bf16 (round to nearest even, as at::BFloat16)
+static inline void finish(const float* s, const float* b, int64_t nc, at::BFloat16* out) {
+  int64_t j = 0;
+#ifdef VEC8
+  for (; j + 8 <= nc; j += 8) store8(out + j, _mm256_add_ps(load8(s + j), load8(b + j)));
+#endif
+  for (; j < nc; ++j) out[j] = at::BFloat16(s[j] + b[j]);
+}
+
+// Work items are (group of NP panels, RS rows) within each MB-row block, group-major: threads split the
+// rows as well as the panels (an odd number of groups no longer leaves one thread a group behind), and a
+// thread's consecutive items reuse one group's slices from cache.
+template <class O>
+static void run(const uint32_t* xp, int64_t ldx, int64_t M, const uint32_t* pp, int64_t K2, int64_t N,
+                const at::BFloat16* bias, at::BFloat16* yp) {
+  constexpr int64_t NP = O::NP, CW = NP * NR;
+  const int64_t P = (N + NR - 1) / NR, G = (P + NP - 1) / NP;  // G groups of NP panels (the last maybe fewer)
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {
+    const int64_t rows = std::min(MB, M - m0), R = (rows + RS - 1) / RS, items = G * R;
+    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+    share(items, nt, 1, 1, [&](int64_t i0, int64_t i1) {
+      std::vector<float> c(RS * CW);  // the item's fp32 sums: + bias, then one rounding to bf16
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t g = i / R, r0 = m0 + (i % R) * RS, nr = std::min(RS, M - r0);
+        const int64_t q = g * NP, n0 = q * NR, nc = std::min(CW, N - n0);
+        const uint32_t* x = xp + r0 * ldx;
+        const uint32_t* next = pp + std::min(g + 1, G - 1) * NP * K2 * NR;
+        const bool whole = q + NP <= P;
+        if (whole) panels<O, NP>(x, ldx, nr, pp + q * K2 * NR, K2, c.data(), next);
+        else panels<O, 1>(x, ldx, nr, pp + q * K2 * NR, K2, c.data(), next);
+        const int64_t cw = whole ? CW : NR;  // the row stride panels<> wrote
+        float b[CW] = {};
+        if (bias)
+          for (int64_t j = 0; j < nc; ++j) b[j] = static_cast<float>(bias[n0 + j]);
+        for (int64_t m = 0; m < nr; ++m) finish(c.data() + m * cw, b, nc, yp + (r0 + m) * N + n0);
+      }
+    });
+  }
+}
+
+bool bf16_native() {  // vdpbf16ps in this build and on this CPU
+#if defined(__AVX512F__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, bool native) {
+  PROFILE("inferlab::linear");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "linear: x (M, K) bfloat16 rows");
+  const int64_t M = x.size(0), K = x.size(1), K2 = (K + 1) / 2;
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
+              packed.size(2) == NR && packed.size(3) == 2 && packed.size(1) == K2 && packed.size(0) * NR >= N,
+              "linear: packed (P, K/2, 32, 2) bfloat16 from pack()");
+  TORCH_CHECK(!bias.numel() || (bias.numel() == N && bias.scalar_type() == at::kBFloat16 && bias.is_contiguous()),
+              "linear: bias (N,) bfloat16");
+  if (K % 2) x = at::constant_pad_nd(x, {0, 1}, 0);  // whole pairs in every row, the pad times W's zero
+  else if (x.stride(0) % 2) x = x.contiguous();
+  auto y = at::empty({M, N}, x.options());
+  if (!M) return y;
+  const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
+  const auto* pp = reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>());
+  const at::BFloat16* bp = bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr;
+  const int64_t ldx = x.stride(0) / 2;
+#if defined(__AVX512F__)
+  if (native && bf16_native()) {
+    run<Dp>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
+    return y;
+  }
+#endif
+  (void)native;
+  run<Widen>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
+  return y;
+}
+
+}  // namespace inferlab

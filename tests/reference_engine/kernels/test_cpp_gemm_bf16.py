@@ -1,0 +1,90 @@
+"""cpp_gemm on bf16 pair panels (csrc/linear_bf16.cpp): every output is vdpbf16ps' pair order (acc +=
+x[2i+1] W[2i+1], then acc += x[2i] W[2i], each product exact in fp32, one rounding per add), + bias in
+fp32, one rounding to bf16. The fp32 emulation below is that sequence written out with torch ops (a
+product of two bf16 values is exact in fp32, so `acc + x * w` rounds once, as an FMA does); the kernel
+must give its bits, with vdpbf16ps (where the CPU has AVX512_BF16) and with the widening FMAs. Inputs
+are normal numbers: vdpbf16ps flushes denormals, the FMAs do not (the one documented difference)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_engine.kernels import cpp_gemm
+
+pytestmark = pytest.mark.skipif(not cpp_gemm.available(), reason="the C++ GEMM does not build here")
+MODES = [False, True]  # native: vdpbf16ps where the CPU has it (else the same widening FMAs)
+
+
+def pair_order(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    xf, wf = x.float(), w.float()
+    acc = torch.zeros(x.shape[0], w.shape[0])
+    for i in range(0, x.shape[1], 2):
+        if i + 1 < x.shape[1]:
+            acc = acc + xf[:, i + 1:i + 2] * wf[:, i + 1]
+        acc = acc + xf[:, i:i + 1] * wf[:, i]
+    return (acc if bias is None else acc + bias.float()).to(torch.bfloat16)
+
+
+def bf16(*shape, g):
+    return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("native", MODES)
+@pytest.mark.parametrize("n,k", [(32, 64), (45, 7), (100, 67), (200, 130)])  # odd K, N past a panel, odd panel counts
+def test_the_pair_order_bit_for_bit_in_every_row_regime(native, n, k):
+    g = torch.Generator().manual_seed(n * k)
+    w, b = bf16(n, k, g=g), bf16(n, g=g)
+    p = cpp_gemm.pack(w)
+    assert p.shape == (-(-n // 32), -(-k // 2), 32, 2) and p.dtype == torch.bfloat16
+    for rows in (1, 5, 6, 7, 13, 49, 250):  # one row, tiles of 6 rows and their tails, 48-row items, MB = 240
+        x = bf16(rows, k, g=g)
+        for bias in (None, b):
+            got = cpp_gemm.gemm_bf16(x, p, n, bias, native)
+            assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+            assert torch.equal(got, pair_order(x, w, bias)), (rows, bias is None)
+        want = x.double() @ w.double().T  # and close to the exact product: one bf16 rounding at the end
+        torch.testing.assert_close(got.double(), want + b.double(), rtol=1e-2, atol=1e-2 * k ** 0.5)
+
+
+def test_vdpbf16ps_and_the_widening_fmas_agree():
+    g = torch.Generator().manual_seed(1)
+    w, x = bf16(300, 576, g=g), bf16(20, 576, g=g)
+    p = cpp_gemm.pack(w)
+    assert torch.equal(cpp_gemm.gemm_bf16(x, p, 300, None, True), cpp_gemm.gemm_bf16(x, p, 300, None, False))
+    assert torch.equal(cpp_gemm.gemm(x, p, 300, None), cpp_gemm.gemm_bf16(x, p, 300, None, True))  # gemm dispatches
+
+
+def test_a_row_has_the_same_bits_in_any_batch_and_on_any_thread_count():
+    g = torch.Generator().manual_seed(2)
+    w, x = bf16(330, 96, g=g), bf16(500, 96, g=g)
+    p = cpp_gemm.pack(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [cpp_gemm.gemm(x[i:i + 1], p, 330, None) for i in (0, 47, 300)]
+        torch.set_num_threads(max(2, threads))
+        for rows in (8, 64, 301, 500):
+            y = cpp_gemm.gemm(x[:rows], p, 330, None)
+            for i, want in zip((0, 47, 300), alone):
+                if i < rows:
+                    assert torch.equal(y[i:i + 1], want), (rows, i)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_unpack_and_rows_are_exact_inverses_of_pack():
+    g = torch.Generator().manual_seed(3)
+    w = bf16(70, 33, g=g)
+    p = cpp_gemm.pack(w)
+    assert torch.equal(cpp_gemm.unpack(p, 70, 33), w)
+    ids = torch.tensor([0, 31, 32, 69, 5])
+    assert torch.equal(cpp_gemm.rows(p, ids, 33), w[ids])  # a tied embedding's lookup
+
+
+def test_rows_that_are_strided_views_and_odd_k_pad_nothing_into_the_sum():
+    g = torch.Generator().manual_seed(4)
+    w, x = bf16(40, 9, g=g), bf16(10, 12, g=g)[:, :9]  # a view: 12 elements between rows, odd K
+    got = cpp_gemm.gemm(x, cpp_gemm.pack(w), 40, None)
+    assert torch.equal(got, pair_order(x.contiguous(), w, None))
+    w2, x2 = bf16(40, 8, g=g), bf16(10, 11, g=g)[:, :8]  # an odd row stride: pairs would straddle rows
+    assert torch.equal(cpp_gemm.gemm(x2, cpp_gemm.pack(w2), 40, None), pair_order(x2.contiguous(), w2, None))
