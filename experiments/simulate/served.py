@@ -81,8 +81,9 @@ class SimulatedEngine(Engine):
         self.prompt_tokens[rid] = len(request.prompt_token_ids)
         max_tokens = request.sampling.max_tokens
         out_len = None if request.sampling.ignore_eos else self.lengths.get(rid)
-        if self.replica.served and request_delay(self.replica.profile):
-            await asyncio.sleep(request_delay(self.replica.profile))  # HTTP, template, the pipe: served_overhead.py
+        delay = request_delay(self.replica.profile, self.replica.outstanding) if self.replica.served else 0.0
+        if delay:
+            await asyncio.sleep(delay)  # HTTP, template, the pipe: served_overhead.py
         self.replica.add(rid, request.prompt_token_ids, max_tokens, out_len, clock.now_s())
         self._wake.set()
         n = 0

@@ -8,7 +8,8 @@ competes with the core's 2 threads) and, per request, the HTTP request, the chat
 Three terms, in the profile's `served`:
 
     step time (served) = predict(step) + per_step_s + per_seq_s * B
-    a request enters the scheduler per_request_s after it was sent
+    a request enters the scheduler per_request_s + per_request_per_seq_s * R after it was sent
+    (R: requests the replica holds when it arrives: the front end parses it while it streams theirs)
 
 They are fitted on a measured served *calibration* run (its own config and seed: never the run the
 prediction is validated on) against the same run simulated without them, with the answers' measured
@@ -19,8 +20,9 @@ lengths (so only timing differs):
     (docs/perf/2026-12-04-simulate-2.md: two calibration runs, both -0.8 to -1.1 ms per sequence per
     step; the cause is not known), so the term is a served correction, not only an overhead; a step
     never costs less than half its in-process prediction;
-  - per_request_s: the p50 TTFT gap at the lowest level, less the step overhead the first step
-    already carries (>= 0: a request cannot reach the scheduler before it was sent).
+  - per_request_s, per_request_per_seq_s: the p50 TTFT gap per level, less the step overhead its
+    first step already carries, against the other streams (B - 1) the front end serves meanwhile
+    (least squares, both >= 0: a request cannot reach the scheduler before it was sent).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import numpy as np
 
 from experiments.simulate.step_model import Profile
 
-TERMS = ("per_request_s", "per_step_s", "per_seq_s")
+TERMS = ("per_request_s", "per_request_per_seq_s", "per_step_s", "per_seq_s")
 
 
 def levels(run: Path, engine: str) -> dict[str, dict]:
@@ -55,14 +57,19 @@ def fit(measured: dict[str, dict], simulated: dict[str, dict]) -> dict[str, floa
     A = np.column_stack([np.ones_like(B), B])
     sol, *_ = np.linalg.lstsq(A, gap, rcond=None)
     step, seq = float(sol[0]), float(sol[1])
-    low = lv[0]
-    ttft_gap = (measured[low]["ttft_ms"]["median"] - simulated[low]["ttft_ms"]["median"]) / 1e3
-    req = max(0.0, ttft_gap - (step + seq * _streams(low)))
-    return {"per_request_s": req, "per_step_s": step, "per_seq_s": seq}
+    ttft = np.array([(measured[x]["ttft_ms"]["median"] - simulated[x]["ttft_ms"]["median"]) / 1e3 for x in lv])
+    ttft -= step + seq * B
+    others = B - 1
+    r, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(B), others]), ttft, rcond=None)
+    if r[1] < 0:
+        r = np.array([max(0.0, float(ttft.mean())), 0.0])
+    elif r[0] < 0:
+        r = np.array([0.0, max(0.0, float((others @ ttft) / (others @ others)))])
+    return {"per_request_s": float(r[0]), "per_request_per_seq_s": float(r[1]), "per_step_s": step, "per_seq_s": seq}
 
 
 def apply(prof: Profile, terms: dict[str, float], source: str) -> Profile:
-    prof.served = {**{k: float(terms[k]) for k in TERMS}, "source": source}
+    prof.served = {**{k: float(terms.get(k, 0.0)) for k in TERMS}, "source": source}
     return prof
 
 
@@ -72,5 +79,7 @@ def served_step(prof: Profile, seconds: float, seqs: int) -> float:
     return max(0.5 * seconds, seconds + float(s.get("per_step_s", 0.0)) + float(s.get("per_seq_s", 0.0)) * seqs)
 
 
-def request_delay(prof: Profile) -> float:
-    return float((prof.served or {}).get("per_request_s", 0.0))
+def request_delay(prof: Profile, held: int = 0) -> float:
+    """Seconds from a request's send to the scheduler, `held` requests already in the replica."""
+    s = prof.served or {}
+    return float(s.get("per_request_s", 0.0)) + float(s.get("per_request_per_seq_s", 0.0)) * held

@@ -17,11 +17,13 @@ def level(ttft_ms: float, tpot_ms: float) -> dict:
 
 
 def test_fit_recovers_planted_overheads():
-    """TPOT gap = 2 ms + 0.5 ms per stream; TTFT gap at one stream = that + 7 ms of request overhead."""
+    """TPOT gap = 2 ms + 0.5 ms per stream; TTFT gap = that + 7 ms + 3 ms per other stream."""
     sim = {f"concurrency={b}": level(50.0, 20.0 + b) for b in (1, 3, 6)}
-    meas = {f"concurrency={b}": level(50.0 + 7.0 + 2.0 + 0.5, 20.0 + b + 2.0 + 0.5 * b) for b in (1, 3, 6)}
+    meas = {f"concurrency={b}": level(50.0 + 7.0 + 3.0 * (b - 1) + 2.0 + 0.5 * b, 20.0 + b + 2.0 + 0.5 * b)
+            for b in (1, 3, 6)}
     got = served_overhead.fit(meas, sim)
-    assert got == pytest.approx({"per_request_s": 7e-3, "per_step_s": 2e-3, "per_seq_s": 0.5e-3}, abs=1e-9)
+    assert got == pytest.approx({"per_request_s": 7e-3, "per_request_per_seq_s": 3e-3, "per_step_s": 2e-3,
+                                 "per_seq_s": 0.5e-3}, abs=1e-9)
 
 
 def test_a_served_core_faster_per_sequence_is_a_signed_correction_and_needs_closed_levels():
