@@ -88,7 +88,9 @@ def _has_unknown(rec: dict[str, Any]) -> bool:
 
 
 def summarize(runs: Runs) -> None:
-    """Fill every EngineResult.summary and write it to the engine's summary.json."""
+    """Fill every EngineResult.summary and write it to the engine's summary.json. An engine folder without
+    raw records (requests.jsonl stays out of git: a fresh clone, or another cell of a matrix rerun alone)
+    keeps the summary.json it has, so rebuilding a page never erases a result it cannot recompute."""
     shapes: dict[tuple[str, str], dict[str, Any] | None] = {}
     retok: dict[str, Any] = {}
     for e in runs.engines:
@@ -101,6 +103,10 @@ def summarize(runs: Runs) -> None:
                 shapes[(model, dtype)] = bandwidth.model_shape(model, dtype)
             except (OSError, ValueError, KeyError):
                 shapes[(model, dtype)] = None
+        if not e.records and (kept := EngineDir(e.run_dir, e.name).read("summary.json")) and kept.get("levels"):
+            e.summary = kept["levels"]
+            runs.levels[:] = _sort_levels(list(dict.fromkeys([*runs.levels, *e.summary])))
+            continue
         for level, recs in e.records.items():
             by_rep: dict[int, list[dict[str, Any]]] = {}
             for r in recs:

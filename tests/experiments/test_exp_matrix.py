@@ -115,3 +115,25 @@ def test_a_variant_of_the_base_engine_is_shown_but_never_the_best_other(tmp_path
     row = next(r for r in (tmp_path / "res/m/report.md").read_text().splitlines()
                if r.startswith("| a |") and "| concurrency=2 | TPOT p50 (ms) |" in r)
     assert "paced-fast" in row and "**3.00**" in row  # paced (2 ms) vs paced2 (6 ms), not vs its own 1 ms variant
+
+
+def test_rerunning_one_cell_keeps_the_others_results_without_their_raw_logs(tmp_path, exp_model, simulated):
+    """requests.jsonl stays out of git: on a fresh clone a cell folder has its summary.json only. Rerunning
+    another cell (or a dry run of one) rebuilds the page from those summaries; it must not overwrite them
+    with empty ones (a dry run of one cell once emptied every committed cpu_vs_vllm summary)."""
+    path = write_config(tmp_path / "m.toml", exp_model, MATRIX, name="m")
+    out = ["--out", str(tmp_path / "res"), "--no-progress"]
+    assert run_main([str(path), *out]) == 0
+    root = tmp_path / "res/m"
+    for f in root.glob("a/*/requests.jsonl"):
+        f.unlink()  # as a clone has it
+    kept = {f: f.read_text() for f in root.glob("a/*/summary.json")}
+    page = (root / "report.md").read_text()
+    assert kept and "| a | float32 | concurrency=2 | TPOT p50 (ms) |" in page
+    assert run_main([str(path), "--cell", "b", "--dry-run", *out]) in (0, 2)
+    assert (root / "report.md").read_text() == page  # a dry run wrote nothing
+    assert run_main([str(path), "--cell", "b", *out]) == 0
+    assert {f: f.read_text() for f in root.glob("a/*/summary.json")} == kept
+    row = next(r for r in (root / "report.md").read_text().splitlines()
+               if r.startswith("| a |") and "| concurrency=2 | TPOT p50 (ms) |" in r)
+    assert "**3.00**" in row  # cell a's ratio, from its kept summaries
