@@ -37,10 +37,13 @@ def lines(path: Path) -> list[dict]:
 
 
 def kill_after(engine_dir: Path, n_done: int, killed: list[int]) -> threading.Thread:
-    """SIGKILL the engine's process once `n_done` requests are in its JSONL."""
+    """SIGKILL the engine's process once `n_done` requests are in its JSONL. It watches until it kills or
+    the test sets `.done` (after the run returned): no deadline, so a slow start on a busy machine (a
+    server taking minutes to come up) cannot make it give up before the run reaches `n_done`."""
+    done = threading.Event()
+
     def watch() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while not done.is_set():
             m = engine_dir / "manifest.json"
             pid = (json.loads(m.read_text()).get("info") or {}).get("pid") if m.is_file() else None
             if pid and len(lines(engine_dir / "requests.jsonl")) >= n_done:
@@ -50,6 +53,7 @@ def kill_after(engine_dir: Path, n_done: int, killed: list[int]) -> threading.Th
             time.sleep(0.005)
 
     t = threading.Thread(target=watch, daemon=True)
+    t.done = done
     t.start()
     return t
 
@@ -61,6 +65,7 @@ def test_killed_engine_keeps_finished_requests_and_resume_completes(tmp_path, ex
     killed: list[int] = []
     watcher = kill_after(ed, 3, killed)
     assert run_main([str(cfg), "--out", str(out), "--no-progress"]) == 1
+    watcher.done.set()
     watcher.join()
     assert killed
     m = json.loads((ed / "manifest.json").read_text())
@@ -133,6 +138,7 @@ def test_reference_server_killed_with_sigkill_then_resumed(tmp_path, exp_model):
     killed: list[int] = []
     watcher = kill_after(ed, 2, killed)
     assert run_main([str(cfg), "--out", str(out), "--no-progress"]) == 1
+    watcher.done.set()
     watcher.join()
     m = json.loads((ed / "manifest.json").read_text())
     assert killed and m["status"] == "failed" and m["reason"]
