@@ -28,7 +28,7 @@ MAX = 24
 
 class Client:
     def __init__(self, url: str):
-        self.http = httpx.Client(base_url=url, timeout=300)  # a read timeout, not a bound: vLLM-CPU on a busy 2-core machine took > 60 s once
+        self.http = httpx.Client(base_url=url, timeout=300)  # a timeout, not a bound (60 s ran out once)
         self.model = self.http.get("/v1/models").json()["data"][0]["id"]
 
     def complete(self, prompt, **extra) -> dict:
