@@ -12,11 +12,13 @@ Layout: W (N, K) is packed once into panels of NR = 32 output columns, k-major,
 
 so one k step of a panel is two AVX-512 vector loads (four AVX2 ones). The micro-kernel holds an
 MR x NR tile of y in registers (AVX-512: MR = 12 rows of x, 24 accumulators; AVX2: MR = 3, 12), and
-for each k broadcasts x[m, k] into an FMA with the panel's vectors: no shuffles. A panel is taken 128 k
-at a time (16 KB, in L1 beside the row tile's x) by every row group of x in turn, the first of them
-prefetching the next slice; partial sums wait in a per-thread tile (a store and a load change no
-rounding). Threads grab spans of panels from a shared counter (common.h's `share`, as the GEMV: a
-thread the OS took away does less).
+for each k broadcasts x[m, k] into an FMA with the panel's vectors: no shuffles. x is first packed
+per block of rows (as many as fit 512 KB, so they stay in L2) into k-major row tiles, (K, MR) each, so
+a tile's broadcasts come from one stream and the tile takes all of K in one pass, its sums never
+leaving the registers; packing and no k slices made the prefill GEMM 1.10x faster than row-major x in
+128-k slices (docs/perf/2026-12-05-prefill-gemm.md). The first row tile of a panel prefetches the
+next panel. Threads split the panels: in spans grabbed from a shared counter for one row block (common.h's
+`share`: a thread the OS took away does less), evenly for many (a prefill; each panel the same work).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias:
 one fixed sequence per output whatever M, the tile, the thread or the instruction set (the scalar

@@ -9,8 +9,7 @@
 namespace inferlab {
 
 static constexpr int64_t NR = 32;   // output columns per panel
-static constexpr int64_t KB = 128;  // k per pass: a panel's slice (16 KB) and a row tile's x stay in L1
-static constexpr int64_t MB = 240;  // rows per pass over W: a multiple of every MR
+static constexpr int64_t XB = 1 << 17;  // floats of packed x per pass over W (512 KB): they stay in L2
 
 // NR columns of one row as NV vectors of W lanes: zero, load, broadcast, fma, store
 #if defined(__AVX512F__)
@@ -45,35 +44,36 @@ struct Lanes {  // scalar: std::fma rounds once, as the vector FMAs do
 };
 #endif
 static constexpr int NV = NR / Lanes::W, MR = Lanes::MR;
-static_assert(MB % MR == 0, "MB: whole row tiles");
 
 static inline void prefetch_slice(const float* p, int64_t k) {  // one k step of a panel: 128 bytes
   __builtin_prefetch(p + k * NR);
   __builtin_prefetch(p + k * NR + 16);
 }
 
-// R rows of x (ldx apart) against k in [k0, k1) of one panel p: c (R, NR) starts from 0 at k0 == 0 and
-// from its partial sums after (a store and a load round nothing). With PF, prefetch the slice pf.
+// R rows of packed x (K, R) against one panel p (K, NR), all of k in one pass, into c (R rows, ldc apart).
+// x packed k-major, the R values of one k side by side, so every broadcast comes from one stream at a
+// fixed offset (no row pointer per row), and no partial sums leave the registers: measured 1.10x the
+// row-major x with k in L1-sized slices (docs/perf/2026-12-05-prefill-gemm.md). With PF, prefetch the
+// panel pf (the next one), one k step per k step.
 template <int R, bool PF>
-static inline void tile(const float* x, int64_t ldx, const float* p, int64_t k0, int64_t k1, float* c,
-                        const float* pf) {
+static inline void tile(const float* x, const float* p, int64_t K, float* c, int64_t ldc, const float* pf) {
   using L = Lanes;
   typename L::T a[R][NV];
   for (int m = 0; m < R; ++m)
-    for (int j = 0; j < NV; ++j) a[m][j] = k0 ? L::load(c + m * NR + j * L::W) : L::zero();
-  for (int64_t k = k0; k < k1; ++k) {
+    for (int j = 0; j < NV; ++j) a[m][j] = L::zero();
+  for (int64_t k = 0; k < K; ++k, x += R) {
     const float* q = p + k * NR;
-    if constexpr (PF) prefetch_slice(pf, k - k0);
+    if constexpr (PF) prefetch_slice(pf, k);
     if constexpr (NV <= 2) {  // the panel's vectors in registers, each row's broadcast used NV times
       typename L::T w[NV];
       for (int j = 0; j < NV; ++j) w[j] = L::load(q + j * L::W);
       for (int m = 0; m < R; ++m) {
-        const typename L::T b = L::bcast(x[m * ldx + k]);
+        const typename L::T b = L::bcast(x[m]);
         for (int j = 0; j < NV; ++j) a[m][j] = L::fma(b, w[j], a[m][j]);
       }
     } else {  // the rows' broadcasts in registers, each panel vector used R times
       typename L::T b[R];
-      for (int m = 0; m < R; ++m) b[m] = L::bcast(x[m * ldx + k]);
+      for (int m = 0; m < R; ++m) b[m] = L::bcast(x[m]);
       for (int j = 0; j < NV; ++j) {
         const typename L::T w = L::load(q + j * L::W);
         for (int m = 0; m < R; ++m) a[m][j] = L::fma(b[m], w, a[m][j]);
@@ -81,33 +81,39 @@ static inline void tile(const float* x, int64_t ldx, const float* p, int64_t k0,
     }
   }
   for (int m = 0; m < R; ++m)
-    for (int j = 0; j < NV; ++j) L::store(c + m * NR + j * L::W, a[m][j]);
+    for (int j = 0; j < NV; ++j) L::store(c + m * ldc + j * L::W, a[m][j]);
 }
 
 // the last r < MR rows: the tile size picked at run time
 template <int R>
-static inline void tail(const float* x, int64_t ldx, int64_t r, const float* p, int64_t k0, int64_t k1, float* c,
+static inline void tail(const float* x, int64_t r, const float* p, int64_t K, float* c, int64_t ldc,
                         const float* pf, bool first) {
   if constexpr (R > 0) {
-    if (r != R) return tail<R - 1>(x, ldx, r, p, k0, k1, c, pf, first);
-    if (first) tile<R, true>(x, ldx, p, k0, k1, c, pf);
-    else tile<R, false>(x, ldx, p, k0, k1, c, pf);
+    if (r != R) return tail<R - 1>(x, r, p, K, c, ldc, pf, first);
+    if (first) tile<R, true>(x, p, K, c, ldc, pf);
+    else tile<R, false>(x, p, K, c, ldc, pf);
   }
 }
 
-// M rows of x against one panel, KB of k at a time, into c (M, NR); the first row tile of each slice
-// prefetches the next slice (of this panel, or the first of `next`)
-static void panel(const float* x, int64_t ldx, int64_t M, const float* p, int64_t K, float* c, const float* next) {
-  for (int64_t k0 = 0; k0 < K; k0 += KB) {
-    const int64_t k1 = std::min(K, k0 + KB);
-    const float* pf = k1 < K ? p + k1 * NR : next;
-    int64_t m = 0;
-    for (; m + MR <= M; m += MR) {
-      if (m == 0) tile<MR, true>(x, ldx, p, k0, k1, c, pf);
-      else tile<MR, false>(x + m * ldx, ldx, p, k0, k1, c + m * NR, pf);
-    }
-    if (m < M) tail<MR - 1>(x + m * ldx, ldx, M - m, p, k0, k1, c + m * NR, pf, m == 0);
+// rows [0, M) of x (ldx apart) -> xa: row tile t (rows t MR ..) as (K, r) k-major, r = its row count
+// (MR, or fewer in the last), at xa + t MR K
+static void pack_rows(const float* x, int64_t ldx, int64_t M, int64_t K, float* xa, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+    float* d = xa + m0 * K;
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t i = 0; i < r; ++i) d[k * r + i] = x[(m0 + i) * ldx + k];
   }
+}
+
+// M packed rows against one panel into c (M, ldc); the first row tile prefetches `next`
+static void panel(const float* xa, int64_t M, const float* p, int64_t K, float* c, int64_t ldc, const float* next) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) {
+    if (m == 0) tile<MR, true>(xa, p, K, c, ldc, next);
+    else tile<MR, false>(xa + m * K, p, K, c + m * ldc, ldc, next);
+  }
+  if (m < M) tail<MR - 1>(xa + m * K, M - m, p, K, c + m * ldc, ldc, next, m == 0);
 }
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
@@ -123,15 +129,36 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
   const float* pp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P));
-  for (int64_t m0 = 0; m0 < M; m0 += MB) {
-    const int64_t rows = std::min(MB, M - m0);
-    share(P, nt, 1, 1, [&](int64_t p0, int64_t p1) {
-      std::vector<float> c(rows * NR);  // the panel's outputs: whole vectors, copied to y's nc columns
-      for (int64_t q = p0; q < p1; ++q) {
-        panel(xp + m0 * ldx, ldx, rows, pp + q * K * NR, K, c.data(), pp + std::min(q + 1, p1 - 1) * K * NR);
-        const int64_t nc = std::min(NR, N - q * NR);
-        for (int64_t m = 0; m < rows; ++m) std::copy_n(c.data() + m * NR, nc, yp + (m0 + m) * N + q * NR);
+  const int64_t MB = std::max<int64_t>(1, XB / K / MR) * MR;  // rows per pass over W: whole row tiles
+  // rows [m0, m0 + rows) packed into xa, then against panels [p0, p1)
+  auto block = [&](int64_t m0, int64_t rows, float* xa, int64_t p0, int64_t p1, std::vector<float>& c) {
+    for (int64_t q = p0; q < p1; ++q) {
+      const float* next = pp + (q + 1 < p1 ? q + 1 : p0) * K * NR;
+      const int64_t nc = std::min(NR, N - q * NR);
+      if (nc == NR) {
+        panel(xa, rows, pp + q * K * NR, K, yp + m0 * N + q * NR, N, next);
+        continue;
       }
+      c.resize(rows * NR);  // a last panel narrower than NR: its whole vectors here, nc columns copied to y
+      panel(xa, rows, pp + q * K * NR, K, c.data(), NR, next);
+      for (int64_t m = 0; m < rows; ++m) std::copy_n(c.data() + m * NR, nc, yp + (m0 + m) * N + q * NR);
+    }
+  };
+  const auto xa_t = at::empty({std::min(M, MB) * K}, x.options());  // uninitialised: no zero fill
+  float* xa = xa_t.data_ptr<float>();
+  for (int64_t m0 = 0; m0 < M; m0 += MB) {  // per row block: pack its x, then threads split the panels
+    const int64_t rows = std::min(MB, M - m0), tiles = (rows + MR - 1) / MR;
+    if (rows * K < (1 << 16))  // a decode step's few rows: no parallel region for a copy of microseconds
+      pack_rows(xp + m0 * ldx, ldx, rows, K, xa, 0, tiles);
+    else
+      share(tiles, nt, 1, 1, [&](int64_t t0, int64_t t1) { pack_rows(xp + m0 * ldx, ldx, rows, K, xa, t0, t1); });
+    // One block (decode, a short prefill): guided spans, so a thread the OS takes away leaves little to
+    // wait for. Many blocks (prefill): an even split of the panels (each the same work), which measured
+    // 2-6 % faster on 2 threads than guided spans' last-panel wait at every block's end.
+    const int64_t span = M <= MB ? 1 : (P + nt - 1) / nt;
+    share(P, nt, span, 1, [&](int64_t p0, int64_t p1) {
+      std::vector<float> c;
+      block(m0, rows, xa, p0, p1, c);
     });
   }
   if (bias.numel()) y.add_(bias);

@@ -7,6 +7,7 @@
 // AVX2 and scalar widen each pair to fp32 (a 16-bit shift, exact) and run the two FMAs: the same bits,
 // except where vdpbf16ps flushes denormal inputs or sums to zero (|v| < 2^-126; not in the test data).
 #include <cstring>
+#include <memory>
 
 #include <ATen/ops/constant_pad_nd.h>
 
@@ -16,9 +17,8 @@
 namespace inferlab {
 
 static constexpr int64_t NR = 32;    // output columns per panel
-static constexpr int64_t KB2 = 128;  // k pairs per pass: two panels' slices (32 KB), near L1
-static constexpr int64_t MB = 240;   // rows per pass over W
-static constexpr int64_t RS = 48;    // rows per work item: a multiple of every MR
+static constexpr int64_t XB = 1 << 17;  // pairs of packed x per pass over W (512 KB): they stay in L2
+static constexpr int64_t RS = 48;       // rows per work item: a multiple of every MR
 
 static inline uint32_t pair_at(const uint32_t* p) {  // x's rows may start on any 2-byte boundary
   uint32_t v;
@@ -92,37 +92,36 @@ struct Widen {  // scalar: std::fma rounds once, as the vector FMAs do
 };
 #endif
 
-// R rows of x (ldx pairs apart) against pairs [k0, k1) of NP adjacent panels (p, p + ps, ...), into c
-// (R, NP * NR): from 0 at k0 == 0, else from c's partial sums (a store and a load round nothing); with PF,
-// prefetch the slices at pf (and pf + ps, ...) as it goes.
+// R rows of packed x (K2, R) against all K2 pairs of NP adjacent panels (p, p + ps, ...) in one pass, into
+// c (R, NP * NR); with PF, prefetch the panels at pf (and pf + ps, ...) as it goes. x packed k-major (as the
+// fp32 kernel's, linear.cpp): every broadcast from one stream, no partial sums leaving the registers.
 template <class O, int NP, int R, bool PF>
 #if defined(__AVX512F__)
 BF16_TARGET  // O's functions are inlined into this one
 #endif
-static void tile(const uint32_t* x, int64_t ldx, const uint32_t* p, int64_t ps, int64_t k0, int64_t k1, float* c,
-                 const uint32_t* pf) {
+static void tile(const uint32_t* x, const uint32_t* p, int64_t ps, int64_t K2, float* c, const uint32_t* pf) {
   constexpr int NV = NR / O::L, V = NP * NV, CW = NP * NR;
   typename O::Acc a[R][V];
   for (int m = 0; m < R; ++m)
-    for (int j = 0; j < V; ++j) a[m][j] = k0 ? O::load(c + m * CW + j * O::L) : O::zero();
-  for (int64_t k = k0; k < k1; ++k) {
+    for (int j = 0; j < V; ++j) a[m][j] = O::zero();
+  for (int64_t k = 0; k < K2; ++k, x += R) {
     const uint32_t* q = p + k * NR;
     if constexpr (PF) {  // one pair step of each panel: 128 bytes
       for (int n = 0; n < NP; ++n) {
-        __builtin_prefetch(pf + n * ps + (k - k0) * NR);
-        __builtin_prefetch(pf + n * ps + (k - k0) * NR + 16);
+        __builtin_prefetch(pf + n * ps + k * NR);
+        __builtin_prefetch(pf + n * ps + k * NR + 16);
       }
     }
     if constexpr (V <= 4) {  // the panels' vectors in registers, each row's broadcast used V times
       typename O::Wv w[V];
       for (int j = 0; j < V; ++j) w[j] = O::loadw(q + (j / NV) * ps + (j % NV) * O::L);
       for (int m = 0; m < R; ++m) {
-        const typename O::Xb b = O::bcast(pair_at(x + m * ldx + k));
+        const typename O::Xb b = O::bcast(x[m]);
         for (int j = 0; j < V; ++j) a[m][j] = O::step(a[m][j], b, w[j]);
       }
     } else {  // the rows' broadcasts in registers, each panel vector used R times
       typename O::Xb b[R];
-      for (int m = 0; m < R; ++m) b[m] = O::bcast(pair_at(x + m * ldx + k));
+      for (int m = 0; m < R; ++m) b[m] = O::bcast(x[m]);
       for (int j = 0; j < V; ++j) {
         const typename O::Wv w = O::loadw(q + (j / NV) * ps + (j % NV) * O::L);
         for (int m = 0; m < R; ++m) a[m][j] = O::step(a[m][j], b[m], w);
@@ -134,30 +133,36 @@ static void tile(const uint32_t* x, int64_t ldx, const uint32_t* p, int64_t ps, 
 }
 
 template <class O, int NP, int R>  // the last r < MR rows: the tile size picked at run time
-static void tail(const uint32_t* x, int64_t ldx, int64_t r, const uint32_t* p, int64_t ps, int64_t k0, int64_t k1,
-                 float* c, const uint32_t* pf, bool first) {
+static void tail(const uint32_t* x, int64_t r, const uint32_t* p, int64_t ps, int64_t K2, float* c,
+                 const uint32_t* pf, bool first) {
   if constexpr (R > 0) {
-    if (r != R) return tail<O, NP, R - 1>(x, ldx, r, p, ps, k0, k1, c, pf, first);
-    if (first) tile<O, NP, R, true>(x, ldx, p, ps, k0, k1, c, pf);
-    else tile<O, NP, R, false>(x, ldx, p, ps, k0, k1, c, pf);
+    if (r != R) return tail<O, NP, R - 1>(x, r, p, ps, K2, c, pf, first);
+    if (first) tile<O, NP, R, true>(x, p, ps, K2, c, pf);
+    else tile<O, NP, R, false>(x, p, ps, K2, c, pf);
   }
 }
 
-// M rows of x against NP adjacent panels, KB2 pairs at a time, into c (M, NP * NR); the first row tile of
-// each slice prefetches the next slices (of these panels, or of the next ones at `next`)
+// M packed rows against NP adjacent panels into c (M, NP * NR); the first row tile prefetches `next`
 template <class O, int NP>
-static void panels(const uint32_t* x, int64_t ldx, int64_t M, const uint32_t* p, int64_t K2, float* c,
-                   const uint32_t* next) {
+static void panels(const uint32_t* xa, int64_t M, const uint32_t* p, int64_t K2, float* c, const uint32_t* next) {
   const int64_t ps = K2 * NR, CW = NP * NR;
-  for (int64_t k0 = 0; k0 < K2; k0 += KB2) {
-    const int64_t k1 = std::min(K2, k0 + KB2);
-    const uint32_t* pf = k1 < K2 ? p + k1 * NR : next;
-    int64_t m = 0;
-    for (; m + O::MR <= M; m += O::MR) {
-      if (m == 0) tile<O, NP, O::MR, true>(x, ldx, p, ps, k0, k1, c, pf);
-      else tile<O, NP, O::MR, false>(x + m * ldx, ldx, p, ps, k0, k1, c + m * CW, pf);
-    }
-    if (m < M) tail<O, NP, O::MR - 1>(x + m * ldx, ldx, M - m, p, ps, k0, k1, c + m * CW, pf, m == 0);
+  int64_t m = 0;
+  for (; m + O::MR <= M; m += O::MR) {
+    if (m == 0) tile<O, NP, O::MR, true>(xa, p, ps, K2, c, next);
+    else tile<O, NP, O::MR, false>(xa + m * K2, p, ps, K2, c + m * CW, next);
+  }
+  if (m < M) tail<O, NP, O::MR - 1>(xa + m * K2, M - m, p, ps, K2, c + m * CW, next, m == 0);
+}
+
+// rows [0, M) of x (ldx pairs apart) -> xa: row tile t (rows t MR ..) as (K2, r) k-major pairs, r = its
+// row count (MR, or fewer in the last), at xa + t MR K2
+static void pack_rows(const uint32_t* x, int64_t ldx, int64_t M, int64_t K2, int64_t MR, uint32_t* xa, int64_t t0,
+                      int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+    uint32_t* d = xa + m0 * K2;
+    for (int64_t k = 0; k < K2; ++k)
+      for (int64_t i = 0; i < r; ++i) d[k * r + i] = pair_at(x + (m0 + i) * ldx + k);
   }
 }
 
@@ -170,32 +175,40 @@ static inline void finish(const float* s, const float* b, int64_t nc, at::BFloat
   for (; j < nc; ++j) out[j] = at::BFloat16(s[j] + b[j]);
 }
 
-// Work items are (group of NP panels, RS rows) within each MB-row block, group-major: threads split the
-// rows as well as the panels (an odd number of groups no longer leaves one thread a group behind), and a
-// thread's consecutive items reuse one group's slices from cache.
+// Per block of rows (as many as XB holds, whole work items): x packed, then work items (group of NP panels,
+// RS rows), group-major: threads split the rows as well as the panels (an odd number of groups no longer
+// leaves one thread a group behind), and a thread's consecutive items reuse one group's panels from cache.
 template <class O>
 static void run(const uint32_t* xp, int64_t ldx, int64_t M, const uint32_t* pp, int64_t K2, int64_t N,
                 const at::BFloat16* bias, at::BFloat16* yp) {
   constexpr int64_t NP = O::NP, CW = NP * NR;
   const int64_t P = (N + NR - 1) / NR, G = (P + NP - 1) / NP;  // G groups of NP panels (the last maybe fewer)
+  const int64_t MB = std::max<int64_t>(1, XB / K2 / RS) * RS, threads = std::max(1, at::get_num_threads());
+  const std::unique_ptr<uint32_t[]> xa(new uint32_t[std::min(M, MB) * K2]);  // uninitialised: no zero fill
   for (int64_t m0 = 0; m0 < M; m0 += MB) {
     const int64_t rows = std::min(MB, M - m0), R = (rows + RS - 1) / RS, items = G * R;
-    const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+    const int64_t tiles = (rows + O::MR - 1) / O::MR;
+    if (rows * K2 < (1 << 15))  // a decode step's few rows: no parallel region for a copy of microseconds
+      pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa.get(), 0, tiles);
+    else
+      share(tiles, threads, 1, 1,
+            [&](int64_t t0, int64_t t1) { pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa.get(), t0, t1); });
+    const int64_t nt = std::min(threads, items);
     share(items, nt, 1, 1, [&](int64_t i0, int64_t i1) {
       std::vector<float> c(RS * CW);  // the item's fp32 sums: + bias, then one rounding to bf16
       for (int64_t i = i0; i < i1; ++i) {
-        const int64_t g = i / R, r0 = m0 + (i % R) * RS, nr = std::min(RS, M - r0);
+        const int64_t g = i / R, r0 = (i % R) * RS, nr = std::min(RS, rows - r0);
         const int64_t q = g * NP, n0 = q * NR, nc = std::min(CW, N - n0);
-        const uint32_t* x = xp + r0 * ldx;
+        const uint32_t* x = xa.get() + r0 * K2;
         const uint32_t* next = pp + std::min(g + 1, G - 1) * NP * K2 * NR;
         const bool whole = q + NP <= P;
-        if (whole) panels<O, NP>(x, ldx, nr, pp + q * K2 * NR, K2, c.data(), next);
-        else panels<O, 1>(x, ldx, nr, pp + q * K2 * NR, K2, c.data(), next);
+        if (whole) panels<O, NP>(x, nr, pp + q * K2 * NR, K2, c.data(), next);
+        else panels<O, 1>(x, nr, pp + q * K2 * NR, K2, c.data(), next);
         const int64_t cw = whole ? CW : NR;  // the row stride panels<> wrote
         float b[CW] = {};
         if (bias)
           for (int64_t j = 0; j < nc; ++j) b[j] = static_cast<float>(bias[n0 + j]);
-        for (int64_t m = 0; m < nr; ++m) finish(c.data() + m * cw, b, nc, yp + (r0 + m) * N + n0);
+        for (int64_t m = 0; m < nr; ++m) finish(c.data() + m * cw, b, nc, yp + (m0 + r0 + m) * N + n0);
       }
     });
   }

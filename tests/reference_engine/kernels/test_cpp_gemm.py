@@ -25,7 +25,7 @@ def test_gemm_agrees_with_a_float64_product_for_every_row_count(n, k):
     torch.manual_seed(n + k)
     w, b = torch.randn(n, k), torch.randn(n)
     p = cpp_gemm.pack(w)
-    for rows in (1, 11, 12, 13, 25, 64, 128, 300):  # every tail of the 12-row tile, and several row blocks
+    for rows in (1, 11, 12, 13, 25, 64, 128, 300):  # every tail of the 12-row tile; row blocks at K = 1536 (84 rows)
         x = torch.randn(rows, k)
         for bias in (None, b):
             got = cpp_gemm.gemm(x, p, n, bias)
@@ -38,11 +38,11 @@ def test_gemm_is_the_k_ordered_fma_chain_bit_for_bit():
     """y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)): checked against that chain
     computed in float64 with a rounding to float32 after each step (an fma rounds once, as here)."""
     torch.manual_seed(2)
-    w, x = torch.randn(45, 300), torch.randn(250, 300)  # 250 rows: past one 240-row block
-    acc = torch.zeros(250, 45, dtype=torch.float64)
+    w, x = torch.randn(45, 300), torch.randn(450, 300)  # 450 rows: past one block (432 rows at K = 300)
+    acc = torch.zeros(450, 45, dtype=torch.float64)
     for k in range(300):  # a float64 product of two float32 values is exact: one rounding per step
         acc = (acc + x[:, k:k + 1].double() * w[:, k].double()).float().double()
-    for rows in (1, 14, 250):
+    for rows in (1, 14, 450):
         assert torch.equal(cpp_gemm.gemm(x[:rows], cpp_gemm.pack(w), 45, None), acc[:rows].float()), rows
 
 
