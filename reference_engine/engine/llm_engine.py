@@ -266,8 +266,8 @@ class LLMEngine:
         """The settings this engine runs with, read back from its parts (not from what was asked):
         the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
         fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
-        linear_kernel (who multiplies fp32 projections, every row count: "inferlab", the C++ GEMM on the one
-        resident copy, or "onednn"; `packed_linear.linear_kernel`),
+        linear_kernel (who multiplies the projections of this dtype, every row count: "inferlab", the C++ GEMM on the one
+        resident copy, or "onednn"; `packed_linear.kernel_for`: fp32 and bf16 decide apart),
         kv_cache_dtype, num_threads (torch intra-op threads), weights_layouts ({layout name: bytes} held beside
         the parameters, `packed_linear.layout_bytes`) and bytes_per_weight (everything held for weights, the
         parameters as held plus every layout, over the number of weights as loaded; tied weights count once); paths
