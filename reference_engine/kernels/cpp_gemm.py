@@ -17,8 +17,9 @@ per block of rows (as many as fit 512 KB, so they stay in L2) into k-major row t
 a tile's broadcasts come from one stream and the tile takes all of K in one pass, its sums never
 leaving the registers; packing and no k slices made the prefill GEMM 1.10x faster than row-major x in
 128-k slices (docs/perf/2026-12-05-prefill-gemm.md). The first row tile of a panel prefetches the
-next panel. Threads split the panels: in spans grabbed from a shared counter for one row block (common.h's
-`share`: a thread the OS took away does less), evenly for many (a prefill; each panel the same work).
+next panel. Threads split the panels: for one row block (a decode step) in spans grabbed from a shared
+counter (common.h's `share`: a thread the OS took away does less); for many (a prefill) evenly, in one
+parallel region that packs the next block into a second buffer between blocks (one barrier per block).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias:
 one fixed sequence per output whatever M, the tile, the thread or the instruction set (the scalar

@@ -8,7 +8,8 @@ until 2026-12-04) are gone; docs/perf/2026-12-04-one-layout.md has the A/B per r
 bf16 weights can be held the same way, once, as bf16 pair panels (P, K/2, 32, 2) (2 bytes per weight;
 oneDNN's path holds the parameter and its copy, 4): vdpbf16ps on AVX512_BF16, the pairs widened to fp32
 elsewhere, the same bits (kernels/cpp_gemm.py). Opt-in (`INFERLAB_LINEAR=inferlab`, `bf16_kernel`) while
-their prefill is ~1.1x slower than oneDNN's (docs/perf/2026-12-04-one-layout-2.md).
+their prefill is behind oneDNN's (GEMM 1.06x its time at 512-2,048 rows; SmolLM2 served TTFT 1.03-1.14x;
+docs/perf/2026-12-05-prefill-gemm.md).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias,
 whatever the row count, the tile, the thread and the instruction set (AVX-512, AVX2 + FMA and scalar
@@ -119,9 +120,9 @@ def linear_kernel() -> str:
 
 def bf16_kernel() -> str:
     """Who multiplies bf16 projections: "onednn" unless `INFERLAB_LINEAR=inferlab` names the pair panels.
-    The panels hold 2 bytes per weight against oneDNN's 4 and decode faster, but their prefill GEMM takes
-    ~1.1x oneDNN's time here (SmolLM2 bf16 TTFT at 512 tokens 1.11x): opt-in until it is level
-    (docs/perf/2026-12-04-one-layout-2.md)."""
+    The panels hold 2 bytes per weight against oneDNN's 4 and decode faster (SmolLM2 TPOT 0.71x at one
+    stream), but their prefill GEMM takes 1.06x oneDNN's time at 512-2,048 rows and the served TTFT is
+    1.03x / 1.14x / 1.12x at 1 / 4 / 8 streams: opt-in until it is level (docs/perf/2026-12-05-prefill-gemm.md)."""
     return "inferlab" if _pinned("INFERLAB_LINEAR") == "inferlab" else "onednn"
 
 
