@@ -64,18 +64,18 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
     raise TimeoutError("server not ready")
 
 
-def bench(model: str, port: int, conc: int, out: Path) -> dict:
+def bench(model: str, port: int, conc: int, out: Path, output_len: int = 64) -> dict:
     n = max(16, 8 * conc)
     cmd = [str(VLLM_PY), "-c", CLIENT, "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
            "--model", model, "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "128",
-           "--random-output-len", "64", "--ignore-eos", "--num-prompts", str(n), "--max-concurrency", str(conc),
+           "--random-output-len", str(output_len), "--ignore-eos", "--num-prompts", str(n), "--max-concurrency", str(conc),
            "--seed", "0", "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
            "--disable-tqdm"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
-def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int) -> dict[int, dict]:
+def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int, output_len: int = 64) -> dict[int, dict]:
     port = free_port()
     log = open(tmp / f"{engine}-{rnd}.log", "w")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -84,7 +84,7 @@ def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int) 
     try:
         wait_ready(port, proc)
         bench(model, port, 1, tmp / f"warm-{engine}-{rnd}.json")  # compile / first-touch outside the numbers
-        return {c: bench(model, port, c, tmp / f"{engine}-{rnd}-{c}.json") for c in levels}
+        return {c: bench(model, port, c, tmp / f"{engine}-{rnd}-{c}.json", output_len) for c in levels}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -99,6 +99,7 @@ def main() -> int:
     ap.add_argument("model", nargs="?", default="models/smollm2-135m-instruct")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--levels", default="1,4,8")
+    ap.add_argument("--output-len", type=int, default=64, help="output tokens per request (the issue's runs: 64)")
     ap.add_argument("--out", default=f"docs/perf/{datetime.date.today()}-defaults.md")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
@@ -107,7 +108,7 @@ def main() -> int:
         for r in range(a.rounds):
             order = ("inferlab", "vllm") if r % 2 == 0 else ("vllm", "inferlab")
             for e in order:
-                for c, v in run_engine(e, a.model, levels, Path(d), r).items():
+                for c, v in run_engine(e, a.model, levels, Path(d), r, a.output_len).items():
                     res[e].setdefault(c, []).append(v)
                 print(f"round {r} {e} done", file=sys.stderr)
     med = lambda e, c, k: statistics.median(v[k] for v in res[e][c])  # noqa: E731
@@ -121,7 +122,7 @@ def main() -> int:
     text = "\n".join(rows)
     print(text)
     vmem = f"VLLM_MEM={os.environ['VLLM_MEM']} " if os.environ.get("VLLM_MEM") else ""
-    Path(a.out).write_text(f"<!-- command: {vmem}.venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} -->\n"
+    Path(a.out).write_text(f"<!-- command: {vmem}.venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} --levels {a.levels} --output-len {a.output_len} -->\n"
                            + text + "\n")
     return 0
 
