@@ -2,6 +2,9 @@
 #include "attention.h"
 #include "kernels.h"
 
+#include <algorithm>
+#include <atomic>
+
 namespace inferlab {
 
 #ifdef VEC8
@@ -145,18 +148,30 @@ template <typename T>
 static void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
                          const int64_t* starts, T* out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs,
                          int64_t width, float scale) {
-  std::vector<int64_t> tasks;  // (sequence, first row), one per query tile; times Hkv heads below
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t r = 0; r < starts[b + 1] - starts[b]; r += TILE) { tasks.push_back(b); tasks.push_back(r); }
-  const int64_t nt = static_cast<int64_t>(tasks.size() / 2), G = H / Hkv, R8 = (TILE * G + 7) / 8 * 8;
-  at::parallel_for(0, nt * Hkv, 1, [&](int64_t begin, int64_t end) {
+  // (sequence, first row, kv head) per task; a task's work grows with the keys its last row sees, so a
+  // static split would hand one thread the long tail of a causal chunk (the last tiles see the most keys).
+  // Tasks go heaviest first to whichever thread is free: the threads finish together. Which thread runs a
+  // task never changes its sums.
+  struct Task { int64_t b, r0, h, cost; };
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t qlen = starts[b + 1] - starts[b];
+    for (int64_t r = 0; r < qlen; r += TILE)
+      for (int64_t h = 0; h < Hkv; ++h)
+        tasks.push_back({b, r, h, (lens[b] - qlen + std::min(qlen, r + TILE)) * std::min(TILE, qlen - r)});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  const int64_t nt = static_cast<int64_t>(tasks.size()), G = H / Hkv, R8 = (TILE * G + 7) / 8 * 8;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), nt));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     std::vector<float> qt(R8 * D), acc(R8 * D), s(bs * R8), m(R8), l(R8);
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = tasks[2 * (w / Hkv)], r0 = tasks[2 * (w / Hkv) + 1], h = w % Hkv;
-      const int64_t qlen = starts[b + 1] - starts[b], r1 = std::min(qlen, r0 + TILE);
-      const T* qb = q + starts[b] * H * D;
-      prefill_task(qb, kc, vc, tables + b * width, lens[b] - qlen, r0, r1, h, out + starts[b] * H * D, H, Hkv, D,
-                   bs, scale, qt.data(), acc.data(), s.data(), m.data(), l.data());
+    for (int64_t w = next++; w < nt; w = next++) {
+      const Task& k = tasks[w];
+      const int64_t qlen = starts[k.b + 1] - starts[k.b], r1 = std::min(qlen, k.r0 + TILE);
+      prefill_task(q + starts[k.b] * H * D, kc, vc, tables + k.b * width, lens[k.b] - qlen, k.r0, r1, k.h,
+                   out + starts[k.b] * H * D, H, Hkv, D, bs, scale, qt.data(), acc.data(), s.data(), m.data(),
+                   l.data());
     }
   });
 }

@@ -55,7 +55,9 @@ static void silu_mul_impl(const T* gu, int64_t gs, T* out, int64_t N, int64_t I)
         const __m256 x = load8(g + i);
         const __m256 ex = exp8(_mm256_or_ps(x, sign));  // e^-|x|
         const __m256 den = _mm256_add_ps(one, ex);
-        const __m256 sig = _mm256_blendv_ps(_mm256_div_ps(one, den), _mm256_div_ps(ex, den), x);  // x's sign picks
+        // sigmoid = 1 / den for x >= 0, e^-|x| / den for x < 0: x's sign picks the numerator, then one
+        // division (the same quotient as dividing both and picking after)
+        const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, ex, x), den);
         store8(o + i, _mm256_mul_ps(rnd8(_mm256_mul_ps(x, sig), g), load8(u + i)));
       }
 #endif
