@@ -57,7 +57,8 @@ def lengths_for(config: Path, out: Path) -> Path:
     items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, {}, kv_cache_tokens=65536, max_model_len=4096)
     path = out / f"{cfg.name}-lengths.json"
-    path.write_text(json.dumps(sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos), indent=1))
+    path.write_text(json.dumps(sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos, cfg.sampling.temperature),
+                                indent=1))
     return path
 
 
@@ -77,7 +78,7 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
     shape, res = ModelShape.from_dir(cfg.model, cfg.dtype), {}
     for c in (1, 4, 8):
         rows = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], c,
-                           cfg.sampling.ignore_eos)
+                           cfg.sampling.ignore_eos, temperature=cfg.sampling.temperature)
         if out is not None:
             sweep.dump(rows, out / f"trace-c{c}.steps.json")
         res[f"{c} streams: all"] = calibrate.errors(rows, shape, prof)

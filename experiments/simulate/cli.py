@@ -174,7 +174,7 @@ def _calibrate(cfg, engine: str, a) -> int:
     prof.save(out)
     sweep.dump(rows, out.with_suffix(".steps.json"))
     items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
-    lengths = sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos)
+    lengths = sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos, cfg.sampling.temperature)
     lpath = out.with_name(f"{cfg.name}-lengths.json")
     lpath.write_text(json.dumps(lengths, indent=1))
     f = prof.fit["sweep"]

@@ -75,14 +75,18 @@ def ragged(seed: int, vocab: int) -> list[tuple[int, list[int], int]]:
     return out
 
 
-def closed_loop(eng, work: list[tuple[list[int], int]], concurrency: int, ignore_eos: bool = True) -> list[int]:
+def closed_loop(eng, work: list[tuple[list[int], int]], concurrency: int, ignore_eos: bool = True,
+                temperature: float = 0.0) -> list[int]:
     """Serve `work` (prompt, max tokens) keeping `concurrency` requests in the engine; -> each
-    request's output length, in order."""
+    request's output length, in order. Greedy unless told: the sampler's cost is part of every timed
+    step (a temperature-1 row costs a softmax and a draw over the vocabulary, an argmax row does not),
+    so a sweep must sample as the runs it predicts do."""
     todo, ids, n = list(work)[::-1], [], {}
     while todo or eng.has_unfinished():
         while todo and len(eng.requests) < concurrency:
             p, m = todo.pop()
-            ids.append(eng.add_request(p, SamplingParams(max_tokens=m, ignore_eos=ignore_eos)))
+            ids.append(eng.add_request(p, SamplingParams(max_tokens=m, ignore_eos=ignore_eos,
+                                                         temperature=temperature)))
         for d in eng.step():
             n[d.request_id] = n.get(d.request_id, 0) + len(d.new_token_ids)
     return [n.get(i, 0) for i in ids]
@@ -117,12 +121,12 @@ def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 3) -> tuple[list[tupl
 
 
 def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
-          ignore_eos: bool, repeats: int = 3) -> list[tuple[StepShape, float]]:
+          ignore_eos: bool, repeats: int = 3, temperature: float = 0.0) -> list[tuple[StepShape, float]]:
     """Teacher-forcing data: the engine serves `prompts` closed-loop at `concurrency` (a new request
     is added as one finishes), with prefix caching as configured; every step's shape with its median
     wall time over `repeats`. The later repeats form the same batches: the prefix cache is emptied
-    before each, and each answer is held to the length the first repeat gave it (greedy fp32 answers
-    can differ between runs at near-ties, which would change every later batch)."""
+    before each, and each answer is held to the length the first repeat gave it (a sampled answer
+    differs between repeats, which would change every later batch)."""
     from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
 
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True}))
@@ -130,22 +134,24 @@ def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], co
     for i in range(repeats):
         eng.reset_prefix_cache()
         start = len(eng.step_records)
-        got = closed_loop(eng, work, concurrency, ignore_eos if i == 0 else True)
+        got = closed_loop(eng, work, concurrency, ignore_eos if i == 0 else True, temperature)
         if i == 0:
             work = [(p, n) for (p, _), n in zip(work, got)]
         runs.append(shapes(eng.step_records[start:])[WARM_STEPS:])
     return median_of(runs)
 
 
-def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool) -> dict[str, int]:
-    """Each work item's greedy output length (its EOS, or max tokens) from the engine, offline. Greedy
-    fp32 output is a property of the prompt, not of timing: the simulator may know it in advance."""
+def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool, temperature: float = 0.0) -> dict[str, int]:
+    """Each work item's output length (its EOS, or max tokens) from the engine, offline. Greedy (the
+    default) fp32 output is a property of the prompt, not of timing or batching (the engine's rows are
+    batch-invariant): the simulator may know it in advance, and the served run gives the same answers.
+    With a temperature, one draw of each answer."""
     from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
 
     eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": False}))
     for it in items:
-        eng.add_request(it.prompt_token_ids, SamplingParams(max_tokens=it.output_len, ignore_eos=ignore_eos),
-                        request_id=it.request_id)
+        eng.add_request(it.prompt_token_ids, SamplingParams(max_tokens=it.output_len, ignore_eos=ignore_eos,
+                                                            temperature=temperature), request_id=it.request_id)
     n: dict[str, int] = {}
     while eng.has_unfinished():
         for d in eng.step():
