@@ -238,7 +238,8 @@ class LLMEngine:
         n, b = sched.num_tokens, len(sched.scheduled)
         rows = sum(1 + len(sched.spec_tokens.get(r.request_id, ())) for r in out.reqs)
         one_each = n == b == len(out.reqs)  # every sequence one query token, and every one samples
-        bucket = self.runner.graph_bucket(b, list(range(b)), bool(sched.spec_tokens)) if one_each else None
+        decodes = sum(k == "decode" for _, _, k in kinds)
+        bucket = self.runner.graph_bucket(b, list(range(b)), bool(sched.spec_tokens), decodes) if one_each else None
         self.step_records.append(StepRecord(
             step=self._steps, duration_s=dt, scheduled=kinds,
             num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
@@ -267,7 +268,7 @@ class LLMEngine:
         the keys of the harness's `EngineInfo.effective`, plus attention_backend, device, linear_backend,
         fused_ops, linear_compute_dtype (the GEMMs' dtype: "float32" for bf16 weights on a CPU without bf16 math),
         linear_kernel (who multiplies the projections of this dtype, every row count: "inferlab", the C++ GEMM on the one
-        resident copy, or "onednn"; `packed_linear.kernel_for`: fp32 and bf16 decide apart),
+        resident copy, or "onednn"; `packed_linear.linear_kernel`, fp32 and bf16 alike),
         kv_cache_dtype, num_threads (torch intra-op threads), weights_layouts ({layout name: bytes} held beside
         the parameters, `packed_linear.layout_bytes`) and bytes_per_weight (everything held for weights, the
         parameters as held plus every layout, over the number of weights as loaded; tied weights count once); paths

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from reference_engine.config import ModelConfig
+from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.model.llama import CausalLM, RotaryEmbedding
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -112,4 +113,29 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: str | torch.de
     if missing:
         raise ValueError(f"weights missing from {model_dir}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     model.rope = RotaryEmbedding(cfg, max_len).to(device)  # buffers were not materialised on meta
+    return model.eval(), cfg
+
+
+def dummy_model(model_dir: str, dtype: torch.dtype, device: torch.device, max_len: int,
+                seed: int = 0, shard: ShardPlan | None = None) -> tuple[CausalLM, ModelConfig]:
+    """`load_format="dummy"`: the model's shape with random weights made on the device, no file read
+    (as `AutoModelForCausalLM.from_config` initialises them: N(0, 0.02), norms 1, biases 0)."""
+    cfg = ModelConfig.from_dir(model_dir)
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_len).to(dtype)
+        if shard is not None:
+            shard.apply(model).to(dtype)
+    model = model.to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
+        model.lm_head.weight = model.model.embed_tokens.weight
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.rope = RotaryEmbedding(cfg, max_len).to(device)
     return model.eval(), cfg

@@ -112,9 +112,11 @@ class StepInputs:
         self.copied = torch.cuda.Event() if self.device.type == "cuda" else None
 
     def fill(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int] | None = None,
-             pad_to: int | None = None) -> StepBatch:
+             pad_to: int | None = None, decodes: int | None = None) -> StepBatch:
         """seqs as for `make_batch`; rows: the token rows that sample (None: all of them);
-        pad_to: pad a step of one-token sequences to that many (see the class docstring)."""
+        pad_to: pad a step of one-token sequences to that many (see the class docstring); decodes: how
+        many of the leading one-token sequences decode (None: all of them; the runner says, since a
+        prompt's one-token chunk is a prefill)."""
         if self.copied is not None:  # the last step's copies must have read the host rows we rewrite
             self.copied.synchronize()  # (done already whenever that step read its tokens back)
         b = len(seqs)
@@ -149,6 +151,10 @@ class StepInputs:
         num_decodes = 0
         while num_decodes < b and q_lens[num_decodes] == 1:
             num_decodes += 1
+        if decodes is not None:
+            if decodes > num_decodes:
+                raise ValueError(f"{decodes} decodes, but only the first {num_decodes} sequences have one query token")
+            num_decodes = decodes
         max_decode_len = max(seq_lens_list[:num_decodes], default=0)
         nt, ns = n, b  # rows pushed: tokens, sequences
         if pad_to is not None and pad_to > b:

@@ -23,7 +23,7 @@ KV-cache manager, and never changes a block table. It sizes and allocates the KV
 here too, after verification: a draft model writes KV into the same block ids (its own tensors), n-gram
 lookup only reads tokens. Device and dtype are explicit (`cfg.device`): one runner drives one device.
 With `tensor_parallel_size` N > 1 the runner is rank 0 of N (`distributed/`): it starts the workers,
-holds its shard of the weights and KV heads, and broadcasts each step's `(seqs, rows)` before its own
+holds its shard of the weights and KV heads, and broadcasts each step's `(seqs, rows, decodes)` before its own
 forward; the workers run the same `forward` on the same record. Only rank 0 samples.
 """
 from __future__ import annotations
@@ -45,8 +45,7 @@ from reference_engine.worker import ram_check
 from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
     keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, release_freed_cpu_memory, reset_peak_rss, rss)
 from reference_engine.worker.input_batch import StepInputs, make_batch
-from reference_engine.model.loader import load_model
-from reference_engine.model.llama import CausalLM, RotaryEmbedding
+from reference_engine.model.loader import dummy_model, load_model
 from reference_engine.outputs import TokenLogprob
 from reference_engine.core.request import Request
 from reference_engine.worker.sampler import all_argmax, banned_ids, logprobs_of, make_batch as sampling_batch, sample
@@ -111,8 +110,8 @@ class ModelRunner:
             packed_linear.pack(self.model)
             tp_layers.pack(self.model)  # the row-parallel layers' own GEMMs (a no-op without TP)
             self.linear_compute_dtype = packed_linear.compute_dtype(self.model)
-        # who multiplies fp32 / bf16 projections: "inferlab" (one copy, the panels) or "onednn" (packed_linear.kernel_for)
-        self.linear_kernel = packed_linear.kernel_for(self.dtype) if cfg.linear_backend == "onednn" \
+        # who multiplies fp32 / bf16 projections: "inferlab" (one copy, the panels) or "onednn" (packed_linear.linear_kernel)
+        self.linear_kernel = packed_linear.linear_kernel() if cfg.linear_backend == "onednn" \
             and self.dtype in (torch.float32, torch.bfloat16) else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
@@ -212,9 +211,9 @@ class ModelRunner:
         hidden = self.model(x.input_ids.dev[:b], x.positions.dev[:b], self.backend, self._graph_meta[b])
         return self._graph_hidden[:b].copy_(hidden)
 
-    def graph_bucket(self, num_seqs: int, rows: list[int], spec: bool) -> int | None:
-        """The bucket to replay for this step, or None to run it eagerly (see cuda_graphs.py)."""
-        if self.graphs is None or spec or self.draft_observes or len(rows) != num_seqs:
+    def graph_bucket(self, num_seqs: int, rows: list[int], spec: bool, decodes: int) -> int | None:
+        """The bucket to replay for this step (every sequence a decode), or None to run it eagerly (cuda_graphs.py)."""
+        if self.graphs is None or spec or self.draft_observes or len(rows) != num_seqs or decodes != num_seqs:
             return None
         if not rows or rows[-1] != num_seqs - 1:  # some sequence has more than one query token
             return None
@@ -273,8 +272,12 @@ class ModelRunner:
     # ---- the step -------------------------------------------------------------------
     def prepare(self, seqs: list[ScheduledSeq]):
         """-> (query tokens, first position, block table) per sequence, decodes first; the logit rows;
-        the sequences that sample (their records) and their scheduled drafts."""
-        order = sorted(seqs, key=lambda s: len(s.token_ids) != 1)  # stable: decodes first
+        the sequences that sample (their records), their scheduled drafts; the number of decodes.
+        A decode feeds back a generated token (one query token past the prompt). A prompt's one-token
+        last chunk is not one: it stays with the prefills, so every prompt row takes the prefill
+        kernel however the prompt was chunked or prefix-cached, and its bits do not move (vLLM counts
+        any one-token query as a decode)."""
+        order = sorted(seqs, key=lambda s: not _decodes(s))  # stable: decodes first
         inputs, rows, samplers, drafts = [], [], [], []
         offset = 0
         for s in order:
@@ -284,7 +287,7 @@ class ModelRunner:
                 samplers.append(s)
                 drafts.append(s.drafts)
                 rows.extend(range(offset - 1 - len(s.drafts), offset))
-        return inputs, rows, samplers, drafts
+        return inputs, rows, samplers, drafts, sum(map(_decodes, seqs))
 
     def run(self, step: list[ScheduledSeq]) -> RunnerOutput:
         """One target forward for the whole step (+ the proposer's work with speculation on). With TP,
@@ -302,18 +305,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _run(self, step: list[ScheduledSeq]) -> RunnerOutput:
-        seqs, rows, sampling, drafts = self.prepare(step)
+        seqs, rows, sampling, drafts, nd = self.prepare(step)
         samplers = [s.req for s in sampling]  # the sampling rows' params, generators and histories
         spec = any(s.drafts for s in step)
         out = RunnerOutput(reqs=samplers)
-        bucket = self.graph_bucket(len(seqs), rows, spec)
+        bucket = self.graph_bucket(len(seqs), rows, spec, nd)
         if bucket is not None:  # every row samples: the graph's rows are the logit rows
             self.inputs.fill(seqs, pad_to=bucket)
             hidden = self.graphs.replay(bucket, len(seqs))  # (n, hidden)
         else:
             if self.tp:
-                self.tp.send_step((seqs, rows))
-            batch, hidden = self.forward(seqs, rows)  # (N, hidden)
+                self.tp.send_step((seqs, rows, nd))
+            batch, hidden = self.forward(seqs, rows, nd)  # (N, hidden)
             if self.proposer:
                 self.proposer.observe(batch.input_ids, batch.positions, batch.meta)
             if not samplers:
@@ -346,10 +349,11 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def forward(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int]):
-        """The model over one step's `prepare`d sequences -> (batch, hidden `(N, hidden)`); on every
-        rank, with the same record. A rank that dies meanwhile raises `RankFailure`."""
-        batch = self.inputs.fill(seqs, rows)
+    def forward(self, seqs: list[tuple[list[int], int, list[int]]], rows: list[int], decodes: int):
+        """The model over one step's `prepare`d sequences (the first `decodes` of them decodes) -> (batch,
+        hidden `(N, hidden)`); on every rank, with the same record. A rank that dies meanwhile raises
+        `RankFailure`."""
+        batch = self.inputs.fill(seqs, rows, decodes=decodes)
         if self.fast_decode is not None and self.fast_decode.takes(batch):
             return batch, self.fast_decode.forward(batch.input_ids, batch.positions, batch.meta)
         run = lambda: self.model(batch.input_ids, batch.positions, self.backend, batch.meta)  # noqa: E731
@@ -375,26 +379,6 @@ class ModelRunner:
         return out
 
 
-def dummy_model(model_dir: str, dtype: torch.dtype, device: torch.device, max_len: int,
-                seed: int = 0, shard: ShardPlan | None = None) -> tuple[CausalLM, ModelConfig]:
-    """`load_format="dummy"`: the model's shape with random weights made on the device, no file read
-    (as `AutoModelForCausalLM.from_config` initialises them: N(0, 0.02), norms 1, biases 0)."""
-    cfg = ModelConfig.from_dir(model_dir)
-    with torch.device("meta"):
-        model = CausalLM(cfg, max_len).to(dtype)
-        if shard is not None:
-            shard.apply(model).to(dtype)
-    model = model.to_empty(device=device)
-    if cfg.tie_word_embeddings:  # to_empty breaks the tie; restore it
-        model.lm_head.weight = model.model.embed_tokens.weight
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    model.rope = RotaryEmbedding(cfg, max_len).to(device)
-    return model.eval(), cfg
+def _decodes(s: ScheduledSeq) -> bool:
+    """Does this sequence decode this step: one query token, a generated one (see `ModelRunner.prepare`)?"""
+    return len(s.token_ids) == 1 and s.start >= s.req.num_prompt_tokens

@@ -75,10 +75,8 @@ def test_a_seeded_request_gives_the_same_tokens_alone_and_in_any_batch(llm, targ
 def test_greedy_logprobs_have_the_same_bits_alone_and_batched(tiny_llama):
     """With one weight layout (every row count on the same k-ordered panel GEMM), a sequence's logits do not
     depend on its batch: each prompt prefilled in one piece, alone or with 7 others of other lengths, then
-    decoded alone or in a batch, gives the same logprob bits at every step. What still moves them (by a few
-    ulps): a prompt whose chunked prefill leaves one token for the last chunk, which then counts as a decode
-    and takes the decode attention kernel, whose dot products sum in another order than the prefill
-    kernel's (vLLM treats a one-token query the same way)."""
+    decoded alone or in a batch, gives the same logprob bits at every step (how the prompt is chunked does
+    not move them either: the next test)."""
     llm = LLM(str(tiny_llama), max_num_batched_tokens=4096, enable_prefix_caching=False)
     vocab = llm.engine.model_config.vocab_size
     g = torch.Generator().manual_seed(3)
@@ -89,3 +87,28 @@ def test_greedy_logprobs_have_the_same_bits_alone_and_batched(tiny_llama):
     for a, b in zip(alone, batched):
         assert a.token_ids == b.token_ids
         assert [x.logprob for x in a.logprobs] == [x.logprob for x in b.logprobs]  # float equality: the same bits
+
+
+def test_a_prompts_bits_do_not_depend_on_its_chunks_or_its_cached_prefix(tiny_llama):
+    """A prompt of 2 blocks + 1 token, prefilled in one piece, in 16-token chunks (the last chunk one
+    token) and again with its first 2 blocks found in the prefix cache (one token computed): the same
+    tokens and logprob bits. The one-token chunk is a prompt row, so it takes the prefill attention
+    kernel like the rest of its prompt; counted as a decode (vLLM's rule: any one-token query) it took
+    the decode kernel, whose sums run in another order, and the bits moved by a few ulps."""
+    g = torch.Generator().manual_seed(7)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=1, ignore_eos=True)
+    with LLM(str(tiny_llama), enable_prefix_caching=False) as llm:
+        vocab = llm.engine.model_config.vocab_size
+        prompts = [torch.randint(8, vocab, (33,), generator=g).tolist() for _ in range(3)]
+        whole = llm.generate(prompts, sp)
+    runs = []
+    with LLM(str(tiny_llama), enable_prefix_caching=False, max_num_batched_tokens=16, max_num_seqs=1) as llm:
+        runs.append(llm.generate(prompts, sp))  # chunks of 16, 16 and 1 tokens
+    with LLM(str(tiny_llama), enable_prefix_caching=True) as llm:
+        llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))  # cache 2 blocks each
+        runs.append(llm.generate(prompts, sp))
+        assert llm.engine.scheduler.stats().kv_cached_blocks > 0
+    for run in runs:
+        for a, b in zip(whole, run):
+            assert a.token_ids == b.token_ids
+            assert [x.logprob for x in a.logprobs] == [x.logprob for x in b.logprobs]  # the same bits

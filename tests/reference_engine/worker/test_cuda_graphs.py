@@ -134,14 +134,15 @@ def test_which_steps_replay(kernels, tmp_path):
                                                      ignore_eos=True))[0].token_ids == out
     assert seen and llm.engine.num_drafts > 0  # both kinds of step happened
     assert all(b == 1 for b, _ in seen)  # only draft-free single decodes replay; verify steps run eagerly
-    # eligibility, step by step: (sequences, logit rows, drafts)
-    assert runner.graph_bucket(3, [0, 1, 2], {}) == 4
-    assert runner.graph_bucket(3, [0, 1, 2], {"r": [5]}) is None  # drafts to verify
-    assert runner.graph_bucket(2, [0, 9], {}) is None  # a prefill chunk in the step
-    assert runner.graph_bucket(2, [1], {}) is None  # a sequence that does not sample
-    assert runner.graph_bucket(9, list(range(9)), {}) is None  # above the largest bucket
+    # eligibility, step by step: (sequences, logit rows, drafts, decodes)
+    assert runner.graph_bucket(3, [0, 1, 2], {}, 3) == 4
+    assert runner.graph_bucket(3, [0, 1, 2], {"r": [5]}, 3) is None  # drafts to verify
+    assert runner.graph_bucket(2, [0, 9], {}, 1) is None  # a prefill chunk in the step
+    assert runner.graph_bucket(3, [0, 1, 2], {}, 2) is None  # a prompt's one-token chunk: a prefill
+    assert runner.graph_bucket(2, [1], {}, 2) is None  # a sequence that does not sample
+    assert runner.graph_bucket(9, list(range(9)), {}, 9) is None  # above the largest bucket
     runner.draft_observes = True
-    assert runner.graph_bucket(1, [0], {}) is None  # a draft model runs on the step's inputs
+    assert runner.graph_bucket(1, [0], {}, 1) is None  # a draft model runs on the step's inputs
 
 
 def test_serve_flags_for_the_gpu_knobs():

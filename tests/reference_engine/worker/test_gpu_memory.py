@@ -167,7 +167,7 @@ def test_dummy_weights_make_the_shape_without_reading_files(tiny_qwen3, tmp_path
     d = tmp_path / "no-weights"
     shutil.copytree(tiny_qwen3, d)
     (d / "model.safetensors").unlink()
-    from reference_engine.worker.model_runner import dummy_model
+    from reference_engine.model.loader import dummy_model
 
     model, _ = dummy_model(str(d), torch.float32, torch.device("cpu"), 64)  # as made, before any layout
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as the config says
