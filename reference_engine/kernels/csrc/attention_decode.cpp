@@ -130,7 +130,9 @@ static void decode_task(const T* q, const T* kc, const T* vc, const int64_t* tab
 }
 
 // Tasks: B x parts, where a sequence's kv heads are cut into `parts` ranges only when there are
-// too few sequences to keep every thread busy.
+// too few sequences to keep every thread busy. Contexts differ (a served batch mixes 50 and 2,000
+// tokens), so the tasks are shared out in guided spans (`share`), not split evenly by count: a thread
+// that drew short sequences takes more of them, and one the OS took away leaves the rest to the others.
 template <typename T>
 static void decode_impl(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
                         T* out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs, int64_t width,
@@ -138,7 +140,7 @@ static void decode_impl(const T* q, const T* kc, const T* vc, const int64_t* tab
   const int64_t threads = at::get_num_threads();
   const int64_t parts = std::min<int64_t>(Hkv, std::max<int64_t>(1, (4 * threads + B - 1) / B));
   const int64_t per = (Hkv + parts - 1) / parts, G = H / Hkv;
-  at::parallel_for(0, B * parts, 1, [&](int64_t begin, int64_t end) {
+  share(B * parts, std::max<int64_t>(1, std::min(threads, B * parts)), 1, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(per * G * D), acc(per * G * D), s(G * bs), m(per * G), l(per * G);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / parts, h0 = (w % parts) * per, h1 = std::min(Hkv, h0 + per);
