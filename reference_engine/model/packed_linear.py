@@ -5,11 +5,11 @@ Every fp32 or bf16 projection is packed once (`kernels/cpp_gemm.py`) into k-majo
 every row count, a decode step's 1-12 rows, a decode batch's 13-128, a prefill chunk's thousands. The
 GEMV on W as stored, oneDNN's packed copy and MKL on the parameter (three layouts, 12 bytes per weight,
 until 2026-12-04) are gone; docs/perf/2026-12-04-one-layout.md has the A/B per row count.
-bf16 weights can be held the same way, once, as bf16 pair panels (P, K/2, 32, 2) (2 bytes per weight;
+bf16 weights are held the same way, once, as bf16 pair panels (P, K/2, 32, 2) (2 bytes per weight;
 oneDNN's path holds the parameter and its copy, 4): vdpbf16ps on AVX512_BF16, the pairs widened to fp32
-elsewhere, the same bits (kernels/cpp_gemm.py). Opt-in (`INFERLAB_LINEAR=inferlab`, `bf16_kernel`) while
-their prefill is behind oneDNN's (GEMM 1.06x its time at 512-2,048 rows; SmolLM2 served TTFT 1.03-1.14x;
-docs/perf/2026-12-05-prefill-gemm.md).
+elsewhere, the same bits (kernels/cpp_gemm.py). The default since 2026-12-05: on SmolLM2 served (3 repeats)
+their TTFT is level with vLLM's where oneDNN's path was 1.07x behind at one stream, and their TPOT is
+0.69-0.78x oneDNN's (docs/perf/2026-12-05-bf16-panels.md).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias,
 whatever the row count, the tile, the thread and the instruction set (AVX-512, AVX2 + FMA and scalar
@@ -24,7 +24,7 @@ rows from them (exact copies), so the tied matrix is stored once.
 weight while it lives), for code that wants W as nn.Linear stores it (TP sharding runs before packing,
 the handbook's labs, HF comparisons in tests).
 
-Fallback (`INFERLAB_LINEAR=onednn`, no C++ compiler, bf16 weights unless pinned to inferlab): oneDNN's
+Fallback (`INFERLAB_LINEAR=onednn`, or no C++ compiler): oneDNN's
 packed copy beside the parameter, as before. bf16 there on a CPU without bf16 dot products (no AVX512_BF16 / AMX): oneDNN refuses bf16, so
 `PackedLinear` keeps an fp32 copy of the bf16 weights (the same values, exactly), multiplies in fp32 and
 rounds the output to bf16; the engine reports `linear_compute_dtype = "float32"`. The panels need no
@@ -113,27 +113,15 @@ def _pinned(var: str) -> str:
 @functools.cache
 def linear_kernel() -> str:
     """"inferlab" (one layout: the panels, kernels/cpp_gemm.py) or "onednn" (oneDNN's packed copy beside
-    the parameter): who multiplies fp32 and bf16 projections. The panels wherever the kernel builds, unless
+    the parameter): who multiplies fp32 and bf16 projections alike (bf16 stayed on oneDNN by default until
+    2026-12-05, when the pair panels' served TTFT came level). The panels wherever the kernel builds, unless
     `INFERLAB_LINEAR` names one."""
     return _pinned("INFERLAB_LINEAR") or ("inferlab" if cpp_gemm.available() else "onednn")
 
 
-def bf16_kernel() -> str:
-    """Who multiplies bf16 projections: "onednn" unless `INFERLAB_LINEAR=inferlab` names the pair panels.
-    The panels hold 2 bytes per weight against oneDNN's 4 and decode faster (SmolLM2 TPOT 0.71x at one
-    stream), but their prefill GEMM takes 1.06x oneDNN's time at 512-2,048 rows and the served TTFT is
-    1.03x / 1.14x / 1.12x at 1 / 4 / 8 streams: opt-in until it is level (docs/perf/2026-12-05-prefill-gemm.md)."""
-    return "inferlab" if _pinned("INFERLAB_LINEAR") == "inferlab" else "onednn"
-
-
-def kernel_for(dtype: torch.dtype) -> str:
-    """`bf16_kernel()` for bf16 weights, `linear_kernel()` for the rest."""
-    return bf16_kernel() if dtype == torch.bfloat16 else linear_kernel()
-
-
 class PackedLinear(nn.Module):
     """`linear`'s forward over one resident copy of its weight: fp32 or bf16 weights in the panels
-    (`kernel` "inferlab"; by default `linear_kernel()` for fp32, `bf16_kernel()` for bf16), any row count;
+    (`kernel` "inferlab"; by default `linear_kernel()`), any row count;
     else oneDNN's packed copy (fp32, or bf16 where native) beside the parameter (`param`)."""
 
     MID_M = 128  # the most rows the fused decode layer takes (a decode batch; fused_decode.py)
@@ -144,7 +132,7 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.out_dtype = w.dtype
         b = linear.bias
-        kernel = kernel or kernel_for(w.dtype)
+        kernel = kernel or linear_kernel()
         if w.dtype in (torch.float32, torch.bfloat16) and kernel == "inferlab":
             self.compute_dtype = w.dtype
             # the one copy: fp32 (P, K, 32), bf16 (P, K/2, 32, 2)

@@ -47,8 +47,7 @@ def linear_path(runner) -> tuple[str, str]:
         return (f"panel GEMM ({isa()})", f"{runner.dtype} weights held once as 32-column panels; one fixed sum "
                 "order per output at every row count (kernels/cpp_gemm.py)")
     why = "INFERLAB_LINEAR=onednn" if os.environ.get("INFERLAB_LINEAR") == "onednn" else \
-        "no C++ kernel here" if linear_kernel() != "inferlab" else \
-        f"{runner.dtype} weights: oneDNN by default (the bf16 panels: INFERLAB_LINEAR=inferlab)"
+        "no C++ kernel here" if linear_kernel() != "inferlab" else f"{runner.dtype} weights: not packed as panels"
     return f"oneDNN packed ({runner.linear_compute_dtype})", why
 
 

@@ -59,18 +59,18 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     # against vLLM: three interleaved repeats each; the reference's own layouts: a cell of their own
     for name in ("smollm2-fp32-offline", "smollm2-fp32-poisson"):
         assert real[name].get("engines", cfg["engines"]) == ["reference", "vllm"] and real[name]["repeats"] == 3
-    # the served cell also runs the reference with its AVX2 kernels forced; the bf16 cell, bf16 held once
+    # the served cell also runs the reference with its AVX2 kernels forced; the bf16 cell, bf16 on oneDNN beside the default's pair panels
     assert real["smollm2-fp32-served"]["engines"] == ["reference", "reference-avx2", "vllm"]
     assert real["smollm2-fp32-served"]["repeats"] == 3
-    assert real["smollm2-bf16-served"]["engines"] == ["reference", "reference-panels", "vllm"]
+    assert real["smollm2-bf16-served"]["engines"] == ["reference", "reference-onednn", "vllm"]
     assert real["smollm2-fp32-served-modes"]["engines"] == ["reference", "reference-thread", "reference-1t"]
     assert real["smollm2-fp32-served-modes"]["load"] == real["smollm2-fp32-served"]["load"]
     server = {"adapter": "reference", "mode": "server", "max_num_seqs": 128}
     assert cfg["engine_options"]["reference-thread"] == {**server, "num_threads": 2, "engine_process": False}
     assert cfg["engine_options"]["reference-1t"] == {**server, "num_threads": 1}
     assert cfg["engine_options"]["reference-avx2"] == {**server, "num_threads": 2, "env": {"ATEN_CPU_CAPABILITY": "avx2"}}
-    assert cfg["engine_options"]["reference-panels"] == {**server, "num_threads": 2,
-                                                         "env": {"INFERLAB_LINEAR": "inferlab"}}
+    assert cfg["engine_options"]["reference-onednn"] == {**server, "num_threads": 2,
+                                                         "env": {"INFERLAB_LINEAR": "onednn"}}
     assert real["smollm2-fp32-served"]["load"] == real["smollm2-bf16-served"]["load"] == {
         "mode": "closed", "concurrency": [1, 4, 8], "warmup": 2}
     assert cfg["cells"][0] == {"name": "tiny-fp32"}  # the base config as written: the model set above

@@ -53,10 +53,9 @@ def test_every_fast_step_equals_the_module_path_and_hf(family, n, request, monke
 
 @builds
 def test_bf16_fast_steps_on_the_panels_equal_the_module_path(tiny_qwen2, monkeypatch):
-    """Every product the bf16 panel GEMM (opt-in: INFERLAB_LINEAR=inferlab), called from C++: the modules'
+    """Every product the bf16 panel GEMM (bf16's default), called from C++: the modules'
     hidden states bit for bit; 2 bytes per weight held (the panels, no parameter, no oneDNN copy) plus
     norms, biases and rope tables."""
-    monkeypatch.setenv("INFERLAB_LINEAR", "inferlab")
     llm = LLM(str(tiny_qwen2), dtype="bfloat16")  # qwen2: the qkv bias goes through the kernel's epilogue
     assert llm.engine.effective_config()["bytes_per_weight"] <= 2.25
     runner = llm.engine.runner
@@ -95,9 +94,9 @@ def test_only_all_decode_steps_of_at_most_max_rows_take_it(tiny_llama, monkeypat
 def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
     qwen3 = LLM(str(tiny_qwen3), dtype="float32").engine.runner
     assert qwen3.fast_decode is None and "family='qwen3'" in qwen3.fast_decode_refusal  # refused by name
-    # bf16 takes it by default where oneDNN multiplies bf16 natively (else PackedLinear casts in Python)
+    # bf16 takes it by default: its weights are pair panels, multiplied in bf16 pairs on any CPU
     bf16 = LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode
-    assert (bf16 is not None) == (packed_linear.native_bf16() and fused_decode.available())
+    assert (bf16 is not None) == fused_decode.available()
     unfused = LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner
     assert unfused.fast_decode is None and unfused.fast_decode_refusal == "fused_ops off"
     monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")
@@ -117,14 +116,19 @@ def test_bf16_greedy_on_the_panels_agrees_with_the_onednn_path(tiny_llama, monke
     """The same bf16 model on the panels and on INFERLAB_LINEAR=onednn: both round each product's fp32 sum
     to bf16 once, in different summation orders, so a token may flip where two logits tie within bf16's
     precision; on this model and these prompts at least 90 % of the greedy tokens agree."""
-    llm = LLM(str(tiny_llama), dtype="bfloat16")  # bf16's default: oneDNN
-    assert llm.engine.runner.model.lm_head.panels is None
+    llm = LLM(str(tiny_llama), dtype="bfloat16")  # bf16's default: the pair panels
+    assert llm.engine.runner.model.lm_head.panels is not None
     prompts = random_prompts(llm.engine.model_config.vocab_size, 8, seed=11)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    onednn = [list(o.token_ids) for o in llm.generate(prompts, params)]
-    monkeypatch.setenv("INFERLAB_LINEAR", "inferlab")
-    llm = LLM(str(tiny_llama), dtype="bfloat16")
-    assert llm.engine.runner.model.lm_head.panels is not None
     panels = [list(o.token_ids) for o in llm.generate(prompts, params)]
+    monkeypatch.setenv("INFERLAB_LINEAR", "onednn")
+    packed_linear.linear_kernel.cache_clear()
+    try:
+        llm = LLM(str(tiny_llama), dtype="bfloat16")
+        assert llm.engine.runner.model.lm_head.panels is None
+        onednn = [list(o.token_ids) for o in llm.generate(prompts, params)]
+    finally:
+        monkeypatch.delenv("INFERLAB_LINEAR")
+        packed_linear.linear_kernel.cache_clear()
     same = sum(a == b for p, o in zip(panels, onednn) for a, b in zip(p, o))
     assert same >= 0.9 * sum(len(p) for p in panels), (panels, onednn)

@@ -88,7 +88,7 @@ def test_a_tied_embedding_reads_the_lm_heads_panels():
 def test_bf16_weights_are_held_once_as_pair_panels():
     torch.manual_seed(0)
     lin = nn.Linear(65, 48, bias=True).to(torch.bfloat16)
-    packed = PackedLinear(lin, kernel="inferlab")  # opt-in for bf16 (packed_linear.bf16_kernel)
+    packed = PackedLinear(lin, kernel="inferlab")
     assert packed.packed is None and list(packed.parameters()) == [] and packed.compute_dtype == torch.bfloat16
     assert packed.panels.shape == (2, 33, 32, 2) and packed.packed_bytes() == 2 * 33 * 32 * 2 * 2  # 2 bytes a weight
     assert torch.equal(packed.weight, lin.weight.detach())  # unpacked on demand, exactly
@@ -105,16 +105,20 @@ def test_bf16_weights_are_held_once_as_pair_panels():
 @panels
 def test_a_bf16_model_holds_at_most_2_25_bytes_per_weight(monkeypatch):
     from reference_engine.worker.ram_check import held_per_weight_byte
-    # by default the parameter and oneDNN's copy (an fp32 one where bf16 is not native)
-    assert held_per_weight_byte(576, torch.bfloat16) == (2.0 if packed_linear.native_bf16() else 3.0)
-    monkeypatch.setenv("INFERLAB_LINEAR", "inferlab")
-    assert held_per_weight_byte(576, torch.bfloat16) == 1.0  # the panels replace the parameter, byte for byte
-    assert held_per_weight_byte(576, torch.float32) == 1.0
+    if cpp_gemm.available():  # by default the pair panels replace the parameter, byte for byte
+        assert held_per_weight_byte(576, torch.bfloat16) == 1.0
+        assert held_per_weight_byte(576, torch.float32) == 1.0
+    monkeypatch.setenv("INFERLAB_LINEAR", "onednn")
+    packed_linear.linear_kernel.cache_clear()
+    try:  # the parameter and oneDNN's copy (an fp32 one where bf16 is not native)
+        assert held_per_weight_byte(576, torch.bfloat16) == (2.0 if packed_linear.native_bf16() else 3.0)
+    finally:
+        monkeypatch.delenv("INFERLAB_LINEAR")
+        packed_linear.linear_kernel.cache_clear()
 
 
 @panels
-def test_a_tied_bf16_embedding_reads_the_lm_heads_pair_panels(monkeypatch):
-    monkeypatch.setenv("INFERLAB_LINEAR", "inferlab")
+def test_a_tied_bf16_embedding_reads_the_lm_heads_pair_panels():
     m = nn.Module()
     m.cfg = type("Cfg", (), {"tie_word_embeddings": True})()
     m.model = nn.Module()
@@ -128,15 +132,23 @@ def test_a_tied_bf16_embedding_reads_the_lm_heads_pair_panels(monkeypatch):
     assert torch.equal(m.model.embed_tokens(ids), table[ids])
 
 
-def test_bf16_stays_on_onednn_beside_the_parameter_unless_pinned():
+def test_bf16_is_held_once_as_pair_panels_by_default_and_on_onednn_when_pinned():
+    """The default kernel holds bf16 once, as pair panels (2 bytes a weight); `kernel="onednn"` (what
+    INFERLAB_LINEAR=onednn picks) keeps oneDNN's copy beside the parameter. Both multiply the same bf16
+    values with fp32 sums."""
     torch.manual_seed(0)
     lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
-    packed = PackedLinear(lin)
-    assert packed.panels is None and packed.weight is lin.weight
     x = torch.randn(300, 64).to(torch.bfloat16)
+    want = F.linear(x.float(), lin.weight.float()).to(torch.bfloat16)  # fp32 products of bf16 values
+    if cpp_gemm.available():
+        packed = PackedLinear(lin)
+        assert packed.panels is not None and packed_linear.layout_bytes(nn.Sequential(packed)) == {
+            "panels": 64 * 64 * 2}  # K 64 x 48 columns padded to two 32-column panels, 2 bytes each
+        torch.testing.assert_close(packed(x).float(), want.float(), rtol=2e-2, atol=2e-2)
+    packed = PackedLinear(lin, kernel="onednn")
+    assert packed.panels is None and packed.weight is lin.weight
     got = packed(x)
     assert got.dtype == torch.bfloat16
-    want = F.linear(x.float(), lin.weight.float()).to(torch.bfloat16)  # fp32 products of bf16 values
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert packed_linear.layout_bytes(nn.Sequential(packed)) == {"onednn": packed.packed_bytes()}
 
