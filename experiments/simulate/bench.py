@@ -168,7 +168,7 @@ def phase(name: str, out: Path) -> None:
         from experiments.simulate.step_model import load_profile
 
         h200 = load_profile("h200")
-        res = {"source": published.SOURCE, "rows": published.table(h200),
+        res = {"source": published.SOURCE, "source_v0_17": published.SOURCE_V017, "rows": published.table(h200),
                "at_scale": published.at_scale(h200, osl=64, names=("least_loaded",))
                + published.at_scale(h200, n=20_000, rate=100.0, replicas=2, osl=64)}
         (out / "published.json").write_text(json.dumps(res, indent=1, default=str))

@@ -13,6 +13,10 @@ def pct(v) -> str:
     return "–" if v is None else f"{v:+.1%}"
 
 
+def _num(v, fmt: str = ",.0f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
 def served_table(levels: dict) -> list[str]:
     out = ["| level | TTFT p50 / p90 / p99 | TPOT p50 / p90 / p99 | E2EL p50 / p90 / p99 | throughput | "
            "measured TTFT p50, TPOT p50 (ms), tok/s |", "|---|---|---|---|---|---|"]
@@ -59,10 +63,11 @@ def render(res: dict) -> str:
                f"({pct(c['predicted'] / c['measured'] - 1)})."]
     pub = res.get("published") or {}
     if pub.get("rows"):
-        md += ["", "| ISL/OSL | requests | predicted tok/s (H200, uncalibrated) | TensorRT-LLM | ratio | "
-               "preemptions | simulator s |", "|---|---|---|---|---|---|---|"]
+        md += ["", "| ISL/OSL | requests | predicted tok/s (H200, uncalibrated) | TensorRT-LLM (v1.0-era page) | ratio | "
+               "TensorRT-LLM v0.17 | ratio | preemptions | simulator s |", "|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['isl']}/{r['osl']} | {r['requests']} | {r['predicted_tok_s']:,.0f} | {r['published_tok_s']:,.0f} | "
-               f"{r['ratio']:.2f} | {r['preemptions']} | {r['simulator_wall_s']:.0f} |" for r in pub["rows"]]
+               f"{r['ratio']:.2f} | {_num(r.get('published_v0_17_tok_s'))} | {_num(r.get('ratio_v0_17'), '.2f')} | "
+               f"{r['preemptions']} | {r['simulator_wall_s']:.0f} |" for r in pub["rows"]]
     md += ["", "Load average (1/5/15 min) as each phase began and ended:", ""]
     for phase, d in (res.get("load") or {}).items():
         md.append(f"- {phase}: " + ", ".join(f"{w} {v['utc']} load {tuple(round(x, 1) for x in v['loadavg'])}"

@@ -3,7 +3,8 @@ against TensorRT-LLM's published throughput table, and 10^5 requests through N r
 
 TensorRT-LLM's perf overview (docs/source/performance/perf-overview.md, Llama 3.1 8B, H200 TP1 FP8)
 feeds `trtllm-bench throughput` every request at once (3000 requests at 128/2048 and at 1000/1000)
-and reports total output tokens/s: 26,221 and 17,744. The same scenario here: the simulated
+and reports total output tokens/s: 26,221 and 17,744 (a v1.0-era page, cited at a commit), and
+25,399 and 17,538 in the page's v0.17 version (the release named in its text). The same scenario here: the simulated
 replica with TensorRT-LLM's PyTorch-backend defaults (max batch 2048, 8192 tokens per step), FP8
 weights and KV, the KV cache given 90 % of what the weights leave of 141 GB, every request arriving
 at t = 0. The profile is the uncalibrated spec sheet: the ratio is reported, not tuned.
@@ -24,6 +25,14 @@ LLAMA_31_8B_FP8 = ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, head_
 PUBLISHED = {(128, 2048): 26221.0, (1000, 1000): 17744.0}  # output tok/s, H200 TP1 FP8
 SOURCE = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md, stored version at commit 00f37686aa85 "
           "(its text introduces the v1.0 RTX 6000 tables), table 'Llama 3.1 8B', column H200 TP1 (FP8)")
+# The same page at an earlier commit names its release in the text ("All data in the table below was
+# generated using version 0.17"): the same shapes and 3000 requests, `trtllm-bench throughput` on a
+# TensorRT engine, KV fraction 0.95. Its "Token Throughput" is output tokens/s (the page's own example:
+# 3000 x 128 output tokens / 16.41 s = 23,406).
+PUBLISHED_V017 = {(128, 2048): 25398.86, (1000, 1000): 17537.96}
+SOURCE_V017 = ("NVIDIA/TensorRT-LLM docs/source/performance/perf-overview.md, stored version at commit 258c7540c035, "
+               "whose text says the table was 'generated using version 0.17': 'LLaMA v3.1 8B', TP 1, "
+               "H200 141GB HBM3, FP8")
 REQUESTS = {(128, 2048): 3000, (1000, 1000): 3000}  # the doc's $num_requests for these shapes
 
 
@@ -60,6 +69,8 @@ def table(profile: Profile) -> list[dict]:
     for (isl, osl), n in REQUESTS.items():
         r = max_throughput(profile, isl, osl, n)
         r["ratio"] = r["predicted_tok_s"] / r["published_tok_s"]
+        r["published_v0_17_tok_s"] = PUBLISHED_V017[(isl, osl)]
+        r["ratio_v0_17"] = r["predicted_tok_s"] / r["published_v0_17_tok_s"]
         rows.append(r)
     return rows
 

@@ -14,15 +14,19 @@ Three terms, in the profile's `served`:
 They are fitted on a measured served *calibration* run (its own config and seed: never the run the
 prediction is validated on) against the same run simulated without them, with the answers' measured
 lengths (so only timing differs):
-  - per_step_s, per_seq_s: the p50 TPOT gap per closed-loop level against the level's streams B
-    (least squares; a TPOT step is one decode step, so the gap is the step overhead). Signed: on
-    this 2-core machine the served core ran *faster* per sequence than the in-process calibration
-    (docs/perf/2026-12-04-simulate-2.md: two calibration runs, both -0.8 to -1.1 ms per sequence per
-    step; the cause is not known), so the term is a served correction, not only an overhead; a step
-    never costs less than half its in-process prediction;
   - per_request_s, per_request_per_seq_s: the p50 TTFT gap per level, less the step overhead its
     first step already carries, against the other streams (B - 1) the front end serves meanwhile
-    (least squares, both >= 0: a request cannot reach the scheduler before it was sent).
+    (least squares, both >= 0: a request cannot reach the scheduler before it was sent);
+  - per_step_s, per_seq_s: only when asked (`fit(..., steps=True)`): the p50 TPOT gap per closed-loop
+    level against the level's streams B (least squares, signed; a step never costs less than half its
+    in-process prediction). Off by default since 2026-12-05. They were added when every served run
+    decoded faster per sequence than the in-process calibration (-0.8 to -1.6 ms per sequence per
+    step); the cause was the calibration, which sampled every row at temperature 1 (a softmax and a
+    draw over the vocabulary) while the served runs were greedy. With a greedy calibration the
+    in-process profile predicts the served 4- and 8-stream TPOT within 3 % without them, and what a
+    fit still finds is the machine's drift: the same server config decoded one stream at 20.0 and then
+    23.1 ms per token two minutes apart, and a line through three such points, extrapolated to the 20-30
+    sequences of a Poisson level, put +18-27 % on its TPOT (docs/perf/2026-12-05-simulate-3.md).
 """
 from __future__ import annotations
 
@@ -47,8 +51,9 @@ def _streams(level: str) -> int:
     return int(level.split("=", 1)[1])
 
 
-def fit(measured: dict[str, dict], simulated: dict[str, dict]) -> dict[str, float]:
-    """The three terms from per-level summaries of the same run, measured and simulated without them."""
+def fit(measured: dict[str, dict], simulated: dict[str, dict], steps: bool = False) -> dict[str, float]:
+    """The terms from per-level summaries of the same run, measured and simulated without them; the step
+    terms only with `steps` (module docstring: 0 otherwise)."""
     lv = sorted((lv for lv in measured if lv in simulated), key=_streams)
     if len(lv) < 2:
         raise ValueError("served overhead: need at least 2 closed-loop levels measured and simulated")
@@ -56,7 +61,7 @@ def fit(measured: dict[str, dict], simulated: dict[str, dict]) -> dict[str, floa
     gap = np.array([(measured[x]["tpot_ms"]["median"] - simulated[x]["tpot_ms"]["median"]) / 1e3 for x in lv])
     A = np.column_stack([np.ones_like(B), B])
     sol, *_ = np.linalg.lstsq(A, gap, rcond=None)
-    step, seq = float(sol[0]), float(sol[1])
+    step, seq = (float(sol[0]), float(sol[1])) if steps else (0.0, 0.0)
     ttft = np.array([(measured[x]["ttft_ms"]["median"] - simulated[x]["ttft_ms"]["median"]) / 1e3 for x in lv])
     ttft -= step + seq * B
     others = B - 1

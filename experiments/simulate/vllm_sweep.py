@@ -36,8 +36,10 @@ def main(argv: list[str]) -> int:
     heads = c["num_attention_heads"]
     per_token = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", heads) * (
         c.get("head_dim") or c["hidden_size"] // heads) * 4  # fp32 K and V
+    # room for one max-length sequence (8,192) and a margin: vLLM 0.32 checks the model's max length
+    # against what the blocks hold after its own rounding (8,192 tokens' bytes estimate 8,064)
     llm = LLM(model=model, dtype="float32", enforce_eager="--enforce-eager" in argv, seed=0,
-              kv_cache_memory_bytes=8192 * per_token, enable_prefix_caching=False)
+              kv_cache_memory_bytes=(8192 + 512) * per_token, enable_prefix_caching=False)
     cfg = llm.llm_engine.vllm_config
     settings = {"block_size": cfg.cache_config.block_size, "max_num_seqs": cfg.scheduler_config.max_num_seqs,
                 "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
