@@ -2,6 +2,7 @@
 vLLM's own benchmark client (`vllm bench serve`'s code: vllm.benchmarks.serve) at 1, 4 and 8 streams.
 
 Usage: .venv/bin/python scripts/defaults_ab.py [MODEL] [--rounds 2] [--out docs/perf/<date>-defaults.md]
+       [--engines inferlab] [--inferlab-args "--num-threads 1"]   (a variant of ours alone)
 
 The two servers take turns (one at a time on the same cores; rounds alternate which goes first), each level
 runs `--max-concurrency C` closed-loop streams of random 128-token prompts and 64 output tokens (ignore_eos), and
@@ -39,9 +40,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_cmd(engine: str, model: str, port: int) -> list[str]:
+def server_cmd(engine: str, model: str, port: int, extra: list[str] = ()) -> list[str]:
     if engine == "inferlab":  # `inferlab serve`, from this checkout (PYTHONPATH: a worktree measures its own code)
-        return [sys.executable, "-m", "experiments.cli", "serve", model, "--port", str(port)]
+        return [sys.executable, "-m", "experiments.cli", "serve", model, "--port", str(port), *extra]
     # vLLM-CPU with no flags reserves 92 % of the machine's RAM (`--gpu-memory-utilization` sizes the CPU KV
     # cache) and refuses to start unless that much is free; on a shared machine VLLM_MEM names a smaller share
     # (it sizes the KV cache only: 8 streams of 192 tokens use a sliver of either)
@@ -75,11 +76,12 @@ def bench(model: str, port: int, conc: int, out: Path, output_len: int = 64) -> 
     return json.loads(out.read_text())
 
 
-def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int, output_len: int = 64) -> dict[int, dict]:
+def run_engine(engine: str, model: str, levels: list[int], tmp: Path, rnd: int, output_len: int = 64,
+               extra: list[str] = ()) -> dict[int, dict]:
     port = free_port()
     log = open(tmp / f"{engine}-{rnd}.log", "w")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(server_cmd(engine, model, port), stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(server_cmd(engine, model, port, extra), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=REPO, env=env)
     try:
         wait_ready(port, proc)
@@ -100,18 +102,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--levels", default="1,4,8")
     ap.add_argument("--output-len", type=int, default=64, help="output tokens per request (the issue's runs: 64)")
+    ap.add_argument("--engines", default="inferlab,vllm", help="which servers take turns (a variant alone: inferlab)")
+    ap.add_argument("--inferlab-args", default="", help="flags for `inferlab serve` (a variant of the defaults, "
+                    "e.g. '--num-threads 1'); the table is then not defaults against defaults")
     ap.add_argument("--out", default=f"docs/perf/{datetime.date.today()}-defaults.md")
     a = ap.parse_args()
+    engines, extra = a.engines.split(","), a.inferlab_args.split()
     levels = [int(x) for x in a.levels.split(",")]
     res: dict[str, dict[int, list[dict]]] = {"inferlab": {}, "vllm": {}}
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.rounds):
-            order = ("inferlab", "vllm") if r % 2 == 0 else ("vllm", "inferlab")
+            order = engines if r % 2 == 0 else engines[::-1]
             for e in order:
-                for c, v in run_engine(e, a.model, levels, Path(d), r, a.output_len).items():
+                for c, v in run_engine(e, a.model, levels, Path(d), r, a.output_len, extra).items():
                     res[e].setdefault(c, []).append(v)
                 print(f"round {r} {e} done", file=sys.stderr)
-    med = lambda e, c, k: statistics.median(v[k] for v in res[e][c])  # noqa: E731
+    med = lambda e, c, k: statistics.median(v[k] for v in res[e][c]) if res[e] else float("nan")  # noqa: E731
     rows = ["| streams | inferlab out tok/s | vLLM out tok/s | ratio | TTFT p50 ms (inferlab / vLLM) | "
             "TPOT p50 ms (inferlab / vLLM) |", "|---|---|---|---|---|---|"]
     for c in levels:
@@ -122,7 +128,8 @@ def main() -> int:
     text = "\n".join(rows)
     print(text)
     vmem = f"VLLM_MEM={os.environ['VLLM_MEM']} " if os.environ.get("VLLM_MEM") else ""
-    Path(a.out).write_text(f"<!-- command: {vmem}.venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} --levels {a.levels} --output-len {a.output_len} -->\n"
+    Path(a.out).write_text(f"<!-- command: {vmem}.venv/bin/python scripts/defaults_ab.py {a.model} --rounds {a.rounds} --levels {a.levels} --output-len {a.output_len}"
+                           f" --engines {a.engines} --inferlab-args '{a.inferlab_args}' -->\n"
                            + text + "\n")
     return 0
 
