@@ -6,6 +6,8 @@
 // then + bias in fp32 and one rounding to bf16. AVX512_BF16 runs vdpbf16ps itself; AVX-512 without it,
 // AVX2 and scalar widen each pair to fp32 (a 16-bit shift, exact) and run the two FMAs: the same bits,
 // except where vdpbf16ps flushes denormal inputs or sums to zero (|v| < 2^-126; not in the test data).
+#include <omp.h>
+
 #include <cstring>
 #include <memory>
 
@@ -178,39 +180,67 @@ static inline void finish(const float* s, const float* b, int64_t nc, at::BFloat
 // Per block of rows (as many as XB holds, whole work items): x packed, then work items (group of NP panels,
 // RS rows), group-major: threads split the rows as well as the panels (an odd number of groups no longer
 // leaves one thread a group behind), and a thread's consecutive items reuse one group's panels from cache.
+// One block (a decode step, a short prefill) or one thread: a parallel region per block, items in guided
+// spans. Many blocks (a prefill) on many threads: one region for the whole call, as the fp32 GEMM does
+// (linear.cpp): each block's items split evenly, the next block packed into the other buffer meanwhile,
+// one barrier per block. Which thread computes an item never changes its sums.
 template <class O>
 static void run(const uint32_t* xp, int64_t ldx, int64_t M, const uint32_t* pp, int64_t K2, int64_t N,
                 const at::BFloat16* bias, at::BFloat16* yp) {
   constexpr int64_t NP = O::NP, CW = NP * NR;
   const int64_t P = (N + NR - 1) / NR, G = (P + NP - 1) / NP;  // G groups of NP panels (the last maybe fewer)
   const int64_t MB = std::max<int64_t>(1, XB / K2 / RS) * RS, threads = std::max(1, at::get_num_threads());
-  const std::unique_ptr<uint32_t[]> xa(new uint32_t[std::min(M, MB) * K2]);  // uninitialised: no zero fill
-  for (int64_t m0 = 0; m0 < M; m0 += MB) {
-    const int64_t rows = std::min(MB, M - m0), R = (rows + RS - 1) / RS, items = G * R;
-    const int64_t tiles = (rows + O::MR - 1) / O::MR;
-    if (rows * K2 < (1 << 15))  // a decode step's few rows: no parallel region for a copy of microseconds
-      pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa.get(), 0, tiles);
-    else
-      share(tiles, threads, 1, 1,
-            [&](int64_t t0, int64_t t1) { pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa.get(), t0, t1); });
-    const int64_t nt = std::min(threads, items);
-    share(items, nt, 1, 1, [&](int64_t i0, int64_t i1) {
-      std::vector<float> c(RS * CW);  // the item's fp32 sums: + bias, then one rounding to bf16
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t g = i / R, r0 = (i % R) * RS, nr = std::min(RS, rows - r0);
-        const int64_t q = g * NP, n0 = q * NR, nc = std::min(CW, N - n0);
-        const uint32_t* x = xa.get() + r0 * K2;
-        const uint32_t* next = pp + std::min(g + 1, G - 1) * NP * K2 * NR;
-        const bool whole = q + NP <= P;
-        if (whole) panels<O, NP>(x, nr, pp + q * K2 * NR, K2, c.data(), next);
-        else panels<O, 1>(x, nr, pp + q * K2 * NR, K2, c.data(), next);
-        const int64_t cw = whole ? CW : NR;  // the row stride panels<> wrote
-        float b[CW] = {};
-        if (bias)
-          for (int64_t j = 0; j < nc; ++j) b[j] = static_cast<float>(bias[n0 + j]);
-        for (int64_t m = 0; m < nr; ++m) finish(c.data() + m * cw, b, nc, yp + (m0 + r0 + m) * N + n0);
-      }
-    });
+  // item i of the block of `rows` rows at m0, x packed in xa; c: the item's fp32 sums (RS * CW)
+  auto item = [&](int64_t i, int64_t m0, int64_t rows, const uint32_t* xa, float* c) {
+    const int64_t R = (rows + RS - 1) / RS, g = i / R, r0 = (i % R) * RS, nr = std::min(RS, rows - r0);
+    const int64_t q = g * NP, n0 = q * NR, nc = std::min(CW, N - n0);
+    const uint32_t* x = xa + r0 * K2;
+    const uint32_t* next = pp + std::min(g + 1, G - 1) * NP * K2 * NR;
+    const bool whole = q + NP <= P;
+    if (whole) panels<O, NP>(x, nr, pp + q * K2 * NR, K2, c, next);
+    else panels<O, 1>(x, nr, pp + q * K2 * NR, K2, c, next);
+    const int64_t cw = whole ? CW : NR;  // the row stride panels<> wrote
+    float b[CW] = {};
+    if (bias)
+      for (int64_t j = 0; j < nc; ++j) b[j] = static_cast<float>(bias[n0 + j]);
+    for (int64_t m = 0; m < nr; ++m) finish(c + m * cw, b, nc, yp + (m0 + r0 + m) * N + n0);
+  };
+  if (M <= MB || threads == 1) {
+    const std::unique_ptr<uint32_t[]> xa(new uint32_t[std::min(M, MB) * K2]);  // uninitialised: no zero fill
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int64_t rows = std::min(MB, M - m0), items = G * ((rows + RS - 1) / RS);
+      const int64_t tiles = (rows + O::MR - 1) / O::MR;
+      if (rows * K2 < (1 << 15))  // a decode step's few rows: no parallel region for a copy of microseconds
+        pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa.get(), 0, tiles);
+      else
+        share(tiles, threads, 1, 1,
+              [&](int64_t t0, int64_t t1) { pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa.get(), t0, t1); });
+      share(items, std::min(threads, items), 1, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<float> c(RS * CW);
+        for (int64_t i = i0; i < i1; ++i) item(i, m0, rows, xa.get(), c.data());
+      });
+    }
+    return;
+  }
+  const std::unique_ptr<uint32_t[]> buf(new uint32_t[2 * MB * K2]);
+  uint32_t* xa[2] = {buf.get(), buf.get() + MB * K2};
+  const int64_t nb = (M + MB - 1) / MB;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t id = omp_get_thread_num(), T = omp_get_num_threads();
+    auto pack = [&](int64_t b) {  // this thread's share of block b's row tiles
+      const int64_t m0 = b * MB, rows = std::min(MB, M - m0), tiles = (rows + O::MR - 1) / O::MR;
+      pack_rows(xp + m0 * ldx, ldx, rows, K2, O::MR, xa[b % 2], tiles * id / T, tiles * (id + 1) / T);
+    };
+    std::vector<float> c(RS * CW);
+    pack(0);
+#pragma omp barrier
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t m0 = b * MB, rows = std::min(MB, M - m0), items = G * ((rows + RS - 1) / RS);
+      for (int64_t i = items * id / T; i < items * (id + 1) / T; ++i) item(i, m0, rows, xa[b % 2], c.data());
+      if (b + 1 < nb) pack(b + 1);  // into the buffer no thread reads any more (block b - 1's)
+#pragma omp barrier
+    }
   }
 }
 
