@@ -8,8 +8,9 @@ until 2026-12-04) are gone; docs/perf/2026-12-04-one-layout.md has the A/B per r
 bf16 weights are held the same way, once, as bf16 pair panels (P, K/2, 32, 2) (2 bytes per weight;
 oneDNN's path holds the parameter and its copy, 4): vdpbf16ps on AVX512_BF16, the pairs widened to fp32
 elsewhere, the same bits (kernels/cpp_gemm.py). The default since 2026-12-05: on SmolLM2 served (3 repeats)
-their TTFT is level with vLLM's where oneDNN's path was 1.07x behind at one stream, and their TPOT is
-0.69-0.78x oneDNN's (docs/perf/2026-12-05-bf16-panels.md).
+their TPOT is 0.69-0.78x oneDNN's and the weights take half the memory; their prefill GEMM is still 5-6 %
+behind oneDNN's, so TTFT is level with vLLM's in one run and 4 % behind at 4 streams in another
+(docs/perf/2026-12-05-bf16-panels.md).
 
 Rounding: y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)) in k order, then + bias,
 whatever the row count, the tile, the thread and the instruction set (AVX-512, AVX2 + FMA and scalar
@@ -114,7 +115,7 @@ def _pinned(var: str) -> str:
 def linear_kernel() -> str:
     """"inferlab" (one layout: the panels, kernels/cpp_gemm.py) or "onednn" (oneDNN's packed copy beside
     the parameter): who multiplies fp32 and bf16 projections alike (bf16 stayed on oneDNN by default until
-    2026-12-05, when the pair panels' served TTFT came level). The panels wherever the kernel builds, unless
+    2026-12-05). The panels wherever the kernel builds, unless
     `INFERLAB_LINEAR` names one."""
     return _pinned("INFERLAB_LINEAR") or ("inferlab" if cpp_gemm.available() else "onednn")
 
