@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.model.packed_linear import PackedLinear
+from reference_engine.model.packed_linear import PackedLinear, packable, arena
 
 
 class RowParallelLinear(nn.Module):
@@ -40,12 +40,13 @@ class RowParallelLinear(nn.Module):
 def pack(model: nn.Module) -> nn.Module:
     """Give every `RowParallelLinear` of `model` a packed GEMM (CPU), as `packed_linear.pack` does for
     plain linears: one copy of the weight (the panels; on oneDNN's path the parameter stays beside it)."""
-    for m in list(model.modules()):
-        if isinstance(m, RowParallelLinear) and m.weight.dtype in (torch.float32, torch.bfloat16):
-            shell = nn.Linear(1, 1, bias=False, device="meta")
-            shell.weight, shell.bias = m.weight, None
-            shell.in_features, shell.out_features = m.in_features, m.out_features
-            m.mm = PackedLinear(shell)
-            if m.mm.panels is not None:  # the panels are the one copy: the parameter goes (`mm.weight` unpacks)
-                m.register_parameter("weight", None)
+    rows = [m for m in model.modules() if isinstance(m, RowParallelLinear) and packable(m.weight)]
+    region = arena([m.weight for m in rows])  # their panels on huge pages, as packed_linear.pack's
+    for m in rows:
+        shell = nn.Linear(1, 1, bias=False, device="meta")
+        shell.weight, shell.bias = m.weight, None
+        shell.in_features, shell.out_features = m.in_features, m.out_features
+        m.mm = PackedLinear(shell, arena=region)
+        if m.mm.panels is not None:  # the panels are the one copy: the parameter goes (`mm.weight` unpacks)
+            m.register_parameter("weight", None)
     return model

@@ -24,6 +24,7 @@ from reference_engine.model import fused_decode, fused_ops, packed_linear
 from reference_engine.attention import cpu_backend
 from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.worker import paths, ram_check
+from reference_engine.worker.gpu_memory import huge_pages
 from reference_engine.worker.model_runner import ModelRunner
 from reference_engine.engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
@@ -271,7 +272,8 @@ class LLMEngine:
         resident copy, or "onednn"; `packed_linear.linear_kernel`, fp32 and bf16 alike),
         kv_cache_dtype, num_threads (torch intra-op threads), weights_layouts ({layout name: bytes} held beside
         the parameters, `packed_linear.layout_bytes`) and bytes_per_weight (everything held for weights, the
-        parameters as held plus every layout, over the number of weights as loaded; tied weights count once); paths
+        parameters as held plus every layout, over the number of weights as loaded; tied weights count once); huge_pages
+        (CPU: bytes of the panels' and KV cache's mappings, advised for and resident on 2 MiB pages); paths
         (`worker/paths.settings`: the ISA, the linear kernel, the one-call decode layer and its row limit or why it
         is off, CUDA graph sizes, every pin that changes a path)."""
         r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
@@ -292,6 +294,7 @@ class LLMEngine:
             "fused_ops": cfg.fused_ops,
             "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
             "weights_layouts": layouts,
+            "huge_pages": huge_pages(r.model, r.kv_cache) if r.device.type == "cpu" else None,
             "paths": paths.settings(r),  # which path runs each step shape, and the inputs that decide it
             "bytes_per_weight": round((mem["weights"] + sum(layouts.values())) / r.weight_count, 3),
         }

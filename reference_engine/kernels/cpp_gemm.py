@@ -26,7 +26,7 @@ one fixed sequence per output whatever M, the tile, the thread or the instructio
 build rounds with std::fma, once per step, as the vector FMAs do), so rows are batch-invariant and the
 three builds give the same bits.
 
-    pack(W (N, K) fp32) -> (P, K, NR)
+    pack(W (N, K) fp32[, out]) -> (P, K, NR)
     gemm(x (M, K) fp32 rows, packed, N, bias (N,) or empty) -> y (M, N)
 
 bf16 weights (csrc/linear_bf16.cpp): the same panels over k pairs, (P, K/2, NR, 2), one bf16 copy,
@@ -59,17 +59,26 @@ def module():
     return cpu_build.module()
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
+def shape(n: int, k: int, dtype: torch.dtype) -> tuple[int, ...]:
+    """The panels' shape for W (n, k): fp32 (P, K, NR); bf16 (P, K/2, NR, 2), K rounded up to even."""
+    p = -(-n // NR)
+    return (p, -(-k // 2), NR, 2) if dtype == torch.bfloat16 else (p, k, NR)
+
+
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """W (N, K) fp32 -> (P, K, NR) panels, k-major, zero past N: packed[p, k, j] = W[p * NR + j, k].
-    bf16 W -> (P, K/2, NR, 2) pair panels: packed[p, i, j, t] = W[p * NR + j, 2 i + t] (K padded to even)."""
+    bf16 W -> (P, K/2, NR, 2) pair panels: packed[p, i, j, t] = W[p * NR + j, 2 i + t] (K padded to even).
+    `out`: where to write them (a contiguous tensor of `shape(N, K, dtype)`, e.g. from a huge-page arena)."""
     n, k = weight.shape
     p = -(-n // NR)
     if weight.dtype == torch.bfloat16:
         k2 = -(-k // 2)
         w = F.pad(weight.detach(), (0, 2 * k2 - k, 0, p * NR - n))  # (P * NR, 2 * k2)
-        return w.view(p, NR, k2, 2).transpose(1, 2).contiguous()  # (P, k2, NR, 2)
-    w = F.pad(weight.detach().float(), (0, 0, 0, p * NR - n))  # (P * NR, K)
-    return w.view(p, NR, k).transpose(1, 2).contiguous()  # (P, K, NR)
+        panels = w.view(p, NR, k2, 2).transpose(1, 2)  # (P, k2, NR, 2)
+    else:
+        w = F.pad(weight.detach().float(), (0, 0, 0, p * NR - n))  # (P * NR, K)
+        panels = w.view(p, NR, k).transpose(1, 2)  # (P, K, NR)
+    return panels.contiguous() if out is None else out.copy_(panels)
 
 
 def unpack(packed: torch.Tensor, n: int, k: int | None = None) -> torch.Tensor:

@@ -18,6 +18,10 @@ give the same bits): a sequence's logits do not depend on what it is batched wit
 step was a decode, a decode batch or a prefill (tests/reference_engine/model/test_packed_linear.py).
 bf16: the pair order of vdpbf16ps, fp32 sums, + bias, one rounding to bf16; batch-invariant the same way.
 
+Huge pages: `pack` writes all of a model's panels into one region mapped for 2 MiB pages (model/hugepages.py):
+a decode step streams every panel once, and on 4 KiB pages the one-row SmolLM2 fp32 step took 22-25 ms
+where on 2 MiB pages it takes 13-20 (docs/perf/2026-12-05-hugepages.md).
+
 Tied embeddings (SmolLM2): the LM head's panels are also the embedding table; `PanelEmbedding` gathers
 rows from them (exact copies), so the tied matrix is stored once.
 
@@ -52,6 +56,7 @@ import torch
 from torch import nn
 
 from reference_engine.kernels import cpp_gemm, cpu_build
+from reference_engine.model import hugepages
 
 
 def available() -> bool:
@@ -127,7 +132,7 @@ class PackedLinear(nn.Module):
 
     MID_M = 128  # the most rows the fused decode layer takes (a decode batch; fused_decode.py)
 
-    def __init__(self, linear: nn.Linear, kernel: str | None = None):
+    def __init__(self, linear: nn.Linear, kernel: str | None = None, arena: hugepages.Arena | None = None):
         super().__init__()
         w = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -136,8 +141,9 @@ class PackedLinear(nn.Module):
         kernel = kernel or linear_kernel()
         if w.dtype in (torch.float32, torch.bfloat16) and kernel == "inferlab":
             self.compute_dtype = w.dtype
-            # the one copy: fp32 (P, K, 32), bf16 (P, K/2, 32, 2)
-            self.panels, self.packed, self.param = cpp_gemm.pack(w), None, None
+            # the one copy: fp32 (P, K, 32), bf16 (P, K/2, 32, 2); in `arena` (2 MiB pages) when given
+            out = None if arena is None else arena.take(cpp_gemm.shape(*w.shape, w.dtype), panel_dtype(w))
+            self.panels, self.packed, self.param = cpp_gemm.pack(w, out), None, None
         else:
             self.compute_dtype = w.dtype if w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and native_bf16()) \
                 else torch.float32
@@ -180,23 +186,41 @@ class PanelEmbedding(nn.Module):
         return rows.view(*ids.shape, self.embedding_dim)  # (..., K)
 
 
+def panel_dtype(w: torch.Tensor) -> torch.dtype:
+    return torch.bfloat16 if w.dtype == torch.bfloat16 else torch.float32
+
+
+def arena(weights: list[torch.Tensor]) -> hugepages.Arena | None:
+    """One huge-page region for the panels of these weights (hugepages.py: a decode step streams them
+    all), or None where the panels are not the kernel (oneDNN's copies are allocated by oneDNN)."""
+    if not weights or linear_kernel() != "inferlab":
+        return None
+    return hugepages.Arena(sum(hugepages.size(cpp_gemm.shape(*w.shape, w.dtype), panel_dtype(w)) for w in weights))
+
+
+def packable(w: torch.Tensor | None) -> bool:
+    """Is this a weight `pack` swaps (fp32 or bf16)?"""
+    return w is not None and w.dtype in (torch.float32, torch.bfloat16)
+
+
 def pack(model: nn.Module) -> nn.Module:
     """Swap every `nn.Linear` of `model` (CPU, float32 or bfloat16) for a `PackedLinear`, one at a time
     (each parameter is freed as its panels are made: the peak is one projection above the loaded
-    model); a tied embedding then reads the LM head's panels (`PanelEmbedding`)."""
-    _swap(model)
+    model), their panels in one huge-page `arena`; a tied embedding then reads the LM head's panels
+    (`PanelEmbedding`)."""
+    _swap(model, arena([m.weight for m in model.modules() if isinstance(m, nn.Linear) and packable(m.weight)]))
     cfg, head = getattr(model, "cfg", None), getattr(model, "lm_head", None)
     if getattr(cfg, "tie_word_embeddings", False) and isinstance(head, PackedLinear) and head.panels is not None:
         model.model.embed_tokens = PanelEmbedding(head)
     return model
 
 
-def _swap(model: nn.Module) -> None:
+def _swap(model: nn.Module, region: hugepages.Arena | None) -> None:
     for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear) and child.weight.dtype in (torch.float32, torch.bfloat16):
-            setattr(model, name, PackedLinear(child))
+        if isinstance(child, nn.Linear) and packable(child.weight):
+            setattr(model, name, PackedLinear(child, arena=region))
         else:
-            _swap(child)
+            _swap(child, region)
 
 
 def packed_bytes(model: nn.Module) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.config import DEFAULT_KV_BYTES, EngineConfig, ModelConfig
+from reference_engine.model import hugepages
 
 GiB = float(1 << 30)
 
@@ -150,9 +151,25 @@ def capacity_blocks(cfg: EngineConfig, model: ModelConfig, dtype: torch.dtype, m
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                       device: str | torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (K, V), each (num_blocks, block_size, kv_heads, head_dim), zeros. On CPU all of them in
+    one huge-page arena (model/hugepages.py: a decode step gathers its blocks from across the cache),
+    written once here so that the cache is resident from the start, as a GPU's is."""
     shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(model.num_layers)]
+    if torch.device(device).type != "cpu":
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(model.num_layers)]
+    arena = hugepages.Arena(2 * model.num_layers * hugepages.size(shape, dtype))
+    return [(arena.take(shape, dtype).zero_(), arena.take(shape, dtype).zero_()) for _ in range(model.num_layers)]
+
+
+def huge_pages(model: torch.nn.Module, kv_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> dict | None:
+    """CPU: the mappings that hold the weight panels and the KV cache (model/hugepages.py: the kernel
+    merges adjacent arenas into one mapping, so this is their sum), as {"mapped", "advised" (for huge
+    pages), "huge" (resident on 2 MiB pages)} bytes; None without /proc (not Linux)."""
+    from reference_engine.model.packed_linear import PackedLinear
+
+    panels = [m.panels for m in model.modules() if isinstance(m, PackedLinear) and m.panels is not None]
+    return hugepages.residency(panels + [t for pair in kv_cache for t in pair])
 
 
 @dataclass
