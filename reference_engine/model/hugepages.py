@@ -1,22 +1,23 @@
-"""Host memory on 2 MiB pages for what a CPU step streams: the weight panels (and the KV cache).
+"""Host memory on 2 MiB pages for what a CPU step streams: the weight panels and the KV cache.
 
 A SmolLM2 fp32 decode step reads all 538 MB of projection panels once. On 4 KiB pages that is 131k
-pages: a TLB miss every 4 KiB and the hardware prefetchers stopping at every page boundary. Linux backs
-anonymous memory with 2 MiB pages (transparent huge pages) where asked: `madvise(MADV_HUGEPAGE)`, which
-the common default THP mode "madvise" (/sys/kernel/mm/transparent_hugepage/enabled) waits for. torch's
-CPU allocator asks only under THP_MEM_ALLOC_ENABLE=1, which nobody sets. On this project's Zen 4 VM the
-one-row decode step went from 24-26 ms to 17-24 ms (docs/perf/2026-12-05-hugepages.md).
+pages: a TLB miss every 4 KiB, and the hardware prefetchers stop at every page boundary. Linux backs
+anonymous memory with 2 MiB pages (transparent huge pages) where asked, `madvise(MADV_HUGEPAGE)`, in the
+common default THP mode "madvise" (/sys/kernel/mm/transparent_hugepage/enabled). torch's CPU allocator
+asks only under THP_MEM_ALLOC_ENABLE=1, off by default (vLLM-CPU does not set it). On this project's
+Zen 4 VM the one-row decode step went from 22-25 ms to 13-20 ms (docs/perf/2026-12-05-hugepages.md).
 
-`Arena(nbytes)` maps one anonymous region, 2 MiB aligned, asks for huge pages, and hands out
+`Arena(nbytes)` maps one private anonymous region, 2 MiB aligned, asks for huge pages, and hands out
 64-byte-aligned tensors from it (`take`); a tensor keeps the region alive. Where there is no THP (mode
-"never", not Linux), the region is ordinary memory and nothing changes but the alignment. The pages
-are the kernel's zero pages until written, as torch.zeros: a panel is written once when packed.
+"never", not Linux) or INFERLAB_HUGEPAGES=0, the region is ordinary memory and nothing changes but the
+alignment. Its pages are the kernel's zero pages until written, as torch.zeros' are after the write.
 
 Memory: the region is the panels' bytes rounded up to 2 MiB, plus 64-byte alignment per tensor.
 """
 from __future__ import annotations
 
 import mmap
+import os
 
 import torch
 
@@ -36,6 +37,12 @@ def size(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return _up(n * torch.empty((), dtype=dtype).element_size(), ALIGN)
 
 
+def enabled() -> bool:
+    """Ask for huge pages unless INFERLAB_HUGEPAGES=0 (the A/B of scripts/hugepages_ab.py; a host where
+    khugepaged's compaction stalls hurt more than 4 KiB pages do)."""
+    return os.environ.get("INFERLAB_HUGEPAGES", "1") != "0"
+
+
 class Arena:
     """One 2 MiB-aligned anonymous mapping with MADV_HUGEPAGE, carved into tensors in order.
 
@@ -46,7 +53,7 @@ class Arena:
         self.nbytes = _up(max(nbytes, 1), HUGE)
         # private: a shared anonymous map is shmem, which THP leaves alone; + HUGE to align the start
         self._map = mmap.mmap(-1, self.nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux; elsewhere plain pages
+        if hasattr(mmap, "MADV_HUGEPAGE") and enabled():  # Linux; elsewhere plain pages
             self._map.madvise(mmap.MADV_HUGEPAGE)
         raw = torch.frombuffer(self._map, dtype=torch.uint8)  # holds a reference to the mapping
         skip = -raw.data_ptr() % HUGE

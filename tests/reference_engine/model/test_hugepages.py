@@ -66,3 +66,11 @@ def test_cpu_kv_cache_is_zeroed_in_an_advised_arena():
     assert len(flat) == 6 and all(t.shape == (10, 16, 2, 8) and not t.any() for t in flat)
     assert len({t.data_ptr() for t in flat}) == 6
     assert hugepages.residency(flat)["advised"] >= hugepages.HUGE
+
+
+@linux
+def test_inferlab_hugepages_0_leaves_the_arena_on_small_pages(monkeypatch):
+    monkeypatch.setenv("INFERLAB_HUGEPAGES", "0")
+    t = hugepages.Arena(4 << 20).take((1 << 20,), torch.float32)
+    r = hugepages.residency([t])
+    assert r["mapped"] >= 4 << 20 and r["advised"] == 0 and r["huge"] == 0
