@@ -52,7 +52,7 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
         ("tiny-fp32-hf", ["reference", "hf"]), ("small-fp32-hf", ["reference", "hf"])]
     real = {c["name"]: c for c in cfg["cells"][6:]}  # the real model: offline, served at 1, 4, 8, Poisson
     assert list(real) == ["smollm2-fp32-offline", "smollm2-fp32-served", "smollm2-fp32-served-modes",
-                          "smollm2-bf16-served", "smollm2-fp32-poisson"]
+                          "smollm2-bf16-served", "smollm2-fp32-poisson", "smollm2-fp32-served-vllm-thp"]
     assert real["smollm2-fp32-poisson"]["load"] == {"rate": [3.0]}  # the base's open loop, max_concurrency 8
     assert all(c["make_model"] == {"preset": "smollm2-135m-instruct"} for c in real.values())
     assert real["smollm2-fp32-offline"]["load"]["rate"] == ["inf"]
@@ -71,7 +71,12 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
     assert cfg["engine_options"]["reference-avx2"] == {**server, "num_threads": 2, "env": {"ATEN_CPU_CAPABILITY": "avx2"}}
     assert cfg["engine_options"]["reference-onednn"] == {**server, "num_threads": 2,
                                                          "env": {"INFERLAB_LINEAR": "onednn"}}
-    assert real["smollm2-fp32-served"]["load"] == real["smollm2-bf16-served"]["load"] == {
+    # vLLM with torch's huge-page switch beside vLLM as shipped (the reference puts its own weights on 2 MiB pages)
+    assert real["smollm2-fp32-served-vllm-thp"]["engines"] == ["reference", "vllm", "vllm-thp"]
+    assert cfg["engine_options"]["vllm-thp"] == {**cfg["engine_options"]["vllm"], "adapter": "vllm",
+                                                 "env": {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "THP_MEM_ALLOC_ENABLE": "1"}}
+    assert real["smollm2-fp32-served"]["load"] == real["smollm2-bf16-served"]["load"] == \
+        real["smollm2-fp32-served-vllm-thp"]["load"] == {
         "mode": "closed", "concurrency": [1, 4, 8], "warmup": 2}
     assert cfg["cells"][0] == {"name": "tiny-fp32"}  # the base config as written: the model set above
     cfg["cells"] = cfg["cells"][:1]
