@@ -116,6 +116,8 @@ def main() -> int:
             for e in order:
                 for c, v in run_engine(e, a.model, levels, Path(d), r, a.output_len, extra).items():
                     res[e].setdefault(c, []).append(v)
+                    print(f"round {r} {e} {c} streams: {v['output_throughput']:.1f} tok/s, TTFT p50 "
+                          f"{v['median_ttft_ms']:.0f} ms, TPOT p50 {v['median_tpot_ms']:.1f} ms", file=sys.stderr)
                 print(f"round {r} {e} done", file=sys.stderr)
     med = lambda e, c, k: statistics.median(v[k] for v in res[e][c]) if res[e] else float("nan")  # noqa: E731
     rows = ["| streams | inferlab out tok/s | vLLM out tok/s | ratio | TTFT p50 ms (inferlab / vLLM) | "
