@@ -27,11 +27,11 @@ from adapters.serving import ModalEngine
 
 KNOBS = ("block_size", "kv_cache_tokens", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
          "max_model_len", "enable_chunked_prefill", "attention_backend", "linear_backend", "fused_ops", "num_threads",
-         "device", "seed", "enable_prefix_caching", "speculative_config", "tensor_parallel_size")
+         "device", "seed", "enable_prefix_caching", "speculative_config", "tensor_parallel_size", "step_log")
 # The knobs `inferlab serve` takes as flags (max_waiting: requests beyond it get 503).
 SERVER_KNOBS = ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                 "attention_backend", "linear_backend", "fused_ops", "num_threads", "device", "seed", "max_waiting",
-                "enable_prefix_caching", "speculative_config", "tensor_parallel_size", "engine_process")
+                "enable_prefix_caching", "speculative_config", "tensor_parallel_size", "engine_process", "step_log")
 # EngineStats counters copied into snapshot().extra
 COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts",
             "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "tp_decode_steps", "tp_decode_seconds",

@@ -126,6 +126,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     record_steps: bool = False
+    step_log: str | None = None  # a file: each step's shape and wall time appended as a JSON line (step_log.py)
     attention_backend: str | None = None  # None: "triton" on CUDA if it imports, "cpu" on CPU if it builds
     linear_backend: str | None = None  # None: "onednn" on CPU (when torch has oneDNN), else "torch"
     fused_ops: bool | None = None  # None: the C++ element-wise kernels on CPU when they build (fused_ops.py)

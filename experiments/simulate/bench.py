@@ -40,6 +40,24 @@ HERE = Path(__file__).parent / "bench"
 VLLM_PY = Path(".venv-vllm/bin/python").absolute()  # the snapshot links the checkout's .venv-vllm
 PY = [sys.executable, "-m", "experiments.cli"]
 LOADS = (0.5, 0.85, 0.95)
+REPEATS = 3  # served.toml and served_cal.toml say the same: each level in 3 fresh server processes
+
+
+def logged(config: Path, out: Path) -> Path:
+    """The config as measured: the same file with its reference server logging each step it runs
+    (`step_log`, reference_engine/engine/step_log.py) to OUT/steps/<name>.jsonl, one pid per server
+    process. The prediction reads the file as it is: the log is an observation, not a setting."""
+    from experiments.config import load
+
+    steps = out.absolute() / "steps"
+    steps.mkdir(exist_ok=True)
+    head = "[engine_options.reference]\n"
+    text = config.read_text()
+    if head not in text:
+        raise SystemExit(f"{config}: no [engine_options.reference] table to add the step log to")
+    path = out / f"{config.stem}-logged.toml"
+    path.write_text(text.replace(head, f'{head}step_log = "{steps / (load(config).name + ".jsonl")}"\n', 1))
+    return path
 
 
 def sh(*args: str) -> None:
@@ -89,7 +107,8 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
 
 
 def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
-    text = search_cfg.read_text().replace('name = "sim_search"', 'name = "sim_poisson"')
+    """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml."""
+    text = search_cfg.read_text().replace('name = "sim_search"', f'name = "sim_poisson"\nrepeats = {REPEATS}')
     text = text.replace('mode = "search"', f'mode = "open"\nrate = [{", ".join(f"{r:.3f}" for r in rates)}]')
     path = out / "poisson.toml"
     path.write_text(text)
@@ -134,7 +153,7 @@ def phase(name: str, out: Path) -> None:
         (out / "teacher_forced.json").write_text(json.dumps(teacher_forced(served, prof, out), indent=1))
     elif name == "served-cal":
         if not (meas / "sim_served_cal").is_dir():
-            sh("run", str(cal), "--out", str(meas), "--no-progress")
+            sh("run", str(logged(cal, out)), "--out", str(meas), "--no-progress")
         sh("simulate", str(cal), "--profile", str(prof), "--fit-served", str(meas / "sim_served_cal"),
            "--out", str(out / "fit"))
     elif name == "predict":
@@ -143,13 +162,13 @@ def phase(name: str, out: Path) -> None:
     elif name in ("served", "search"):
         cfg = served if name == "served" else search
         if not (meas / load(cfg).name).is_dir():
-            sh("run", str(cfg), "--out", str(meas), "--no-progress")
+            sh("run", str(logged(cfg, out) if name == "served" else cfg), "--out", str(meas), "--no-progress")
     elif name == "poisson":
         cap = search_rate(meas / "sim_search", "reference")
         pcfg = poisson_config(search, [f * cap for f in LOADS], out)
         sh("simulate", str(pcfg), "--profile", str(prof), "--lengths", str(lengths_for(pcfg, out)), "--out", str(pred))
         if not (meas / "sim_poisson").is_dir():
-            sh("run", str(pcfg), "--out", str(meas), "--no-progress")
+            sh("run", str(logged(pcfg, out)), "--out", str(meas), "--no-progress")
     elif name == "vllm-sweep":
         env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_NO_USAGE_STATS": "1"}
         subprocess.run([str(VLLM_PY), str(Path(__file__).with_name("vllm_sweep.py")), load(served).model,
@@ -190,11 +209,40 @@ def report(out: Path, meas: Path, pred: Path, prof: Path) -> None:
     if (meas / "sim_vllm").is_dir() and (pred / "sim_vllm-simulated").is_dir():
         res["vllm"] = compare(meas, pred, "sim_vllm", out, "vllm")
         res["vllm_profile"] = json.loads((out / "profile-vllm.json").read_text())
+    from experiments.config import load
+    from experiments.simulate.step_model import ModelShape, Profile
+
+    cfg = load(HERE / "served.toml")  # every bench config serves this model
+    shape, p = ModelShape.from_dir(cfg.model, cfg.dtype), Profile.load(prof)
+    res["served_steps"] = {n: served_steps(out / "steps" / f"{n}.jsonl", p, shape)
+                           for n in ("sim_served_cal", "sim_served", "sim_poisson") if (out / "steps" / f"{n}.jsonl").is_file()}
     if (meas / "sim_search").is_dir():
         res["capacity"] = {"measured": search_rate(meas / "sim_search", "reference"),
                            "predicted": search_rate(pred / "sim_search-simulated", "reference-simulated")}
     (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"bench written to {out / 'bench.json'}", file=sys.stderr)
+
+
+def read_log(log: Path) -> dict:
+    from reference_engine.engine.step_log import read
+
+    return read(str(log))
+
+
+def served_steps(log: Path, p, m) -> dict:
+    """Step level, teacher-forced on the served runs themselves: every step each server process ran (its
+    step log; a process per repeat, in the order they ran) against the profile's prediction for its
+    batch (profile P, model shape M). A process's signed median is its speed against the calibration's
+    machine: the part of the run's error that the drift between processes explains."""
+    from experiments.simulate import calibrate, sweep
+    from experiments.simulate.step_model import regime
+    per = {str(pid): sweep.shapes(steps) for pid, steps in read_log(log).items()}
+    res = {"processes": {k: calibrate.errors(rows, m, p) for k, rows in per.items()}}
+    rows = [r for v in per.values() for r in v]
+    res["all"] = calibrate.errors(rows, m, p)
+    for g in ("decode", "mixed"):
+        res[g] = calibrate.errors([(s, d) for s, d in rows if regime(s, p.fused_max_rows) == g], m, p)
+    return res
 
 
 def remeasured(meas: Path, name: str, prof: Path, out: Path) -> dict:

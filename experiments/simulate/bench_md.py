@@ -49,6 +49,13 @@ def render(res: dict) -> str:
     for k, v in tf.items():
         if v.get("steps"):
             md.append(f"| {k} | {v['steps']} | {v['median_abs']:.1%} | {v['p90_abs']:.1%} | {v['median_signed']:+.1%} |")
+    for run, d in (res.get("served_steps") or {}).items():
+        md += ["", f"Served steps of {run} (each server process's step log, in order, against the profile):", "",
+               "| steps | n | median abs error | p90 abs error | median signed (the process's speed) |", "|---|---|---|---|---|"]
+        rows = [(f"process {i + 1} (pid {pid})", v) for i, (pid, v) in enumerate(d["processes"].items())]
+        for k, v in rows + [(k, d[k]) for k in ("all", "decode", "mixed") if k in d]:
+            if v.get("steps"):
+                md.append(f"| {k} | {v['steps']} | {v['median_abs']:.1%} | {v['p90_abs']:.1%} | {v['median_signed']:+.1%} |")
     for key, title in (("served", "Closed loop, answers given their offline greedy EOS lengths (predicted first)"),
                        ("served_measured_lengths", "Closed loop, answers given the lengths the served engine produced"),
                        ("poisson", "Poisson at 50 / 85 / 95 % of the measured search capacity (offline lengths)"),

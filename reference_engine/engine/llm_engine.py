@@ -31,6 +31,7 @@ from reference_engine.outputs import CompletionOutput, TokenDelta
 from reference_engine.core.request import Request
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.core.scheduler import Scheduler
+from reference_engine.engine.step_log import StepLog
 from reference_engine.worker.step_record import StepRecord
 from reference_engine.tokenizer.tokenizer import Tokenizer
 
@@ -101,6 +102,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, _eos_ids(cfg.model, self.model_config, self.tokenizer),
                                        self.max_model_len, keep_results=keep_results)
         self.step_records: list[StepRecord] | None = [] if cfg.record_steps else None
+        self.step_log = StepLog(cfg.step_log) if cfg.step_log else None
         self._ids = itertools.count()
         self._steps = 0
         self.prompt_tokens_total = 0
@@ -214,6 +216,9 @@ class LLMEngine:
         self._steps += 1
         if self.step_records is not None:
             self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0)
+        if self.step_log:
+            self.step_log.write(self._steps, time.perf_counter() - t0, kinds, sched, out,
+                                [r.request_id for r in finished])
         return deltas
 
     def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:

@@ -133,8 +133,12 @@ def launch(model_dir, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def server(launch_session) -> Server:
-    return launch_session()
+def server(launch_session, tmp_path_factory) -> Server:
+    """Logs its steps (`--step-log`, read by test_step_log_serve.py): the log must cost the others nothing."""
+    path = tmp_path_factory.mktemp("steps") / "steps.jsonl"
+    s = launch_session("--step-log", str(path))
+    s.step_log = path
+    return s
 
 
 @pytest.fixture(scope="session")

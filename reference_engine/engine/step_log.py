@@ -1,0 +1,53 @@
+"""The step log: one JSON line per engine step, appended to a file (`EngineConfig.step_log`,
+`inferlab serve --step-log PATH`), for a served engine whose steps are wanted offline.
+
+`record_steps` keeps a full `StepRecord` per step in memory (block tables included), which suits a
+bounded offline run (`inferlab trace`, the simulator's sweep) but not a server that runs for hours.
+The log keeps nothing: each step writes the fields a step's shape is rebuilt from
+(`experiments.simulate.sweep.shapes`) and its wall time, under the `StepRecord` names, then forgets.
+
+A line: {"pid", "t" (time.time() at the step's end), "step", "duration_s", "scheduled": [[request id,
+tokens, "prefill" | "decode"], ...], "prefix_hits", "preempted", "finished", "new_tokens",
+"spec_proposed", "spec_accepted"}. Several processes may append to one file (a harness's repeats
+each start a server): the file is opened for appending, so a line lands whole at the end, and `pid`
+tells the processes apart.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from types import SimpleNamespace
+
+
+class StepLog:
+    def __init__(self, path: str):
+        self.path = path
+        self.pid = os.getpid()
+        # line-buffered: a killed server leaves every finished step on disk
+        self.f = open(path, "a", buffering=1)
+
+    def write(self, step: int, dt: float, kinds, sched, out, finished: list[str]) -> None:
+        self.f.write(json.dumps({
+            "pid": self.pid, "t": round(time.time(), 6), "step": step, "duration_s": dt,
+            "scheduled": kinds, "prefix_hits": dict(sched.prefix_hits),
+            "preempted": [r.request_id for r in sched.preempted], "finished": finished,
+            "new_tokens": {r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
+            "spec_proposed": {rid: len(d) for rid, d in sched.spec_tokens.items()},
+            "spec_accepted": {rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
+        }, separators=(",", ":")) + "\n")
+
+
+def read(path: str) -> dict[int, list[SimpleNamespace]]:
+    """The log's steps per process (pid -> steps in order), each with the `StepRecord` attributes
+    `sweep.shapes` reads. A torn last line (the process killed mid-write) is skipped."""
+    out: dict[int, list[SimpleNamespace]] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            d["scheduled"] = [tuple(x) for x in d["scheduled"]]
+            out.setdefault(d["pid"], []).append(SimpleNamespace(**d))
+    return out

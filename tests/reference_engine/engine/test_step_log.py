@@ -1,0 +1,37 @@
+"""The step log (step_log.py): one JSON line per step, the same steps `record_steps` keeps in memory."""
+from __future__ import annotations
+
+import os
+
+from reference_engine import LLM, SamplingParams
+from reference_engine.engine.step_log import read
+
+from tests.reference_engine.helpers import random_prompts
+
+
+def test_log_holds_the_recorded_steps(tiny_llama, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    # a KV budget this tight preempts, so the log must carry preemptions and re-admissions too
+    llm = LLM(str(tiny_llama), max_num_batched_tokens=16, kv_cache_tokens=640, block_size=8, record_steps=True,
+              step_log=str(path))
+    prompts = random_prompts(llm.engine.model_config.vocab_size, 16)
+    llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
+    logged = read(str(path))
+    assert list(logged) == [os.getpid()]
+    steps, recs = logged[os.getpid()], llm.engine.step_records
+    assert len(steps) == len(recs) and any(r.preempted for r in recs)
+    for s, r in zip(steps, recs):
+        assert s.step == r.step and s.duration_s > 0
+        for k in ("scheduled", "prefix_hits", "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted"):
+            assert getattr(s, k) == getattr(r, k), k
+    assert sum(sum(s.new_tokens.values()) for s in steps) == 16 * 64
+
+
+def test_a_torn_line_is_skipped_and_processes_kept_apart(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    line = '{"pid":%d,"t":1.0,"step":%d,"duration_s":0.01,"scheduled":[["a",3,"prefill"]],"prefix_hits":{},' \
+           '"preempted":[],"finished":[],"new_tokens":{"a":1},"spec_proposed":{},"spec_accepted":{}}\n'
+    path.write_text(line % (7, 0) + line % (9, 0) + line % (7, 1) + '{"pid":9,"t":2.0,"st')
+    got = read(str(path))
+    assert {p: [s.step for s in v] for p, v in got.items()} == {7: [0, 1], 9: [0]}
+    assert got[7][0].scheduled == [("a", 3, "prefill")]
