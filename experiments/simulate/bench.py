@@ -8,7 +8,7 @@ on its own; the Makefile runs the timed ones under it.
     trace       (timed) step level, teacher-forced: the served config's prompts in-process at 1/4/8
                 streams, each step's wall time against its prediction: DIR/teacher_forced.json
     served-cal  (timed) a served calibration run (bench/served_cal.toml: other questions, 1/3/6 streams),
-                then the served overhead fitted from it into the profile (served_overhead.py)
+                with its step log, then the served overhead fitted from both into the profile (served_overhead.py)
     predict     the predictions, before any validation run: closed loop (bench/served.toml) and the SLO
                 search (bench/search.toml), each answer given its offline greedy EOS length
     served      (timed) `inferlab run` of bench/served.toml
@@ -155,6 +155,7 @@ def phase(name: str, out: Path) -> None:
         if not (meas / "sim_served_cal").is_dir():
             sh("run", str(logged(cal, out)), "--out", str(meas), "--no-progress")
         sh("simulate", str(cal), "--profile", str(prof), "--fit-served", str(meas / "sim_served_cal"),
+           "--steps-log", str(out / "steps" / "sim_served_cal.jsonl"),
            "--out", str(out / "fit"))
     elif name == "predict":
         for cfg in (served, search):

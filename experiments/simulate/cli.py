@@ -47,6 +47,9 @@ def parser() -> Parser:
     p.add_argument("--fit-served", metavar="RUN_DIR", help="fit the served overhead (HTTP, SSE, the engine-core "
                                                            "pipe) into --profile from a measured closed-loop run of "
                                                            "this config (a calibration run, not the one validated)")
+    p.add_argument("--steps-log", metavar="JSONL", help="with --fit-served: that run's step log (`inferlab serve "
+                                                        "--step-log`): the per-step and per-sequence terms are fitted "
+                                                        "on its steps against their in-process prediction")
     p.add_argument("--capacity", action="store_true", help="search the highest rate per replica meeting --slo")
     p.add_argument("--slo", default="", help="e.g. ttft_p99_ms=1000,tpot_p99_ms=100 (metric_stat_ms=limit)")
     p.add_argument("--replicas", type=int, default=1)
@@ -187,20 +190,24 @@ def _fit_served(cfg, engine: str, a, profile) -> int:
     """Simulate the measured calibration run without a served overhead, fit it, save it into --profile."""
     from experiments.simulate import served_overhead
     from experiments.simulate.replay import replay
+    from experiments.simulate.step_model import ModelShape
 
     if not a.profile or not Path(a.profile).is_file():
         return fail("--fit-served writes into the profile it reads: give --profile PATH (a calibrated profile JSON)")
     run = Path(a.fit_served)
     try:
         lengths = _lengths(str(run / engine))
-        profile.served = {}
+        steps = served_overhead.fit_steps(served_overhead.logged_rows(a.steps_log),
+                                          ModelShape.from_dir(cfg.model, cfg.dtype), profile) if a.steps_log else {}
+        served_overhead.apply(profile, steps, "")  # the simulation the request terms are fitted against has them
         sim = replay(cfg, Path(a.config).read_text(), profile, Path(a.out) / "served-fit", lengths, a.accept,
                      None, [engine])
-        terms = served_overhead.fit(served_overhead.levels(run, engine),
-                                    served_overhead.levels(sim, f"{engine}-simulated"))
+        terms = {**served_overhead.fit(served_overhead.levels(run, engine),
+                                       served_overhead.levels(sim, f"{engine}-simulated")), **steps}
     except (ValueError, OSError, KeyError) as e:
         return fail(f"--fit-served {run}: {e}")
-    served_overhead.apply(profile, terms, f"{run} ({cfg.name}), fitted against its simulation without overhead")
+    served_overhead.apply(profile, terms, f"{run} ({cfg.name}): requests fitted against its simulation"
+                          + (f", steps on its step log {a.steps_log}" if a.steps_log else " without overhead"))
     profile.save(a.profile)
     print(f"inferlab: served overhead {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in terms.items())} "
           f"written to {a.profile}", file=sys.stderr)

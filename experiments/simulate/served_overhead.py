@@ -17,7 +17,14 @@ lengths (so only timing differs):
   - per_request_s, per_request_per_seq_s: the p50 TTFT gap per level, less the step overhead its
     first step already carries, against the other streams (B - 1) the front end serves meanwhile
     (least squares, both >= 0: a request cannot reach the scheduler before it was sent);
-  - per_step_s, per_seq_s: only when asked (`fit(..., steps=True)`): the p50 TPOT gap per closed-loop
+  - per_step_s, per_seq_s, from the run's step log (`inferlab serve --step-log`, `fit_steps`): every step the
+    served engine core ran, its wall time less its in-process prediction; the median of that per batch
+    size B, and a line through the medians (weighted by their counts, both terms >= 0). This measures the
+    step itself, served: what the front end's and the client's CPU work takes from the core's 2 threads
+    on a 2-core machine. The medians per B are measured on the engine's own steps, not inferred from
+    TPOT, so a queue, a preemption or the machine's drift between levels does not enter them; drift
+    between processes still does (each served process has its own speed: the bench reports it);
+  - per_step_s, per_seq_s without a step log, only when asked (`fit(..., steps=True)`): the p50 TPOT gap per closed-loop
     level against the level's streams B (least squares, signed; a step never costs less than half its
     in-process prediction). Off by default since 2026-12-05. They were added when every served run
     decoded faster per sequence than the in-process calibration (-0.8 to -1.6 ms per sequence per
@@ -71,6 +78,37 @@ def fit(measured: dict[str, dict], simulated: dict[str, dict], steps: bool = Fal
     elif r[0] < 0:
         r = np.array([0.0, max(0.0, float((others @ ttft) / (others @ others)))])
     return {"per_request_s": float(r[0]), "per_request_per_seq_s": float(r[1]), "per_step_s": step, "per_seq_s": seq}
+
+
+def logged_rows(path: str) -> list:
+    """A step log's steps as (StepShape, seconds), every process's in turn."""
+    from experiments.simulate import sweep
+    from reference_engine.engine.step_log import read
+
+    return [r for steps in read(path).values() for r in sweep.shapes(steps)]
+
+
+def fit_steps(rows: list, m, prof: Profile) -> dict[str, float]:
+    """per_step_s, per_seq_s from served steps (module docstring): seconds added to a step's in-process
+    prediction, as a + b * B."""
+    from experiments.simulate.step_model import predict
+
+    by: dict[int, list[float]] = {}
+    for s, d in rows:
+        by.setdefault(len(s.seqs), []).append(d - predict(s, m, prof))
+    if len(by) < 2:
+        raise ValueError("served steps: need steps of at least 2 batch sizes")
+    B = np.array(sorted(by), dtype=float)
+    med = np.array([np.median(by[int(b)]) for b in B])
+    w = np.sqrt([len(by[int(b)]) for b in B])
+    A = np.column_stack([np.ones_like(B), B])
+    sol, *_ = np.linalg.lstsq(A * w[:, None], med * w, rcond=None)
+    if sol[1] < 0:  # no per-sequence cost: a constant
+        sol = np.array([float(np.average(med, weights=w * w)), 0.0])
+    if sol[0] < 0:  # no per-step cost: through the origin
+        sol = np.array([0.0, float(((B * w) @ (med * w)) / ((B * w) @ (B * w)))])
+    sol = np.maximum(sol, 0.0)
+    return {"per_step_s": float(sol[0]), "per_seq_s": float(sol[1])}
 
 
 def apply(prof: Profile, terms: dict[str, float], source: str) -> Profile:

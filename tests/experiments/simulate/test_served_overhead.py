@@ -58,3 +58,24 @@ def test_overhead_applies_to_a_served_engine_only(exp_model, tmp_path, mode):
     for r in rows(run, "concurrency=1"):
         assert r["ttft_ms"] == pytest.approx((req + step) * 1e3, abs=1e-6)
         assert r["tpot_ms"] == pytest.approx(step * 1e3, abs=1e-6)
+
+
+def test_fit_steps_recovers_planted_step_terms_robustly():
+    """Served steps = their planted prediction + 2 ms + 0.5 ms per sequence; one step per batch size a
+    neighbour's 50 ms burst, which the median per batch size ignores."""
+    from experiments.simulate.step_model import ModelShape, StepShape, predict
+
+    m, prof = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=256,
+                         dtype="float32"), planted()
+    rows = []
+    for b in (1, 2, 3, 6, 8):
+        for i in range(9):
+            s = StepShape(tuple((1, 10 + i + j, 1) for j in range(b)))
+            rows.append((s, predict(s, m, prof) + 2e-3 + 0.5e-3 * b + (50e-3 if i == 4 else 0.0)))
+    assert served_overhead.fit_steps(rows, m, prof) == pytest.approx({"per_step_s": 2e-3, "per_seq_s": 0.5e-3},
+                                                                      abs=1e-9)
+    # served steps faster than the prediction, more so with more sequences: no negative overhead
+    faster = [(s, predict(s, m, prof) - 1e-3 * len(s.seqs)) for s, _ in rows]
+    assert served_overhead.fit_steps(faster, m, prof) == {"per_step_s": 0.0, "per_seq_s": 0.0}
+    with pytest.raises(ValueError, match="2 batch sizes"):
+        served_overhead.fit_steps([r for r in rows if len(r[0].seqs) == 1], m, prof)
