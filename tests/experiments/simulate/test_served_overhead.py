@@ -79,3 +79,39 @@ def test_fit_steps_recovers_planted_step_terms_robustly():
     assert served_overhead.fit_steps(faster, m, prof) == {"per_step_s": 0.0, "per_seq_s": 0.0}
     with pytest.raises(ValueError, match="2 batch sizes"):
         served_overhead.fit_steps([r for r in rows if len(r[0].seqs) == 1], m, prof)
+
+
+def test_fit_served_with_a_step_log_end_to_end(exp_model, tmp_path):
+    """`inferlab simulate CFG --fit-served RUN --steps-log LOG`: the "measured" run is the config served by a
+    planted engine with 4 ms per request, 2 ms per step and 0.5 ms per sequence (a simulated run folder
+    stands in for the measurement: its times are exact); the log holds that engine's steps. The fit reads
+    the step terms off the log and the request term off the run."""
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    from experiments.cli import main
+    from experiments.simulate import sweep
+    from experiments.simulate.step_model import ModelShape, predict
+
+    path = write_config(tmp_path / "c.toml", exp_model, BODY + '[engine_options.reference]\nmode = "server"\n')
+    truth = planted()
+    served_overhead.apply(truth, {"per_request_s": 4e-3, "per_step_s": 2e-3, "per_seq_s": 0.5e-3}, "planted")
+    sim = replay(load(path), path.read_text(), truth, tmp_path / "sim")
+    shutil.copytree(sim / "reference-simulated", tmp_path / "meas" / "reference")
+    m, log = ModelShape.from_dir(exp_model, "float32"), tmp_path / "steps.jsonl"
+    recs = [SimpleNamespace(pid=1, t=float(n), step=n, prefix_hits={}, preempted=[], finished=[], spec_proposed={},
+                            spec_accepted={}, scheduled=[(f"r{i}", 1, "decode") for i in range(b)],
+                            new_tokens={f"r{i}": 1 for i in range(b)}, duration_s=0.0)
+            for n, b in enumerate((1, 2, 2, 1, 2) * 3)]
+    for rec, (s, _) in zip(recs, sweep.shapes(recs)):  # its planted in-process time plus the served terms
+        rec.duration_s = predict(s, m, planted()) + 2e-3 + 0.5e-3 * len(s.seqs)
+    log.write_text("".join(json.dumps(vars(r)) + "\n" for r in recs))
+    prof_path = tmp_path / "profile.json"
+    planted().save(prof_path)
+    assert main(["simulate", str(path), "--profile", str(prof_path), "--fit-served", str(tmp_path / "meas"),
+                 "--steps-log", str(log), "--out", str(tmp_path / "fit")]) == 0
+    got = json.loads(prof_path.read_text())["served"]
+    assert {k: got[k] for k in ("per_step_s", "per_seq_s", "per_request_s")} == pytest.approx(
+        {"per_step_s": 2e-3, "per_seq_s": 0.5e-3, "per_request_s": 4e-3}, abs=1e-6)
+    assert "step log" in got["source"]
