@@ -232,17 +232,20 @@ def read_log(log: Path) -> dict:
 
 def served_steps(log: Path, p, m) -> dict:
     """Step level, teacher-forced on the served runs themselves: every step each server process ran (its
-    step log; a process per repeat, in the order they ran) against the profile's prediction for its
-    batch (profile P, model shape M). A process's signed median is its speed against the calibration's
-    machine: the part of the run's error that the drift between processes explains."""
+    step log; a process per repeat, in the order they ran) against the profile's prediction for its batch
+    as served (the in-process prediction plus the profile's served step terms; profile P, model shape M).
+    `speed`: each process's errors against the in-process prediction alone, whose signed median is the
+    process's speed against the calibration's machine (the drift between processes)."""
     from experiments.simulate import calibrate, sweep
     from experiments.simulate.step_model import regime
+
     per = {str(pid): sweep.shapes(steps) for pid, steps in read_log(log).items()}
-    res = {"processes": {k: calibrate.errors(rows, m, p) for k, rows in per.items()}}
+    res = {"processes": {k: calibrate.errors(rows, m, p, served=True) for k, rows in per.items()},
+           "speed": {k: calibrate.errors(rows, m, p) for k, rows in per.items()}}
     rows = [r for v in per.values() for r in v]
-    res["all"] = calibrate.errors(rows, m, p)
+    res["all"] = calibrate.errors(rows, m, p, served=True)
     for g in ("decode", "mixed"):
-        res[g] = calibrate.errors([(s, d) for s, d in rows if regime(s, p.fused_max_rows) == g], m, p)
+        res[g] = calibrate.errors([(s, d) for s, d in rows if regime(s, p.fused_max_rows) == g], m, p, served=True)
     return res
 
 

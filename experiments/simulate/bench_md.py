@@ -50,12 +50,15 @@ def render(res: dict) -> str:
         if v.get("steps"):
             md.append(f"| {k} | {v['steps']} | {v['median_abs']:.1%} | {v['p90_abs']:.1%} | {v['median_signed']:+.1%} |")
     for run, d in (res.get("served_steps") or {}).items():
-        md += ["", f"Served steps of {run} (each server process's step log, in order, against the profile):", "",
-               "| steps | n | median abs error | p90 abs error | median signed (the process's speed) |", "|---|---|---|---|---|"]
-        rows = [(f"process {i + 1} (pid {pid})", v) for i, (pid, v) in enumerate(d["processes"].items())]
-        for k, v in rows + [(k, d[k]) for k in ("all", "decode", "mixed") if k in d]:
+        md += ["", f"Served steps of {run} (each server process's step log, in order, against the profile's served "
+                   f"step):", "", "| steps | n | median abs error | p90 abs error | median signed | speed against the "
+                                  "in-process profile |", "|---|---|---|---|---|---|"]
+        rows = [(f"process {i + 1} (pid {pid})", v, d.get("speed", {}).get(pid))
+                for i, (pid, v) in enumerate(d["processes"].items())]
+        for k, v, sp in rows + [(k, d[k], None) for k in ("all", "decode", "mixed") if k in d]:
             if v.get("steps"):
-                md.append(f"| {k} | {v['steps']} | {v['median_abs']:.1%} | {v['p90_abs']:.1%} | {v['median_signed']:+.1%} |")
+                md.append(f"| {k} | {v['steps']} | {v['median_abs']:.1%} | {v['p90_abs']:.1%} | {v['median_signed']:+.1%} | "
+                          + (f"{sp['median_signed']:+.1%} |" if sp else "|"))
     for key, title in (("served", "Closed loop, answers given their offline greedy EOS lengths (predicted first)"),
                        ("served_measured_lengths", "Closed loop, answers given the lengths the served engine produced"),
                        ("poisson", "Poisson at 50 / 85 / 95 % of the measured search capacity (offline lengths)"),

@@ -97,9 +97,13 @@ def fit_regimes(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profil
     return best[1]
 
 
-def errors(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile) -> dict[str, Any]:
-    """Relative errors (pred / measured - 1) of a profile on timed steps: median, p90 of |e|, signed median."""
-    e = np.array([predict(s, m, prof) / d - 1 for s, d in rows])
+def errors(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, served: bool = False) -> dict[str, Any]:
+    """Relative errors (pred / measured - 1) of a profile on timed steps: median, p90 of |e|, signed median.
+    `served`: the steps ran in a served engine, so each prediction carries the profile's served step terms."""
+    from experiments.simulate.served_overhead import served_step
+
+    e = np.array([(served_step(prof, predict(s, m, prof), len(s.seqs)) if served else predict(s, m, prof)) / d - 1
+                  for s, d in rows])
     if e.size == 0:
         return {"steps": 0}
     return {"steps": int(e.size), "median_abs": float(np.median(np.abs(e))),

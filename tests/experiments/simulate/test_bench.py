@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 
 from experiments.config import load
-from experiments.simulate import bench, calibrate, sweep
-from experiments.simulate.step_model import ModelShape
+import numpy as np
+import pytest
+
+from experiments.simulate import bench, calibrate, served_overhead, sweep
+from experiments.simulate.step_model import ModelShape, predict
 from reference_engine import LLM, SamplingParams
 from tests.experiments.simulate.planted import planted
 
@@ -35,4 +38,11 @@ def test_served_steps_are_the_logged_steps_against_the_profile(tiny_llama, tmp_p
     # the same shapes as the in-memory records: only the wall times (measured a moment apart) differ
     logged = sweep.shapes(bench.read_log(log)[os.getpid()])
     assert [s for s, _ in logged] == [s for s, _ in recorded]
-    assert res["all"] == calibrate.errors(logged, shape, prof)
+    assert res["all"] == calibrate.errors(logged, shape, prof)  # a profile without served terms: the same
+    assert res["speed"] == res["processes"]
+    served_overhead.apply(prof, {"per_step_s": 0.004, "per_seq_s": 0.001}, "test")
+    res = bench.served_steps(log, prof, shape)
+    want = [(s, d) for s, d in logged]
+    e = sorted(abs((predict(s, shape, prof) + 0.004 + 0.001 * len(s.seqs)) / d - 1) for s, d in want)
+    assert res["all"]["median_abs"] == pytest.approx(float(np.median(e)))
+    assert res["speed"][str(os.getpid())] == calibrate.errors(logged, shape, prof)
