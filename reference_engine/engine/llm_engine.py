@@ -88,6 +88,7 @@ class LLMEngine:
         if problems := kernel_problems(cfg):
             raise ValueError("; ".join(problems))
         ram_check.refuse(cfg)
+        self.step_log = StepLog(cfg.step_log) if cfg.step_log else None  # a path it cannot write fails now
         self.tokenizer = Tokenizer(cfg.model)
         self.runner = ModelRunner(cfg)
         # the tensor-parallel workers stop when the engine is dropped, not at interpreter exit; the
@@ -102,7 +103,6 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, _eos_ids(cfg.model, self.model_config, self.tokenizer),
                                        self.max_model_len, keep_results=keep_results)
         self.step_records: list[StepRecord] | None = [] if cfg.record_steps else None
-        self.step_log = StepLog(cfg.step_log) if cfg.step_log else None
         self._ids = itertools.count()
         self._steps = 0
         self.prompt_tokens_total = 0

@@ -24,8 +24,10 @@ class StepLog:
     def __init__(self, path: str):
         self.path = path
         self.pid = os.getpid()
-        # line-buffered: a killed server leaves every finished step on disk
-        self.f = open(path, "a", buffering=1)
+        try:  # line-buffered: a killed server leaves every finished step on disk
+            self.f = open(path, "a", buffering=1)
+        except OSError as e:
+            raise ValueError(f"step_log {path!r}: cannot append to it ({e.strerror})") from None
 
     def write(self, step: int, dt: float, kinds, sched, out, finished: list[str]) -> None:
         self.f.write(json.dumps({

@@ -27,3 +27,12 @@ def test_served_steps_add_up_to_the_response(server):
     assert prefill == usage["prompt_tokens"]
     assert sum(s.new_tokens.get(rid, 0) for s in steps) == usage["completion_tokens"] == 7
     assert rid in steps[-1].finished and all(s.duration_s > 0 for s in steps)
+
+
+def test_a_step_log_it_cannot_write_is_one_line_and_exit_2(model_dir, tmp_path, capsys):
+    from reference_engine.server.cli import main
+
+    path = tmp_path / "no such folder" / "steps.jsonl"
+    assert main([str(model_dir), "--step-log", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "step_log" in err and str(path) in err and "No such file" in err
