@@ -102,14 +102,29 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | Non
     return module().linear(x, packed, n, bias if bias is not None else x.new_empty(0))
 
 
-def gemm_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, native: bool = True):
-    """`gemm` on bf16 pair panels; native=False takes the widening FMAs even where vdpbf16ps exists."""
-    return module().linear_bf16(x, packed, n, bias if bias is not None else x.new_empty(0), native)
+PATHS = {"amx": 2, "vdpbf16ps": 1, "fma": 0}  # the bf16 paths, best first (csrc/linear_bf16.cpp)
+
+
+def gemm_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, path: str = "amx"):
+    """`gemm` on bf16 pair panels on the best path here up to `path`: "amx" (where AMX runs and K % 32 ==
+    0: its own sums), "vdpbf16ps" (where AVX512_BF16 runs) or "fma" (the widening FMAs: vdpbf16ps' bits)."""
+    return module().linear_bf16(x, packed, n, bias if bias is not None else x.new_empty(0), PATHS[path])
 
 
 def bf16_native() -> bool:
     """Does the bf16 kernel run vdpbf16ps here (an AVX-512 build on a CPU with AVX512_BF16)?"""
     return module().bf16_native()
+
+
+def amx() -> bool:
+    """Does the bf16 GEMM run on AMX here (an AVX-512 build, a CPU with AMX-BF16, Linux's permission,
+    INFERLAB_AMX not 0)? Then every bf16 product with K % 32 == 0 takes it, at any row count."""
+    return module().amx_ready()
+
+
+def bf16_path(k: int) -> str:
+    """Which path a bf16 product of inner size k takes here: "amx", "vdpbf16ps" or "fma"."""
+    return "amx" if k % 32 == 0 and amx() else "vdpbf16ps" if bf16_native() else "fma"
 
 
 @functools.cache

@@ -103,8 +103,11 @@ def pin_problem(var: str, value: str, cxx: str | None | object = _MACHINE) -> st
 
 
 def pin_problems() -> list[str]:
-    """`pin_problem` for every linear pin set in the environment (the engine checks them at start)."""
-    return [p for var in (*PINS, *GONE) if (v := os.environ.get(var, "")) and (p := pin_problem(var, v))]
+    """`pin_problem` for every linear pin set in the environment (the engine checks them at start), and
+    INFERLAB_AMX: "0" keeps bf16 panels off AMX (the pair order everywhere), "1" (or unset) uses it where it runs."""
+    amx = os.environ.get("INFERLAB_AMX", "1")
+    bad = [] if amx in ("0", "1") else [f"INFERLAB_AMX={amx!r}: expected '0' (off) or '1' (where the CPU has AMX)"]
+    return bad + [p for var in (*PINS, *GONE) if (v := os.environ.get(var, "")) and (p := pin_problem(var, v))]
 
 
 def _pinned(var: str) -> str:

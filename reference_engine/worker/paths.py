@@ -2,8 +2,8 @@
 
 What decides a step's path: the device; the weights' dtype; the CPU's vector ISA (torch's CPU
 capability, which honours ATEN_CPU_CAPABILITY; the C++ kernels are built for it); whether a C++ compiler
-built the kernels; whether the CPU multiplies bf16 natively (oneDNN); tensor parallelism; the model's
-q/k norm; the pins INFERLAB_LINEAR and INFERLAB_FUSED_DECODE; and, per step, whether every row is a
+built the kernels; whether the CPU multiplies bf16 natively (oneDNN; the panels: AMX, else vdpbf16ps); tensor parallelism; the
+model's q/k norm; the pins INFERLAB_LINEAR, INFERLAB_FUSED_DECODE and INFERLAB_AMX; and, per step, whether every row is a
 decode and how many rows there are.
 
 The parts keep their own rules (`PackedLinear` picks its kernel when packed, `FusedDecode.refusal`
@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from reference_engine.kernels import cpp_gemm
 from reference_engine.model.packed_linear import PackedLinear, linear_kernel
 
 # every environment variable that changes a path, read back as set ("" when unset)
-PINS = ("INFERLAB_LINEAR", "INFERLAB_FUSED_DECODE", "ATEN_CPU_CAPABILITY", "CXX")
+PINS = ("INFERLAB_LINEAR", "INFERLAB_FUSED_DECODE", "INFERLAB_AMX", "ATEN_CPU_CAPABILITY", "CXX")
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,13 @@ def linear_path(runner) -> tuple[str, str]:
     if not mods:
         return "torch", f"linear_backend={runner.cfg.linear_backend}: F.linear on the parameters"
     if all(m.panels is not None for m in mods):
-        return (f"panel GEMM ({isa()})", f"{runner.dtype} weights held once as 32-column panels; one fixed sum "
-                "order per output at every row count (kernels/cpp_gemm.py)")
+        why = (f"{runner.dtype} weights held once as 32-column panels; one fixed sum order per output at every "
+               "row count (kernels/cpp_gemm.py)")
+        if runner.dtype != torch.bfloat16:
+            return f"panel GEMM ({isa()})", why
+        # bf16: AMX where it runs and K % 32 == 0, else vdpbf16ps or the widening FMAs (cpp_gemm.bf16_path)
+        bf16 = "/".join(sorted({cpp_gemm.bf16_path(m.in_features) for m in mods}))
+        return f"panel GEMM ({isa()}, {bf16})", why
     why = "INFERLAB_LINEAR=onednn" if os.environ.get("INFERLAB_LINEAR") == "onednn" else \
         "no C++ kernel here" if linear_kernel() != "inferlab" else f"{runner.dtype} weights: not packed as panels"
     return f"oneDNN packed ({runner.linear_compute_dtype})", why

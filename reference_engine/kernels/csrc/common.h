@@ -71,6 +71,16 @@ static inline __m256 exp8(__m256 x) {
 }
 #endif
 
+// nc fp32 sums of one row, + bias, each rounded once to bf16 (round to nearest even, as at::BFloat16):
+// every bf16 GEMM's last step
+static inline void finish_bf16(const float* s, const float* b, int64_t nc, at::BFloat16* out) {
+  int64_t j = 0;
+#ifdef VEC8
+  for (; j + 8 <= nc; j += 8) store8(out + j, _mm256_add_ps(load8(s + j), load8(b + j)));
+#endif
+  for (; j < nc; ++j) out[j] = at::BFloat16(s[j] + b[j]);
+}
+
 // Guided work sharing: items [0, n) go to `threads` workers in spans [a, b) grabbed from a shared
 // counter, each (n - taken) / (2 threads) items rounded down to a multiple of `align` and at least
 // `min_span`. Long early spans keep a prefetch streaming; the short last ones let a thread the OS

@@ -10,10 +10,14 @@ namespace inferlab {
 
 // linear.cpp: y = x @ W.T (+ bias) for any row count, packed = W's (P, K, 32) k-major panels
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
-// linear_bf16.cpp: the same for bf16 x and W's (P, K/2, 32, 2) pair panels; native: vdpbf16ps where
-// bf16_native() (else the widening FMAs, the same sums)
-at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, bool native);
+// linear_bf16.cpp: the same for bf16 x and W's (P, K/2, 32, 2) pair panels; path 2: AMX where it runs
+// and K % 32 == 0, 1: vdpbf16ps where bf16_native(), 0: the widening FMAs (1 and 0 give the same sums)
+at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, int64_t path);
 bool bf16_native();
+// linear_amx.cpp: the AMX path (its own sums, batch-invariant); amx_ready(): CPU, OS and INFERLAB_AMX
+bool amx_ready();
+void linear_amx(const at::BFloat16* x, int64_t ldx, int64_t M, const at::BFloat16* packed, int64_t K2, int64_t N,
+                const at::BFloat16* bias, at::BFloat16* y);
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
 void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out);
 void silu_mul(at::Tensor gu, at::Tensor out);

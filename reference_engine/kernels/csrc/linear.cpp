@@ -119,7 +119,7 @@ static void panel(const float* xa, int64_t M, const float* p, int64_t K, float* 
 }
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
-  if (packed.scalar_type() == at::kBFloat16) return linear_bf16(x, packed, N, bias, true);  // bf16 pair panels
+  if (packed.scalar_type() == at::kBFloat16) return linear_bf16(x, packed, N, bias, 2);  // bf16 pair panels, best path
   PROFILE("inferlab::linear");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat, "linear: x (M, K) float32 rows");
   TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.scalar_type() == at::kFloat &&

@@ -168,15 +168,6 @@ static void pack_rows(const uint32_t* x, int64_t ldx, int64_t M, int64_t K2, int
   }
 }
 
-// nc sums of one row, + bias, each rounded once to bf16 (round to nearest even, as at::BFloat16)
-static inline void finish(const float* s, const float* b, int64_t nc, at::BFloat16* out) {
-  int64_t j = 0;
-#ifdef VEC8
-  for (; j + 8 <= nc; j += 8) store8(out + j, _mm256_add_ps(load8(s + j), load8(b + j)));
-#endif
-  for (; j < nc; ++j) out[j] = at::BFloat16(s[j] + b[j]);
-}
-
 // Per block of rows (as many as XB holds, whole work items): x packed, then work items (group of NP panels,
 // RS rows), group-major: threads split the rows as well as the panels (an odd number of groups no longer
 // leaves one thread a group behind), and a thread's consecutive items reuse one group's panels from cache.
@@ -203,7 +194,7 @@ static void run(const uint32_t* xp, int64_t ldx, int64_t M, const uint32_t* pp, 
     float b[CW] = {};
     if (bias)
       for (int64_t j = 0; j < nc; ++j) b[j] = static_cast<float>(bias[n0 + j]);
-    for (int64_t m = 0; m < nr; ++m) finish(c + m * cw, b, nc, yp + (m0 + r0 + m) * N + n0);
+    for (int64_t m = 0; m < nr; ++m) finish_bf16(c + m * cw, b, nc, yp + (m0 + r0 + m) * N + n0);
   };
   if (M <= MB || threads == 1) {
     const std::unique_ptr<uint32_t[]> xa(new uint32_t[std::min(M, MB) * K2]);  // uninitialised: no zero fill
@@ -253,7 +244,9 @@ bool bf16_native() {  // vdpbf16ps in this build and on this CPU
 #endif
 }
 
-at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, bool native) {
+// path: AMX (2) where amx_ready() and K is a multiple of 32 (linear_amx.cpp), else vdpbf16ps (1) where
+// bf16_native(), else the widening FMAs (0); a lower path asks for a lower one at most
+at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, int64_t path) {
   PROFILE("inferlab::linear");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "linear: x (M, K) bfloat16 rows");
   const int64_t M = x.size(0), K = x.size(1), K2 = (K + 1) / 2;
@@ -266,17 +259,21 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bi
   else if (x.stride(0) % 2) x = x.contiguous();
   auto y = at::empty({M, N}, x.options());
   if (!M) return y;
+  const at::BFloat16* bp = bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr;
+  if (path >= 2 && K % 32 == 0 && amx_ready()) {
+    linear_amx(x.data_ptr<at::BFloat16>(), x.stride(0), M, packed.data_ptr<at::BFloat16>(), K2, N, bp,
+               y.data_ptr<at::BFloat16>());
+    return y;
+  }
   const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
   const auto* pp = reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>());
-  const at::BFloat16* bp = bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr;
   const int64_t ldx = x.stride(0) / 2;
 #if defined(__AVX512F__)
-  if (native && bf16_native()) {
+  if (path >= 1 && bf16_native()) {
     run<Dp>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
     return y;
   }
 #endif
-  (void)native;
   run<Widen>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
   return y;
 }

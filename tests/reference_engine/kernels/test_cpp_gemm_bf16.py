@@ -1,10 +1,17 @@
-"""cpp_gemm on bf16 pair panels (csrc/linear_bf16.cpp): every output is vdpbf16ps' pair order (acc +=
+"""cpp_gemm on bf16 pair panels (csrc/linear_bf16.cpp; AMX: csrc/linear_amx.cpp). The pair order: every output is vdpbf16ps' pair order (acc +=
 x[2i+1] W[2i+1], then acc += x[2i] W[2i], each product exact in fp32, one rounding per add), + bias in
 fp32, one rounding to bf16. The fp32 emulation below is that sequence written out with torch ops (a
 product of two bf16 values is exact in fp32, so `acc + x * w` rounds once, as an FMA does); the kernel
 must give its bits, with vdpbf16ps (where the CPU has AVX512_BF16) and with the widening FMAs. Inputs
-are normal numbers: vdpbf16ps flushes denormals, the FMAs do not (the one documented difference)."""
+are normal numbers: vdpbf16ps flushes denormals, the FMAs do not (the one documented difference).
+Where the CPU has AMX, `gemm` takes it for K % 32 == 0: AMX's own sums (not the pair order), close to the
+exact product and batch- and thread-invariant like the others."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +19,8 @@ import torch
 from reference_engine.kernels import cpp_gemm
 
 pytestmark = pytest.mark.skipif(not cpp_gemm.available(), reason="the C++ GEMM does not build here")
-MODES = [False, True]  # native: vdpbf16ps where the CPU has it (else the same widening FMAs)
+MODES = ["fma", "vdpbf16ps"]  # the pair order: vdpbf16ps where the CPU has it, else the same widening FMAs
+amx_only = pytest.mark.skipif(not cpp_gemm.available() or not cpp_gemm.amx(), reason="no AMX on this CPU or build")
 
 
 def pair_order(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -29,10 +37,10 @@ def bf16(*shape, g):
     return torch.randn(*shape, generator=g).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("native", MODES)
+@pytest.mark.parametrize("path", MODES)
 # odd K, N past a panel, odd panel counts; K = 2731: row blocks of 96 (512 KB of packed pairs), 250 rows = 3
 @pytest.mark.parametrize("n,k", [(32, 64), (45, 7), (100, 67), (200, 130), (45, 2731)])
-def test_the_pair_order_bit_for_bit_in_every_row_regime(native, n, k):
+def test_the_pair_order_bit_for_bit_in_every_row_regime(path, n, k):
     g = torch.Generator().manual_seed(n * k)
     w, b = bf16(n, k, g=g), bf16(n, g=g)
     p = cpp_gemm.pack(w)
@@ -40,7 +48,7 @@ def test_the_pair_order_bit_for_bit_in_every_row_regime(native, n, k):
     for rows in (1, 5, 6, 7, 13, 49, 250):  # one row, tiles of 6 rows and their tails, 48-row items
         x = bf16(rows, k, g=g)
         for bias in (None, b):
-            got = cpp_gemm.gemm_bf16(x, p, n, bias, native)
+            got = cpp_gemm.gemm_bf16(x, p, n, bias, path)
             assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
             assert torch.equal(got, pair_order(x, w, bias)), (rows, bias is None)
         want = x.double() @ w.double().T  # and close to the exact product: one bf16 rounding at the end
@@ -51,8 +59,36 @@ def test_vdpbf16ps_and_the_widening_fmas_agree():
     g = torch.Generator().manual_seed(1)
     w, x = bf16(300, 576, g=g), bf16(20, 576, g=g)
     p = cpp_gemm.pack(w)
-    assert torch.equal(cpp_gemm.gemm_bf16(x, p, 300, None, True), cpp_gemm.gemm_bf16(x, p, 300, None, False))
-    assert torch.equal(cpp_gemm.gemm(x, p, 300, None), cpp_gemm.gemm_bf16(x, p, 300, None, True))  # gemm dispatches
+    assert torch.equal(cpp_gemm.gemm_bf16(x, p, 300, None, "vdpbf16ps"), cpp_gemm.gemm_bf16(x, p, 300, None, "fma"))
+    # gemm dispatches: AMX where it runs (K = 576 is a multiple of 32), else the pair order
+    assert torch.equal(cpp_gemm.gemm(x, p, 300, None), cpp_gemm.gemm_bf16(x, p, 300, None, cpp_gemm.bf16_path(576)))
+
+
+@amx_only
+@pytest.mark.parametrize("n,k", [(32, 64), (100, 576), (45, 1536)])
+def test_amx_is_the_exact_product_rounded_once_more_or_less_in_every_row_regime(n, k):
+    g = torch.Generator().manual_seed(n + k)
+    w, b = bf16(n, k, g=g), bf16(n, g=g)
+    p = cpp_gemm.pack(w)
+    assert cpp_gemm.bf16_path(k) == "amx"
+    # up to 16 rows: tiles of that many rows; then 32-row blocks, a zero-padded last one; 64-row items
+    for rows in (1, 5, 16, 17, 31, 32, 33, 64, 65, 250):
+        x = bf16(rows, k, g=g)
+        got = cpp_gemm.gemm_bf16(x, p, n, b, "amx")
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        want = x.double() @ w.double().T + b.double()
+        torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2 * k ** 0.5)
+        # each fp32 sum within a few ulps of the pair order's: after the bf16 rounding, one step at most
+        step = pair_order(x, w, b).double().abs().clamp(min=1e-3) * 2 ** -7
+        assert ((got.double() - pair_order(x, w, b).double()).abs() <= step).all(), rows
+
+
+def test_amx_leaves_a_k_that_is_not_a_multiple_of_32_to_the_pair_order():
+    g = torch.Generator().manual_seed(4)
+    w, x = bf16(64, 80, g=g), bf16(20, 80, g=g)
+    p = cpp_gemm.pack(w)
+    assert cpp_gemm.bf16_path(80) in ("vdpbf16ps", "fma")
+    assert torch.equal(cpp_gemm.gemm_bf16(x, p, 64, None, "amx"), pair_order(x, w, None))
 
 
 def test_a_row_has_the_same_bits_in_any_batch_and_on_any_thread_count():
@@ -89,3 +125,13 @@ def test_rows_that_are_strided_views_and_odd_k_pad_nothing_into_the_sum():
     assert torch.equal(got, pair_order(x.contiguous(), w, None))
     w2, x2 = bf16(40, 8, g=g), bf16(10, 11, g=g)[:, :8]  # an odd row stride: pairs would straddle rows
     assert torch.equal(cpp_gemm.gemm(x2, cpp_gemm.pack(w2), 40, None), pair_order(x2.contiguous(), w2, None))
+
+
+def test_inferlab_amx_0_keeps_every_bf16_product_on_the_pair_order():
+    code = ("from reference_engine.kernels import cpp_gemm; "
+            "print(cpp_gemm.amx(), cpp_gemm.bf16_path(576), cpp_gemm.bf16_native())")
+    env = {**os.environ, "INFERLAB_AMX": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    amx, path, native = run.stdout.split()
+    assert amx == "False" and path == ("vdpbf16ps" if native == "True" else "fma")

@@ -16,7 +16,7 @@ from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.kernels import cpp_gemm
 from reference_engine.model.packed_linear import GONE, linear_kernel, pin_problem
 
-PINS = ("INFERLAB_LINEAR", *GONE, "INFERLAB_FUSED_DECODE")
+PINS = ("INFERLAB_LINEAR", *GONE, "INFERLAB_FUSED_DECODE", "INFERLAB_AMX")
 
 
 @pytest.fixture
@@ -88,3 +88,9 @@ def test_a_pin_that_can_hold_still_works(tiny_llama, pins):
     assert llm.engine.effective_config()["linear_kernel"] == kernel
     outs = llm.generate([[1, 2, 3 + i] for i in range(14)], SamplingParams(max_tokens=3, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [3] * 14
+
+
+def test_an_amx_switch_that_means_nothing_is_refused(tiny_llama, pins):
+    pins.setenv("INFERLAB_AMX", "off")  # would have left AMX on
+    with pytest.raises(ValueError, match="INFERLAB_AMX='off': expected '0' \\(off\\) or '1'"):
+        LLMEngine(EngineConfig(model=str(tiny_llama), kv_cache_tokens=256))

@@ -1,0 +1,150 @@
+// y = x @ W.T (+ bias) for bf16 x on W's pair panels with AMX (Intel's tile unit, Xeon 4th generation
+// "Sapphire Rapids" on): the same (P, K/2, NR, 2) panels as linear_bf16.cpp, no other copy.
+//
+// A pair panel is already AMX's B layout: one panel row is a k pair of 32 columns, (32, 2) bf16 = 128
+// bytes, and a B tile is 16 such pairs of 16 columns, 64 bytes a row, so the panel's left and right
+// halves are two B tiles loaded with a 128-byte stride. A tile is 16 rows of x, 32 bf16 each, read in
+// place (row stride ldx). One tdpbf16ps multiplies 16 rows by 16 columns over 16 pairs.
+//
+// Sums: AMX's own. Each output is the chain over its K/32 tile steps, in k order, from zero, then + bias
+// in fp32 and one rounding to bf16 (the same finish as linear_bf16.cpp). How the hardware adds the 32
+// products inside one step is not the vdpbf16ps pair order (measured: it matches neither order), so the
+// bits differ from the other bf16 paths; they are still one fixed sequence per output whatever M, the
+// tile the row sits in or the thread, because rows never mix in a tile product: batch-invariant.
+// Used where AMX runs (cpuid, and Linux's permission for the tile data) and K is a multiple of 32, for
+// every row count: one bf16 path per weight. INFERLAB_AMX=0 turns it off (the pair order everywhere).
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace inferlab {
+
+#if defined(__AVX512F__)
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+
+static constexpr int64_t NR = 32;   // columns per panel (cpp_gemm.NR)
+static constexpr int64_t RB = 32;   // rows per block: two A tiles
+static constexpr int64_t GP = 8;   // panels per work item (prefill): read from L2 across its rows
+static constexpr int64_t RI = 64;  // rows per work item
+
+struct alignas(64) TileConfig {  // ldtilecfg's 64-byte operand, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0-3 the sums (rows 0-15 / 16-31 x columns 0-15 / 16-31 of the panel), 4 and 5 the two A tiles,
+// 6 and 7 the panel's halves, 64 bytes a row; rows: of x and of the sums (B tiles: always 16 pairs). Tile
+// state is per thread and stays configured after a call (no tilerelease: loading a configuration costs as
+// much as a decode step's small product); what another library left there is read back and replaced.
+AMX_TARGET static void configure(int rows) {
+  TileConfig c, now;
+  for (int t = 0; t < 8; ++t) c.rows[t] = t < 6 ? rows : 16, c.colsb[t] = 64;
+  _tile_storeconfig(&now);
+  asm volatile("" : : "r"(&c), "r"(&now) : "memory");  // GCC 12 drops stores a tile op reads: keep them
+  if (std::memcmp(&c, &now, sizeof c) != 0) _tile_loadconfig(&c);
+}
+
+// RT x 16 rows of x (ldx elements apart) against one panel over K2 pairs -> c (RT x 16, 32) fp32, row
+// stride 32. RT = 1: a decode step's few rows, memory-bound, so it prefetches the panel PF pairs ahead.
+template <int RT>
+AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* p, int64_t K2, float* c) {
+  constexpr int64_t PF = 64;  // pairs ahead: 8 KB of the panel in flight
+  const int64_t sx = ldx * 2;  // bytes between x's rows
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (RT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t k = 0; k < K2; k += 16) {  // (RT x 16 rows, 16 pairs) x (16 pairs, 32 columns)
+    const at::BFloat16* w = p + k * NR * 2;
+    if constexpr (RT == 1)
+      if (k + PF < K2)
+        for (int j = 0; j < 32; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (PF + j / 2) * NR * 2 + (j % 2) * 32), _MM_HINT_T0);
+    _tile_loadd(4, x + 2 * k, sx);
+    _tile_loadd(6, w, NR * 4);
+    _tile_loadd(7, w + 32, NR * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RT == 2) {
+      _tile_loadd(5, x + 16 * ldx + 2 * k, sx);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, NR * 4);
+  _tile_stored(1, c + 16, NR * 4);
+  if constexpr (RT == 2) {
+    _tile_stored(2, c + 16 * NR, NR * 4);
+    _tile_stored(3, c + 16 * NR + 16, NR * 4);
+  }
+}
+
+static bool can_run() {  // the CPU has AMX-TILE and AMX-BF16, and Linux lets this process use them
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return false;
+  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;  // Linux 5.16 on: ask once per process
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+bool amx_ready() {
+  static const bool ready = [] {
+    const char* off = std::getenv("INFERLAB_AMX");
+    return !(off && std::strcmp(off, "0") == 0) && can_run();
+  }();
+  return ready;
+}
+
+// The rows of x in blocks of RB: whole blocks read in place, the last partial one from a zero-padded
+// copy (a padded row only adds rows of sums that are dropped). Items: GP panels x RI rows, group-major.
+void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat16* pp, int64_t K2, int64_t N,
+                const at::BFloat16* bias, at::BFloat16* yp) {
+  const int64_t gp = M > RI ? GP : 1;  // a decode step: one panel an item, for balance
+  const int64_t P = (N + NR - 1) / NR, G = (P + gp - 1) / gp, R = (M + RI - 1) / RI;
+  const bool small = M <= 16;  // a decode step: one block, its tiles configured to M rows, x read in place
+  const int64_t K = 2 * K2, whole = small ? M : M / RB * RB;
+  std::unique_ptr<at::BFloat16[]> pad;
+  if (whole < M) {
+    pad.reset(new at::BFloat16[RB * K]());
+    for (int64_t m = whole; m < M; ++m) std::memcpy(pad.get() + (m - whole) * K, xp + m * ldx, K * 2);
+  }
+  share(G * R, std::min<int64_t>(at::get_num_threads(), G * R), 1, 1, [&](int64_t i0, int64_t i1) {
+    configure(small ? M : 16);
+    alignas(64) float c[RB * NR];
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t g = i / R, m1 = std::min(M, (i % R + 1) * RI);
+      for (int64_t m0 = (i % R) * RI; m0 < m1; m0 += RB) {
+        const bool full = small || m0 + RB <= whole;
+        const at::BFloat16* x = full ? xp + m0 * ldx : pad.get();
+        const int64_t rows = std::min(RB, M - m0);
+        for (int64_t q = g * gp; q < std::min(P, (g + 1) * gp); ++q) {
+          if (rows <= 16) block<1>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c);
+          else block<2>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c);
+          const int64_t n0 = q * NR, nc = std::min(NR, N - n0);
+          float bq[NR] = {};
+          if (bias)
+            for (int64_t j = 0; j < nc; ++j) bq[j] = static_cast<float>(bias[n0 + j]);
+          for (int64_t m = 0; m < rows; ++m) finish_bf16(c + m * NR, bq, nc, yp + (m0 + m) * N + n0);
+        }
+      }
+    }
+  });
+}
+
+#else
+bool amx_ready() { return false; }
+void linear_amx(const at::BFloat16*, int64_t, int64_t, const at::BFloat16*, int64_t, int64_t, const at::BFloat16*,
+                at::BFloat16*) {
+  TORCH_CHECK(false, "linear_amx: not in this build");
+}
+#endif
+
+}  // namespace inferlab
