@@ -66,8 +66,7 @@ AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloa
   }
   for (int64_t k = 0; k < K2; k += 16) {  // (RT x 16 rows, 16 pairs) x (16 pairs, 32 columns)
     const at::BFloat16* w = p + k * NR * 2;
-    if constexpr (RT == 1)
-      if (k + PF < K2)
+    if constexpr (RT == 1)  // past the panel's end: the next panel, most often this thread's next (no fault)
         for (int j = 0; j < 32; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (PF + j / 2) * NR * 2 + (j % 2) * 32), _MM_HINT_T0);
     _tile_loadd(4, x + 2 * k, sx);
     _tile_loadd(6, w, NR * 4);
