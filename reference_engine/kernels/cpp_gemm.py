@@ -41,6 +41,12 @@ AVX512_BF16 (AVX-512 F, AVX2, scalar) each pair is widened to fp32 (a 16-bit shi
 through two FMAs in that order: the same bits (tests/reference_engine/kernels/test_cpp_gemm_bf16.py),
 except where vdpbf16ps flushes denormals to zero.
 
+AMX (csrc/linear_amx.cpp): a pair panel is already AMX's B layout (a tile is 16 pairs x 16 columns, a
+panel row 128 bytes, so its halves are two tiles at a 128-byte stride), and an A tile is 16 rows of x as
+they lie. Where the CPU has AMX-BF16 (and Linux grants the tile state), every bf16 product with K % 32 ==
+0 takes it, at every row count: batch-invariant, but with AMX's own sums inside a tile step, so not the
+pair order's bits. `bf16_path(k)` says which path a product takes; INFERLAB_AMX=0 turns AMX off.
+
 Source: csrc/linear.cpp. `unpack` is pack's inverse (PackedLinear.weight, read on demand).
 """
 from __future__ import annotations

@@ -32,11 +32,43 @@ static inline void accumulate16(const float* p, int64_t ld, int64_t sr, const T*
 }
 #endif
 
+#ifdef VEC16
+// accumulate16 on one 512-bit vector a row (up to 12 rows at a time): the same sums, element by element
+template <int GN, typename T>
+static inline void accumulate16w(const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride, int64_t n,
+                                 float* acc, int64_t D, int64_t c) {
+  __m512 a[GN];
+  for (int g = 0; g < GN; ++g) a[g] = _mm512_loadu_ps(acc + g * D + c);
+  for (int64_t r = 0; r < n; ++r) {
+    const __m512 vr = load16(v + r * stride + c);
+    for (int g = 0; g < GN; ++g) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * ld + r * sr]), vr, a[g]);
+  }
+  for (int g = 0; g < GN; ++g) _mm512_storeu_ps(acc + g * D + c, a[g]);
+}
+
+template <int GN, typename T>  // the last gn < 12 rows: the row count picked at run time
+static inline void accumulate16w_rows(int64_t gn, const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride,
+                                      int64_t n, float* acc, int64_t D, int64_t c) {
+  if constexpr (GN > 0) {
+    if (gn != GN) return accumulate16w_rows<GN - 1>(gn, p, ld, sr, v, stride, n, acc, D, c);
+    accumulate16w<GN>(p, ld, sr, v, stride, n, acc, D, c);
+  }
+}
+#endif
+
 // acc_g += sum_r p[g * ld + r * sr] * v_r for the G rows acc (G, D) and value rows v_r = v + r * stride
 // (sr = 1: scores row-major, decode; sr = ld of the keys: key-major, prefill).
 template <typename T>
 static inline void accumulate(const float* p, int64_t ld, int64_t sr, const T* v, int64_t stride, int64_t n,
                               float* acc, int64_t G, int64_t D) {
+#ifdef VEC16
+  if (D % 16 == 0) {
+    for (int64_t g = 0; g < G; g += 12)
+      for (int64_t c = 0; c < D; c += 16)
+        accumulate16w_rows<12>(std::min<int64_t>(12, G - g), p + g * ld, ld, sr, v, stride, n, acc + g * D, D, c);
+    return;
+  }
+#endif
 #ifdef VEC8
   if (D % 16 == 0) {
     for (int64_t g = 0; g < G; g += 6)  // rows up to six at a time (12 accumulators)

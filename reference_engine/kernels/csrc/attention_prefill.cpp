@@ -7,39 +7,61 @@
 namespace inferlab {
 
 #ifdef VEC8
-// s[t * R8 + i] = q_i . k_t for 8 IV query rows from qt and RK keys from k (summed over d in order)
-template <int IV, int RK, typename T>
+// The lane widths the scores run at: 8 (AVX2) and, in the AVX-512 build, 16; per lane the same operations
+struct Lanes8 {
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+#ifdef VEC16
+struct Lanes16 {
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+// s[t * R8 + i] = q_i . k_t for IV vectors of W's lanes of query rows from qt and RK keys from k (summed
+// over d in order)
+template <class W, int IV, int RK, typename T>
 static inline void scores_tile(const float* qt, int64_t R8, const T* k, int64_t stride, float* s, int64_t D) {
-  __m256 a[RK][IV];
+  constexpr int L = sizeof(typename W::V) / 4;
+  typename W::V a[RK][IV];
   for (int t = 0; t < RK; ++t)
-    for (int v = 0; v < IV; ++v) a[t][v] = _mm256_setzero_ps();
+    for (int v = 0; v < IV; ++v) a[t][v] = W::zero();
   for (int64_t d = 0; d < D; ++d) {
-    __m256 qv[IV];
-    for (int v = 0; v < IV; ++v) qv[v] = _mm256_loadu_ps(qt + d * R8 + 8 * v);
+    typename W::V qv[IV];
+    for (int v = 0; v < IV; ++v) qv[v] = W::load(qt + d * R8 + L * v);
     for (int t = 0; t < RK; ++t) {
-      const __m256 kb = _mm256_set1_ps(static_cast<float>(k[t * stride + d]));
-      for (int v = 0; v < IV; ++v) a[t][v] = _mm256_fmadd_ps(kb, qv[v], a[t][v]);
+      const typename W::V kb = W::set1(static_cast<float>(k[t * stride + d]));
+      for (int v = 0; v < IV; ++v) a[t][v] = W::fma(kb, qv[v], a[t][v]);
     }
   }
   for (int t = 0; t < RK; ++t)
-    for (int v = 0; v < IV; ++v) _mm256_storeu_ps(s + t * R8 + 8 * v, a[t][v]);
+    for (int v = 0; v < IV; ++v) W::store(s + t * R8 + L * v, a[t][v]);
 }
 
-template <int IV, typename T>
+template <class W, int IV, int RK, typename T>  // the last r < 6 keys: the tile picked at run time
+static inline void scores_tail(int64_t r, const float* qt, int64_t R8, const T* k, int64_t stride, float* s,
+                               int64_t D) {
+  if constexpr (RK > 0) {
+    if (r != RK) return scores_tail<W, IV, RK - 1>(r, qt, R8, k, stride, s, D);
+    scores_tile<W, IV, RK>(qt, R8, k, stride, s, D);
+  }
+}
+
+template <class W, int IV, typename T>
 static inline void scores_keys(const float* qt, int64_t R8, const T* k, int64_t stride, int64_t n, float* s,
                                int64_t D) {
   int64_t t = 0;
-  for (; t + 6 <= n; t += 6) scores_tile<IV, 6>(qt, R8, k + t * stride, stride, s + t * R8, D);
-  const T* kt = k + t * stride;
-  float* st = s + t * R8;
-  switch (n - t) {
-    case 5: scores_tile<IV, 5>(qt, R8, kt, stride, st, D); break;
-    case 4: scores_tile<IV, 4>(qt, R8, kt, stride, st, D); break;
-    case 3: scores_tile<IV, 3>(qt, R8, kt, stride, st, D); break;
-    case 2: scores_tile<IV, 2>(qt, R8, kt, stride, st, D); break;
-    case 1: scores_tile<IV, 1>(qt, R8, kt, stride, st, D); break;
-    default: break;
-  }
+  for (; t + 6 <= n; t += 6) scores_tile<W, IV, 6>(qt, R8, k + t * stride, stride, s + t * R8, D);
+  if (t < n) scores_tail<W, IV, 5>(n - t, qt, R8, k + t * stride, stride, s + t * R8, D);
 }
 #endif
 
@@ -48,8 +70,12 @@ template <typename T>
 static void scores_t(const float* qt, int64_t R8, const T* k, int64_t stride, int64_t n, float* s, int64_t D) {
 #ifdef VEC8
   int64_t i = 0;
-  for (; i + 16 <= R8; i += 16) scores_keys<2>(qt + i, R8, k, stride, n, s + i, D);
-  if (i < R8) scores_keys<1>(qt + i, R8, k, stride, n, s + i, D);
+#ifdef VEC16
+  for (; i + 48 <= R8; i += 48) scores_keys<Lanes16, 3>(qt + i, R8, k, stride, n, s + i, D);
+  for (; i + 16 <= R8; i += 16) scores_keys<Lanes16, 1>(qt + i, R8, k, stride, n, s + i, D);
+#endif
+  for (; i + 16 <= R8; i += 16) scores_keys<Lanes8, 2>(qt + i, R8, k, stride, n, s + i, D);
+  if (i < R8) scores_keys<Lanes8, 1>(qt + i, R8, k, stride, n, s + i, D);
 #else
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < R8; ++i) {

@@ -71,6 +71,15 @@ static inline __m256 exp8(__m256 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+#define VEC16 1  // 16-lane helpers (the AVX-512 build): the same per-lane operations as the 8-lane ones
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: the 16 bits are the high half
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 // nc fp32 sums of one row, + bias, each rounded once to bf16 (round to nearest even, as at::BFloat16):
 // every bf16 GEMM's last step
 static inline void finish_bf16(const float* s, const float* b, int64_t nc, at::BFloat16* out) {

@@ -106,8 +106,10 @@ bool amx_ready() {
 // copy (a padded row only adds rows of sums that are dropped). Items: GP panels x RI rows, group-major.
 void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat16* pp, int64_t K2, int64_t N,
                 const at::BFloat16* bias, at::BFloat16* yp) {
-  const int64_t gp = M > RI ? GP : 1;  // a decode step: one panel an item, for balance
-  const int64_t P = (N + NR - 1) / NR, G = (P + gp - 1) / gp, R = (M + RI - 1) / RI;
+  const int64_t P = (N + NR - 1) / NR, R = (M + RI - 1) / RI, threads = at::get_num_threads();
+  // up to GP panels an item, as long as there are 8 items a thread (balance: a 128-token prompt's N = 576
+  // is 18 panels x 2 row items; a decode step, one panel an item)
+  const int64_t gp = std::clamp<int64_t>(P * R / (8 * threads), 1, GP), G = (P + gp - 1) / gp;
   const bool small = M <= 16;  // a decode step: one block, its tiles configured to M rows, x read in place
   const int64_t K = 2 * K2, whole = small ? M : M / RB * RB;
   std::unique_ptr<at::BFloat16[]> pad;
@@ -115,7 +117,7 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
     pad.reset(new at::BFloat16[RB * K]());
     for (int64_t m = whole; m < M; ++m) std::memcpy(pad.get() + (m - whole) * K, xp + m * ldx, K * 2);
   }
-  share(G * R, std::min<int64_t>(at::get_num_threads(), G * R), 1, 1, [&](int64_t i0, int64_t i1) {
+  share(G * R, std::min<int64_t>(threads, G * R), 1, 1, [&](int64_t i0, int64_t i1) {
     configure(small ? M : 16);
     alignas(64) float c[RB * NR];
     for (int64_t i = i0; i < i1; ++i) {
