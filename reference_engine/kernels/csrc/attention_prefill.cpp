@@ -89,51 +89,89 @@ static void scores_t(const float* qt, int64_t R8, const T* k, int64_t stride, in
 // Online softmax over one block's n key-major scores: row i sees the block's first min(n, first + i / G)
 // keys. s becomes p = e^(s - m_new) (0 where not seen); l = l * c + sum p, acc rows *= c, c = e^(m - m_new).
 // Every row sees key 0 in the first block, so m is finite from then on.
+#ifdef VEC16
+// softmax_t's 8-row step below for rows i0 .. i0 + 15 on 16 lanes: the same operations per row; c: the rescales
+static void softmax16(float* s, int64_t R8, int64_t n, int64_t first, int64_t G, float* m, float* l, int64_t i0,
+                      float* c) {
+  int32_t seen[16];
+  for (int j = 0; j < 16; ++j) seen[j] = static_cast<int32_t>(std::min(n, first + (i0 + j) / G));
+  const __m512i vis = _mm512_loadu_si512(seen);
+  const __m512 ninf = _mm512_set1_ps(-INFINITY), m0 = _mm512_loadu_ps(m + i0);
+  __m512 mx = m0;
+  for (int64_t t = 0; t < n; ++t) {
+    const __mmask16 in = _mm512_cmpgt_epi32_mask(vis, _mm512_set1_epi32(static_cast<int32_t>(t)));
+    mx = _mm512_max_ps(mx, _mm512_mask_blend_ps(in, ninf, _mm512_loadu_ps(s + t * R8 + i0)));
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const __mmask16 in = _mm512_cmpgt_epi32_mask(vis, _mm512_set1_epi32(static_cast<int32_t>(t)));
+    const __m512 x = _mm512_mask_blend_ps(in, ninf, _mm512_sub_ps(_mm512_loadu_ps(s + t * R8 + i0), mx));
+    const __m512 p = _mm512_maskz_mov_ps(in, exp16(x));
+    _mm512_storeu_ps(s + t * R8 + i0, p);
+    sum = _mm512_add_ps(sum, p);
+  }
+  const __m512 cv = exp16(_mm512_sub_ps(m0, mx));
+  _mm512_storeu_ps(c, cv);
+  _mm512_storeu_ps(l + i0, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + i0), cv), sum));
+  _mm512_storeu_ps(m + i0, mx);
+}
+#endif
+
 static void softmax_t(float* s, int64_t R8, int64_t n, int64_t first, int64_t G, float* m, float* l, float* acc,
                       int64_t D) {
-  for (int64_t i0 = 0; i0 < R8; i0 += 8) {
-    float c[8];
-#ifdef VEC8
-    int32_t seen[8];
-    for (int j = 0; j < 8; ++j) seen[j] = static_cast<int32_t>(std::min(n, first + (i0 + j) / G));
-    const __m256i vis = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seen));
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    const __m256 m0 = _mm256_loadu_ps(m + i0);
-    __m256 mx = m0;
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_set1_epi32(static_cast<int32_t>(t))));
-      mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + t * R8 + i0), in));
-    }
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_set1_epi32(static_cast<int32_t>(t))));
-      const __m256 x = _mm256_blendv_ps(ninf, _mm256_sub_ps(_mm256_loadu_ps(s + t * R8 + i0), mx), in);
-      const __m256 p = _mm256_and_ps(exp8(x), in);
-      _mm256_storeu_ps(s + t * R8 + i0, p);
-      sum = _mm256_add_ps(sum, p);
-    }
-    const __m256 cv = exp8(_mm256_sub_ps(m0, mx));
-    _mm256_storeu_ps(c, cv);
-    _mm256_storeu_ps(l + i0, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + i0), cv), sum));
-    _mm256_storeu_ps(m + i0, mx);
-#else
-    for (int64_t j = 0; j < 8; ++j) {
-      const int64_t i = i0 + j, nn = std::min(n, first + i / G);
-      float mx = m[i], sum = 0.f;
-      for (int64_t t = 0; t < nn; ++t) mx = std::max(mx, s[t * R8 + i]);
-      for (int64_t t = 0; t < n; ++t) {
-        const float p = t < nn ? std::exp(s[t * R8 + i] - mx) : 0.f;
-        s[t * R8 + i] = p;
-        sum += p;
-      }
-      c[j] = std::exp(m[i] - mx);
-      l[i] = l[i] * c[j] + sum;
-      m[i] = mx;
-    }
+  for (int64_t i0 = 0; i0 < R8;) {
+    float c[16];
+    int64_t w = 8;  // rows this step
+#ifdef VEC16
+    if (i0 + 16 <= R8) {
+      softmax16(s, R8, n, first, G, m, l, i0, c);
+      w = 16;
+    } else
 #endif
-    for (int j = 0; j < 8; ++j)
+    {
+#ifdef VEC8
+      int32_t seen[8];
+      for (int j = 0; j < 8; ++j) seen[j] = static_cast<int32_t>(std::min(n, first + (i0 + j) / G));
+      const __m256i vis = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seen));
+      const __m256 ninf = _mm256_set1_ps(-INFINITY);
+      const __m256 m0 = _mm256_loadu_ps(m + i0);
+      __m256 mx = m0;
+      for (int64_t t = 0; t < n; ++t) {
+        const __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_set1_epi32(static_cast<int32_t>(t))));
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + t * R8 + i0), in));
+      }
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t t = 0; t < n; ++t) {
+        const __m256 in = _mm256_castsi256_ps(_mm256_cmpgt_epi32(vis, _mm256_set1_epi32(static_cast<int32_t>(t))));
+        const __m256 x = _mm256_blendv_ps(ninf, _mm256_sub_ps(_mm256_loadu_ps(s + t * R8 + i0), mx), in);
+        const __m256 p = _mm256_and_ps(exp8(x), in);
+        _mm256_storeu_ps(s + t * R8 + i0, p);
+        sum = _mm256_add_ps(sum, p);
+      }
+      const __m256 cv = exp8(_mm256_sub_ps(m0, mx));
+      _mm256_storeu_ps(c, cv);
+      _mm256_storeu_ps(l + i0, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(l + i0), cv), sum));
+      _mm256_storeu_ps(m + i0, mx);
+#else
+      for (int64_t j = 0; j < 8; ++j) {
+        const int64_t i = i0 + j, nn = std::min(n, first + i / G);
+        float mx = m[i], sum = 0.f;
+        for (int64_t t = 0; t < nn; ++t) mx = std::max(mx, s[t * R8 + i]);
+        for (int64_t t = 0; t < n; ++t) {
+          const float p = t < nn ? std::exp(s[t * R8 + i] - mx) : 0.f;
+          s[t * R8 + i] = p;
+          sum += p;
+        }
+        c[j] = std::exp(m[i] - mx);
+        l[i] = l[i] * c[j] + sum;
+        m[i] = mx;
+      }
+#endif
+    }
+    for (int j = 0; j < w; ++j)
       if (c[j] != 1.f)
         for (int64_t d = 0; d < D; ++d) acc[(i0 + j) * D + d] *= c[j];
+    i0 += w;
   }
 }
 

@@ -78,6 +78,32 @@ static inline __m512 load16(const at::BFloat16* p) {  // bf16 -> fp32: the 16 bi
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+static inline __m512i round_bf16(__m512 v) {  // round_bf16 above, 16 lanes
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+}
+static inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+static inline void store16(at::BFloat16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16(v), 16)));
+}
+static inline __m512 rnd16(__m512 v, const float*) { return v; }
+static inline __m512 rnd16(__m512 v, const at::BFloat16*) {
+  return _mm512_castsi512_ps(_mm512_and_si512(round_bf16(v), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+// exp8 on 16 lanes: the same steps and constants, so the same value in every lane
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  __m512 n = _mm512_floor_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)));
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  for (const float c : {1.3981999507E-3f, 8.3334519073E-3f, 4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f})
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(c));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
 #endif
 
 // nc fp32 sums of one row, + bias, each rounded once to bf16 (round to nearest even, as at::BFloat16):

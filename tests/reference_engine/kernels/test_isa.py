@@ -39,12 +39,28 @@ def outputs(inputs: str) -> dict[str, torch.Tensor]:
     return out | {f"bf16_{m}": cpp_gemm.gemm_bf16(xb[:m], pb, 1000, None, "vdpbf16ps") for m in (1, 5, 7, 64, 300)}
 
 
+def lane_outputs(inputs: str) -> dict[str, torch.Tensor]:
+    """SiLU-and-multiply and the prefill attention, fp32 and bf16: the AVX-512 build runs them on 16 lanes
+    where the AVX2 build runs 8, with the same operations per lane (exp included), so the same bits."""
+    m = cpu_build.module()
+    gu, q, k, v = torch.load(inputs)
+    tables, lens, starts = torch.tensor([[0, 1, 2], [3, 4, 5]]), torch.tensor([40, 23]), torch.tensor([0, 40, 63])
+    out = {}
+    for dt in (torch.float32, torch.bfloat16):
+        g, o = gu.to(dt), torch.empty(gu.shape[0], gu.shape[1] // 2, dtype=dt)
+        m.silu_mul(g, o)
+        a = torch.empty(q.shape, dtype=dt)  # 2 prompts of 40 and 23 tokens, 9 heads over 3, 16-token blocks
+        m.prefill(q.to(dt), k.to(dt), v.to(dt), tables, lens, starts, 0.125, a)
+        out |= {f"silu_{dt}": o, f"prefill_{dt}": a}
+    return out
+
+
 OUTPUTS = f"""
 import sys, torch
 from reference_engine.kernels import cpu_build
-from {__name__} import outputs
+from {__name__} import outputs, lane_outputs
 assert cpu_build.isa() == sys.argv[3], (cpu_build.isa(), sys.argv[3])
-torch.save(outputs(sys.argv[1]), sys.argv[2])
+torch.save((lane_outputs if sys.argv[4] == "lanes" else outputs)(sys.argv[1]), sys.argv[2])
 """
 
 
@@ -53,9 +69,9 @@ def _run(isa: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=ROOT)
 
 
-def _outputs(isa: str, inputs, tmp_path) -> dict[str, torch.Tensor]:
+def _outputs(isa: str, inputs, tmp_path, which: str = "gemm") -> dict[str, torch.Tensor]:
     f = tmp_path / f"{isa}.pt"
-    run = _run(isa, "-c", OUTPUTS, str(inputs), str(f), isa)
+    run = _run(isa, "-c", OUTPUTS, str(inputs), str(f), isa, which)
     assert run.returncode == 0, run.stderr[-2000:]
     return torch.load(f)
 
@@ -79,3 +95,14 @@ def test_the_gemm_gives_the_same_bits_on_every_isa(tmp_path):
     for isa, out in outs.items():
         for k, v in out.items():
             assert torch.equal(v, outs[HERE][k]), (isa, k)
+
+
+@pytest.mark.skipif(HERE != "AVX512", reason="the 16-lane code is in the AVX-512 build")
+def test_the_16_lane_elementwise_and_attention_code_gives_the_8_lane_bits(tmp_path):
+    g = torch.Generator().manual_seed(8)
+    inputs = tmp_path / "lanes.pt"
+    torch.save((torch.randn(37, 2 * 1000, generator=g) * 6, torch.randn(63, 9, 64, generator=g),
+                torch.randn(6, 16, 3, 64, generator=g), torch.randn(6, 16, 3, 64, generator=g)), inputs)
+    avx2, here = _outputs("AVX2", inputs, tmp_path, "lanes"), lane_outputs(inputs)
+    for k, v in here.items():
+        assert torch.equal(v, avx2[k]), k
