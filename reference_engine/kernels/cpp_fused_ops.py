@@ -6,6 +6,7 @@ as three, each a separate pass with its own intermediate tensor and its own Open
 decode batch those passes cost more than their arithmetic; fused, each stage reads its input once.
 
     rms_norm(x (N, H), w (H,), eps, out (N, H))      out = w * (x / sqrt(mean(x^2) + eps)) [HF's order]
+    add_rms_norm(x, a, w, eps, sum, out)              sum = x + a (rounded to the dtype), out = rms_norm(sum)
     silu_mul(gu (N, 2I), out (N, I))                  out = silu(gu[:, :I]) * gu[:, I:]
     rope_(x (N, heads, D) strided rows, cos, sin (N, D))   in place: x * cos + rotate_half(x) * sin
 

@@ -1,4 +1,5 @@
-"""CPU fast path for the decoder's element-wise stages: RMSNorm, rotary embedding, SiLU-and-multiply.
+"""CPU fast path for the decoder's element-wise stages: RMSNorm (and the residual add before the second
+norm of a layer, `RMSNorm.add`), rotary embedding, SiLU-and-multiply.
 
 `fuse(model)` swaps the model's `RMSNorm`, `Rotary` and `SiluAndMul` modules for ones that call
 the one-pass C++ kernels of `kernels/cpp_fused_ops.py` (vLLM's CPU backend has the same three as custom
@@ -35,6 +36,15 @@ class FusedRMSNorm(RMSNorm):
         out = torch.empty(x.shape, dtype=x.dtype)
         kernel.module().rms_norm(x, self.weight, self.eps, out)
         return out
+
+
+    def add(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() != 2 or x.stride(1) != 1 or not a.is_contiguous() or a.shape != x.shape \
+                or not _takes(x, a, self.weight):
+            return super().add(x, a)
+        total, out = torch.empty(x.shape, dtype=x.dtype), torch.empty(x.shape, dtype=x.dtype)
+        kernel.module().add_rms_norm(x, a, self.weight, self.eps, total, out)
+        return total, out
 
 
 class FusedRotary(Rotary):

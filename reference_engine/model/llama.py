@@ -35,6 +35,11 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
+    def add(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add before the norm: (x + a, norm(x + a)); the fused module does both in one pass."""
+        x = x + a
+        return x, self(x)
+
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """Inverse frequencies `(D/2,)`, with Llama-3 style scaling when the config asks for it."""
@@ -152,8 +157,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, rope, backend, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, backend, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(x, self.self_attn(self.input_layernorm(x), rope, backend, meta))
+        return x + self.mlp(h)
 
 
 class DecoderModel(nn.Module):

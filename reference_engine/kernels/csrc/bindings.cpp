@@ -10,6 +10,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_native", &bf16_native, "does this build on this CPU run vdpbf16ps? (linear_bf16.cpp)");
   m.def("amx_ready", &amx_ready, "does the bf16 GEMM run on AMX here? (linear_amx.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm, HF's order (fused_ops.cpp)");
+  m.def("add_rms_norm", &add_rms_norm, "sum = x + a, then RMSNorm of it (fused_ops.cpp)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (fused_ops.cpp)");
   m.def("rope_", &rope_, "rotary embedding in place (fused_ops.cpp)");
   m.def("decode", &decode, "paged attention, one query per sequence (attention_decode.cpp)");

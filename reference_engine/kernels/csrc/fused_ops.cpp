@@ -1,4 +1,4 @@
-// RMSNorm, SiLU-and-multiply and rotary, one pass each (rounding: reference_engine/kernels/cpp_fused_ops.py).
+// RMSNorm (with the residual add before it, or without), SiLU-and-multiply and rotary, one pass each (rounding: reference_engine/kernels/cpp_fused_ops.py).
 #include "common.h"
 #include "kernels.h"
 
@@ -11,11 +11,20 @@ template <typename T> static inline float rnd(float v) { return f32(to<T>(v)); }
 static constexpr int64_t GRAIN = 1 << 14;  // elements per thread before a second thread pays
 
 
+// out = RMSNorm(x) with weight w; with a residual addend a, x + a first (rounded to T, as PyTorch's add)
+// and written to sum, then normalised: the same as the add and rms_norm one after the other
 template <typename T>
-static void rms_norm_impl(const T* x, int64_t xs, const T* w, T* out, int64_t N, int64_t H, float eps) {
+static void rms_norm_impl(const T* x, int64_t xs, const T* a, T* sum, const T* w, T* out, int64_t N, int64_t H,
+                          float eps) {
   at::parallel_for(0, N, std::max<int64_t>(1, GRAIN / H), [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const T* xr = x + n * xs;
+      if (a) {  // this row of x + a, then normalise it
+        const T* ar = a + n * H;
+        T* sr = sum + n * H;
+        for (int64_t i = 0; i < H; ++i) sr[i] = to<T>(f32(xr[i]) + f32(ar[i]));
+        xr = sr;
+      }
       T* o = out + n * H;
       float ss = 0.f;
       int64_t i = 0;
@@ -114,8 +123,19 @@ void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && out.is_contiguous() && w.is_contiguous(), "rms_norm: 2-d rows");
   TORCH_CHECK(w.scalar_type() == x.scalar_type() && out.scalar_type() == x.scalar_type() && w.numel() == x.size(1)
               && out.sizes() == x.sizes(), "rms_norm: x, w, out must agree");
-  DISPATCH(x.scalar_type(), rms_norm_impl, x.data_ptr<T>(), x.stride(0), w.data_ptr<T>(), out.data_ptr<T>(),
-           x.size(0), x.size(1), (float)eps);
+  DISPATCH(x.scalar_type(), rms_norm_impl, x.data_ptr<T>(), x.stride(0), nullptr, nullptr, w.data_ptr<T>(),
+           out.data_ptr<T>(), x.size(0), x.size(1), (float)eps);
+}
+
+void add_rms_norm(at::Tensor x, at::Tensor a, at::Tensor w, double eps, at::Tensor sum, at::Tensor out) {
+  PROFILE("inferlab::add_rms_norm");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && a.is_contiguous() && sum.is_contiguous() && out.is_contiguous()
+              && w.is_contiguous(), "add_rms_norm: 2-d rows");
+  TORCH_CHECK(a.scalar_type() == x.scalar_type() && w.scalar_type() == x.scalar_type() && sum.scalar_type() ==
+              x.scalar_type() && out.scalar_type() == x.scalar_type() && w.numel() == x.size(1) && a.sizes() ==
+              x.sizes() && sum.sizes() == x.sizes() && out.sizes() == x.sizes(), "add_rms_norm: x, a, w, sum, out must agree");
+  DISPATCH(x.scalar_type(), rms_norm_impl, x.data_ptr<T>(), x.stride(0), a.data_ptr<T>(), sum.data_ptr<T>(),
+           w.data_ptr<T>(), out.data_ptr<T>(), x.size(0), x.size(1), (float)eps);
 }
 
 void silu_mul(at::Tensor gu, at::Tensor out) {

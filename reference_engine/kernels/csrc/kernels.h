@@ -20,6 +20,7 @@ void linear_amx(const at::BFloat16* x, int64_t ldx, int64_t M, const at::BFloat1
                 const at::BFloat16* bias, at::BFloat16* y);
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
 void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out);
+void add_rms_norm(at::Tensor x, at::Tensor a, at::Tensor w, double eps, at::Tensor sum, at::Tensor out);
 void silu_mul(at::Tensor gu, at::Tensor out);
 void rope_(at::Tensor x, at::Tensor cos, at::Tensor sin);
 // attention_decode.cpp / attention_prefill.cpp: attention over the paged KV cache

@@ -38,6 +38,23 @@ def test_rms_norm(rows, hidden, dtype):
 
 
 @DTYPES
+@pytest.mark.parametrize("rows, hidden", [(1, 256), (7, 100), (300, 768)])
+def test_the_residual_add_before_a_norm_is_the_add_then_the_norm(rows, hidden, dtype):
+    """`add` (the attention's residual, then the layer's second norm) in one pass: the sum bit for bit as
+    PyTorch's add (rounded to the dtype), the norm bit for bit as the fused norm of that sum."""
+    g = torch.Generator().manual_seed(hidden)
+    ref = RMSNorm(hidden, 1e-6)
+    ref.weight.data = torch.randn(hidden, generator=g).to(dtype)
+    fused = fused_ops.fuse(torch.nn.Sequential(ref))[0]
+    x, a = torch.randn(rows, hidden, generator=g).to(dtype) * 3, torch.randn(rows, hidden, generator=g).to(dtype)
+    total, normed = fused.add(x, a)
+    want_total, want_normed = ref.add(x, a)  # the PyTorch modules
+    assert total.dtype == dtype and torch.equal(total, want_total)
+    assert torch.equal(normed, fused(x + a))
+    assert rel(normed, want_normed) < (1e-6 if dtype == torch.float32 else 8e-3)
+
+
+@DTYPES
 def test_rms_norm_falls_back_for_per_head_views(dtype):
     """Qwen3's q/k norms normalise a (N, heads, D) view: the PyTorch code serves, same result."""
     norm = fused_ops.fuse(torch.nn.Sequential(RMSNorm(32, 1e-6)))[0]
