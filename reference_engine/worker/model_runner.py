@@ -48,7 +48,8 @@ from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.model.loader import dummy_model, load_model
 from reference_engine.outputs import TokenLogprob
 from reference_engine.core.request import Request
-from reference_engine.worker.sampler import all_argmax, banned_ids, logprobs_of, make_batch as sampling_batch, sample
+from reference_engine.worker.sampler import (all_argmax, argmax, banned_ids, logprobs_of, make_batch as sampling_batch,
+                                             sample)
 from reference_engine.core.scheduler_output import ScheduledSeq
 from reference_engine.spec_decode import Draft, make_proposer
 from reference_engine.spec_decode.verifier import verify
@@ -328,7 +329,7 @@ class ModelRunner:
             ps = [r.params for r in samplers]
             if all_argmax(ps, banned_ids(ps, [r.output_token_ids for r in samplers], [r.stop_ids for r in samplers])):
                 # no sampling tensors to build: argmax on the device, one sync
-                ids = raw.argmax(-1)
+                ids = argmax(raw)
             else:
                 sb = sampling_batch(ps, [r.prompt_token_ids for r in samplers],
                                     [r.output_token_ids for r in samplers], [r.generator for r in samplers],

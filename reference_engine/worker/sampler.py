@@ -123,6 +123,13 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(-1, order, ascending)
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1): each row's first index of its maximum (NaN counts as the maximum), as `max(-1)`'s
+    indices, which torch's CPU kernel finds in one vectorised pass: 2.6x faster than its argmax (64 x 49,152
+    fp32 logits on 2 threads: 0.8 against 2.1 ms a step; docs/perf/2026-12-05-amx.md)."""
+    return x.max(-1).indices
+
+
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None], default: torch.Generator) -> torch.Tensor:
     """Exponential race: argmax(p / q), q ~ Exp(1); seeded rows use their own generator."""
     q = torch.empty_like(probs)
@@ -130,7 +137,7 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None], default:
     for row, g in enumerate(generators):
         if g is not None:
             q[row].exponential_(generator=g)
-    return (probs / q).argmax(-1)
+    return argmax(probs / q)
 
 
 def process(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,9 +145,9 @@ def process(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch
     masked; the greedy rows' tokens (S,)). Speculative verification needs the distributions."""
     logits = logits.float()  # (S, V) vLLM samples in float32 whatever the model's dtype
     if b.all_greedy:
-        return logits, logits.argmax(-1)
+        return logits, argmax(logits)
     logits = apply_penalties(apply_banned(logits, b.banned), b)
-    greedy_ids = logits.argmax(-1)  # penalties and bans apply to greedy rows too
+    greedy_ids = argmax(logits)  # penalties and bans apply to greedy rows too
     temp = torch.where(b.random, b.temperature, 1.0)  # (S,) greedy rows: no division by ~0
     x = logits / temp[:, None]
     x = apply_min_p(x, b.min_p)
@@ -150,7 +157,7 @@ def process(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, torch
 def sample(logits: torch.Tensor, b: SamplingBatch, default_gen: torch.Generator) -> torch.Tensor:
     """logits: (S, V) -> token ids (S,)."""
     if b.all_greedy:
-        return logits.argmax(-1)
+        return argmax(logits)
     x, greedy_ids = process(logits, b)
     sampled = draw(x.softmax(-1), b.generators, default_gen)
     return torch.where(b.random, sampled, greedy_ids)

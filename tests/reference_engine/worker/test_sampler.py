@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from reference_engine import LLM, SamplingParams
-from reference_engine.worker.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, draw
+from reference_engine.worker.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, argmax, draw
 from tests.reference_engine.helpers import random_prompts
 
 
@@ -130,3 +130,13 @@ def test_temperature_below_1e_5_is_greedy():
     logits = torch.tensor([[0.0, 1e-6, 0.0]]).repeat(64, 1)
     b = make_batch(params, [[]] * 64, [[]] * 64, [None] * 64, "cpu")
     assert sample(logits, b, torch.Generator().manual_seed(0)).tolist() == [1] * 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_torchs_argmax_with_ties_infinities_and_nan(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (64, 5000), generator=g).to(dtype)  # many ties: the first maximum wins
+    x[1, :] = float("-inf")
+    x[2, 7], x[2, 3000] = float("inf"), float("inf")
+    x[3, 100] = float("nan")  # NaN counts as the maximum, as in torch.argmax
+    assert torch.equal(argmax(x), x.argmax(-1))
