@@ -40,8 +40,8 @@ def outputs(inputs: str) -> dict[str, torch.Tensor]:
 
 
 def lane_outputs(inputs: str) -> dict[str, torch.Tensor]:
-    """SiLU-and-multiply and the prefill attention, fp32 and bf16: the AVX-512 build runs them on 16 lanes
-    where the AVX2 build runs 8, with the same operations per lane (exp included), so the same bits."""
+    """SiLU-and-multiply and the prefill and decode attention, fp32 and bf16: the AVX-512 build runs them on 16
+    lanes where the AVX2 build runs 8, with the same operations per lane (exp included), so the same bits."""
     m = cpu_build.module()
     gu, q, k, v = torch.load(inputs)
     tables, lens, starts = torch.tensor([[0, 1, 2], [3, 4, 5]]), torch.tensor([40, 23]), torch.tensor([0, 40, 63])
@@ -51,7 +51,9 @@ def lane_outputs(inputs: str) -> dict[str, torch.Tensor]:
         m.silu_mul(g, o)
         a = torch.empty(q.shape, dtype=dt)  # 2 prompts of 40 and 23 tokens, 9 heads over 3, 16-token blocks
         m.prefill(q.to(dt), k.to(dt), v.to(dt), tables, lens, starts, 0.125, a)
-        out |= {f"silu_{dt}": o, f"prefill_{dt}": a}
+        d = torch.empty(2, 9, 64, dtype=dt)  # one query token of each sequence
+        m.decode(q[:2].to(dt), k.to(dt), v.to(dt), tables, lens, 0.125, d)
+        out |= {f"silu_{dt}": o, f"prefill_{dt}": a, f"decode_{dt}": d}
     return out
 
 
