@@ -45,9 +45,10 @@ cores = sorted(saved[0])[:args.threads]
 os.sched_setaffinity(0, cores)  # one core each: no migration between repeats
 torch.set_num_threads(args.threads)
 llc = last_level_cache()
-# W at least 2x the LLC (a 64 MiB floor when the LLC is unknown), 256-aligned, capped at 8192^2 (256 MiB)
+# W at least 2x the LLC (a 64 MiB floor when the LLC is unknown), 256-aligned, capped at 16384^2 (1 GiB): some
+# VMs report the host's whole L3 (480 MiB on one 2-vCPU Xeon guest)
 target = max(2 * (llc or 32 * 2**20), 64 * 2**20)
-K = N = min(8192, -(-int((target / 4) ** 0.5) // 256) * 256)
+K = N = min(16384, -(-int((target / 4) ** 0.5) // 256) * 256)
 torch.manual_seed(0)
 W = torch.randn(N, K)
 w_bytes = W.numel() * 4
