@@ -36,6 +36,21 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[key]
 
 
+def resolve_dtype(name: str | torch.dtype, checkpoint: str, device: str = "cpu") -> torch.dtype:
+    """`name`, with "auto" resolved as vLLM resolves it (vllm/config/model.py `_resolve_auto_dtype` and
+    platforms/cpu.py `supported_dtypes` @ v0.32.0): the checkpoint's `torch_dtype`, except that a
+    float32 checkpoint is served in bfloat16 (float16 on a GPU without bf16). vLLM does so on every x86
+    and Arm CPU; `inferlab serve` defaults to it, so that no-flag servers compare like for like."""
+    if str(name).lower() != "auto":
+        return parse_dtype(name)
+    dtype = DTYPES.get(_DTYPE_ALIASES.get(checkpoint.lower(), checkpoint.lower()), torch.float32)
+    if dtype != torch.float32:
+        return dtype
+    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
 DEFAULT_KV_BYTES = 1 << 30
 SPEC_METHODS = ("ngram", "draft_model")
 
@@ -99,6 +114,8 @@ class EngineConfig:
     the engine may use; the KV cache gets what weights, peak activations and CUDA graphs leave, as in
     vLLM); with none, the cache gets `DEFAULT_KV_BYTES`, capped at `max_num_seqs` full contexts.
 
+    `dtype` "auto": the checkpoint's, a float32 one served in bfloat16, as vLLM (`resolve_dtype`).
+
     This is data: it validates itself and imports no backend. A backend left None is chosen for the
     device by the module that implements it, when the runner resolves the config
     (`worker/backends.with_default_backends`): `attention_backend` "triton" on CUDA (when triton
@@ -145,7 +162,8 @@ class EngineConfig:
         return SpeculativeConfig.from_dict(self.speculative_config) if self.speculative_config else None
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
+        if str(self.dtype).lower() != "auto":
+            parse_dtype(self.dtype)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

@@ -26,11 +26,16 @@ from .limits import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, idle_time
 
 
 ENGINE_SKIP = ("model", "record_steps")  # the positional MODEL; per-step records are for offline analysis
+# Where `inferlab serve` differs from EngineConfig's defaults, as `vllm serve` does from its engine's
+# dataclass: "auto" serves a float32 checkpoint in bfloat16, as vLLM 0.32 does on x86 and Arm CPUs
+# (config.resolve_dtype). EngineConfig keeps float32, the teaching engine's HF-exact default; give
+# --dtype float32 for greedy tokens identical to HF's. `num_threads`: serving_threads().
+SERVE_DEFAULTS = {"dtype": "auto"}
 
 
 def _engine_flags(group) -> None:
     """One flag per EngineConfig field (`max_num_seqs` -> `--max-num-seqs`), so new knobs appear here
-    by themselves; unset flags stay None and EngineConfig's own defaults apply."""
+    by themselves; unset flags stay None and EngineConfig's own defaults apply, but for SERVE_DEFAULTS."""
     from reference_engine.config import EngineConfig
 
     hints = typing.get_type_hints(EngineConfig)
@@ -49,7 +54,7 @@ def _engine_flags(group) -> None:
                                help="default: " + (repr(f.default) if f.default is not None else "see EngineConfig"))
         else:
             group.add_argument(flag, type=base, default=None, metavar=f.name.upper(),
-                               help=f"default: {f.default!r}")
+                               help=f"default: {SERVE_DEFAULTS.get(f.name, f.default)!r}")
 
 
 def engine_config(args: argparse.Namespace):
@@ -57,6 +62,7 @@ def engine_config(args: argparse.Namespace):
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
              if f.name not in ENGINE_SKIP and getattr(args, f.name) is not None}
+    given = {**SERVE_DEFAULTS, **given}
     # With tensor parallelism `num_threads` is per rank: the ranks share those cores.
     given.setdefault("num_threads", max(1, serving_threads(args.engine_process) // given.get("tensor_parallel_size", 1)))
     return EngineConfig(model=args.model, **given)

@@ -37,7 +37,7 @@ import torch
 from reference_engine.model import fused_ops, packed_linear
 from reference_engine.model.fused_decode import FusedDecode
 from reference_engine.attention import AttentionMetadata, get_backend
-from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, parse_dtype
+from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, resolve_dtype
 from reference_engine.distributed import group as tp_group, layers as tp_layers
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
@@ -86,7 +86,7 @@ class ModelRunner:
         tp = self.tp
         self.rank = tp.rank if tp else 0
         self.device = tp.device if tp else torch.device(cfg.device)
-        self.dtype = parse_dtype(cfg.dtype)
+        self.dtype = resolve_dtype(cfg.dtype, mcfg.torch_dtype, cfg.device)  # "auto": as vLLM's
         if cfg.num_threads or tp:  # ranks share the cores: cores // N torch threads each by default
             torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
         if self.device.type == "cpu":  # activations reuse the heap, not fresh page-faulted mmaps

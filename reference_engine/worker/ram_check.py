@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference_engine.config import EngineConfig, ModelConfig, parse_dtype
+from reference_engine.config import EngineConfig, ModelConfig, resolve_dtype
 
 GiB = float(1 << 30)
 CGROUP = Path("/sys/fs/cgroup")
@@ -104,7 +104,8 @@ def plan(cfg: EngineConfig) -> dict[str, int]:
     from reference_engine.worker.backends import with_default_backends
 
     cfg = with_default_backends(cfg)
-    mcfg, dtype = ModelConfig.from_dir(cfg.model), parse_dtype(cfg.dtype)
+    mcfg = ModelConfig.from_dir(cfg.model)
+    dtype = resolve_dtype(cfg.dtype, mcfg.torch_dtype, cfg.device)
     limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)
     max_len = min(cfg.max_model_len or limit, limit)
     elem = torch.empty((), dtype=dtype).element_size()

@@ -21,7 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[3]
 MAX_MODEL_LEN = 256
 KV_TOKENS = 8192
-BASE_FLAGS = ("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", str(KV_TOKENS))
+# float32, not serve's "auto" (bf16 for these fp32 checkpoints): the tests compare served tokens with the
+# in-process engine's float32 ones; test_cli.py checks the no-flag default.
+BASE_FLAGS = ("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", str(KV_TOKENS), "--dtype", "float32")
 
 
 def free_port() -> int:

@@ -35,3 +35,23 @@ def test_default_threads_every_core_with_the_engine_process():
     assert engine_config(parse(["m", "--no-engine-process"])).num_threads == max(1, cores - 1)
     assert engine_config(parse(["m", "--tensor-parallel-size", "2"])).num_threads == max(1, cores // 2)
     assert engine_config(parse(["m", "--num-threads", "1"])).num_threads == 1
+
+
+def test_default_dtype_is_vllms_auto(tiny_llama):
+    """No --dtype: "auto", vLLM 0.32's rule on CPU: a float32 checkpoint is served in bfloat16, a bf16 or fp16 one in
+    its own dtype; a given --dtype wins. The engine reports what it resolved."""
+    import torch
+
+    from reference_engine import EngineConfig, LLMEngine
+    from reference_engine.config import resolve_dtype
+
+    assert engine_config(parse(["m"])).dtype == "auto"
+    assert engine_config(parse(["m", "--dtype", "float32"])).dtype == "float32"
+    assert resolve_dtype("auto", "float32") == torch.bfloat16
+    assert resolve_dtype("auto", "float16") == torch.float16 and resolve_dtype("auto", "bf16") == torch.bfloat16
+    assert resolve_dtype("float32", "bfloat16") == torch.float32 and resolve_dtype("AUTO", "float32") == torch.bfloat16
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        engine_config(parse(["m", "--dtype", "float8"]))
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="auto", kv_cache_tokens=256))
+    assert engine.effective_config()["dtype"] == "bfloat16"
+    assert next(engine.runner.model.parameters()).dtype == torch.bfloat16
