@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = engine_config(args)
+        say_dtype(cfg)
         engine = (ProcessAsyncEngine(cfg, step_timeout=args.engine_step_timeout) if args.engine_process
                   else AsyncEngine(cfg))
         engine.on_death = on_death
@@ -196,6 +197,21 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             runner.run(engine.shutdown())  # a forced exit skips the app's shutdown; idempotent otherwise
     return 1 if died or not server.started else 0
+
+
+def say_dtype(cfg) -> None:
+    """One line when "auto" serves the checkpoint in another dtype, as vLLM's "Downcasting" log line."""
+    from reference_engine.config import ModelConfig, resolve_dtype
+
+    if str(cfg.dtype).lower() == "auto":
+        try:
+            ckpt = ModelConfig.from_dir(cfg.model).torch_dtype
+        except OSError:  # no config.json: the engine's start says so
+            return
+        got = str(resolve_dtype("auto", ckpt, cfg.device)).removeprefix("torch.")
+        if got != ckpt:
+            _say(f"dtype auto: the {ckpt} checkpoint is served in {got}, as vLLM does "
+                 f"(--dtype {ckpt} for greedy tokens identical to HF's)")
 
 
 def explain_paths(args: argparse.Namespace) -> int:

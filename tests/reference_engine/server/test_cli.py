@@ -55,3 +55,13 @@ def test_default_dtype_is_vllms_auto(tiny_llama):
     engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="auto", kv_cache_tokens=256))
     assert engine.effective_config()["dtype"] == "bfloat16"
     assert next(engine.runner.model.parameters()).dtype == torch.bfloat16
+
+
+def test_auto_dtype_is_said_at_start(tiny_llama, capsys):
+    from reference_engine.server.cli import say_dtype
+
+    say_dtype(engine_config(parse([str(tiny_llama)])))
+    assert capsys.readouterr().err == ("inferlab serve: dtype auto: the float32 checkpoint is served in bfloat16, as "
+                                       "vLLM does (--dtype float32 for greedy tokens identical to HF's)\n")
+    say_dtype(engine_config(parse([str(tiny_llama), "--dtype", "float32"])))
+    assert capsys.readouterr().err == ""
