@@ -159,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = engine_config(args)
-        say_dtype(cfg)
         engine = (ProcessAsyncEngine(cfg, step_timeout=args.engine_step_timeout) if args.engine_process
                   else AsyncEngine(cfg))
         engine.on_death = on_death
@@ -187,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.run(engine.shutdown())
             _say(f"stopped by {signal.Signals(signals[0]).name} while starting")
             return 0
+        say_dtype(cfg)  # (config.json read once the engine has: a FIFO there must not block the signals above)
         # uvicorn re-raises the signal it caught once it has shut down gracefully; make that an exit 0.
         signal.signal(signal.SIGTERM, _exit_cleanly)
         signal.signal(signal.SIGINT, _exit_cleanly)

@@ -18,7 +18,8 @@ async def inferlab_serve(model: Path, log_dir: Path, kv_cache_tokens: int = 4096
     """Yield the base URL of a running `inferlab serve MODEL`; stop its process tree after."""
     port = free_port()
     argv = [sys.executable, "-m", "experiments.cli", "serve", str(model), "--port", str(port),
-            "--kv-cache-tokens", str(kv_cache_tokens), "--log-level", "warning"]
+            "--kv-cache-tokens", str(kv_cache_tokens), "--log-level", "warning",
+            "--dtype", "float32"]  # the planted models' tokens are float32's (serve's "auto" would be bf16)
     srv = ServerProcess(argv, {"PYTHONPATH": str(REPO)}, log_dir / "serve.log", f"http://127.0.0.1:{port}/health",
                         cwd=REPO)
     await srv.start(timeout_s=180)
