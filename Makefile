@@ -32,12 +32,15 @@ demo:
 	$(BIN)/inferlab run $(QUICKSTART)
 
 # One torch thread per process in tests: servers and clients share 2 cores, and spinning
-# OpenMP threads of one process slow the others by an order of magnitude. Two pytest workers
-# (pytest-xdist); `loadgroup` keeps the tests of the one shared vLLM server on one worker.
+# OpenMP threads of one process slow the others by an order of magnitude. Three pytest workers
+# (pytest-xdist) on the 2 cores: many tests wait on a server's start, a fixed-rate load or a subprocess,
+# and a third worker fills those waits (the whole suite 537 s against 583 s with two, one quiet 2-vCPU
+# Xeon, 2026-12-05: docs/perf/2026-12-05-ci.md); `loadgroup` keeps the tests of the one shared vLLM
+# server on one worker.
 # No test bounds a wall-clock time: timing verdicts are `make bench`'s (docs/perf/).
 # --no-loadscope-reorder: xdist would hand the groups out largest first (by test count), which put the
 # single longest test (the quickstart, ~3 min, a group of one) last; tests/conftest.py orders them.
-PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -q -n $${PYTEST_WORKERS:-2} --dist loadgroup --no-loadscope-reorder
+PYTEST := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/pytest -q -n $${PYTEST_WORKERS:-3} --dist loadgroup --no-loadscope-reorder
 
 test: setup
 	$(PYTEST) -rs --durations=30

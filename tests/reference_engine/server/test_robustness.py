@@ -175,7 +175,7 @@ def test_sigterm_finishes_in_flight_stream_then_exits(launch):
 
 
 @pytest.mark.slow
-async def test_200_streams_with_random_disconnects_leave_no_blocks(server):
+async def test_100_streams_with_random_disconnects_leave_no_blocks(server):
     """Half the streams hang up early. Every block comes back, and the dropped requests stopped
     generating (a missing abort would let each run to 120 tokens: ~3x the tokens counted here)."""
     rng = random.Random(0)
@@ -196,12 +196,12 @@ async def test_200_streams_with_random_disconnects_leave_no_blocks(server):
             await read_some(c, url, body, n)
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=32)) as c:
-        await asyncio.gather(*(one(i, c) for i in range(200)))
+        await asyncio.gather(*(one(i, c) for i in range(100)))
     m = server.wait_idle(timeout=60)
     assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
     generated = m["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     slack = 16  # tokens a request may still make between the hang-up and its abort
-    assert generated <= sum(w + slack for w in wanted) < 200 * 120 / 2
+    assert generated <= sum(w + slack for w in wanted) < 100 * 120 / 2
     assert httpx.get(server.url + "/health").status_code == 200
 
 
