@@ -193,7 +193,7 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------
     def step(self) -> list[TokenDelta]:
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), time.monotonic()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
@@ -217,7 +217,7 @@ class LLMEngine:
         if self.step_records is not None:
             self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0)
         if self.step_log:
-            self.step_log.write(self._steps, time.perf_counter() - t0, kinds, sched, out,
+            self.step_log.write(self._steps, start, time.perf_counter() - t0, kinds, sched, out,
                                 [r.request_id for r in finished])
         return deltas
 

@@ -6,9 +6,12 @@ bounded offline run (`inferlab trace`, the simulator's sweep) but not a server t
 The log keeps nothing: each step writes the fields a step's shape is rebuilt from
 (`experiments.simulate.sweep.shapes`) and its wall time, under the `StepRecord` names, then forgets.
 
-A line: {"pid", "t" (time.time() at the step's end), "step", "duration_s", "scheduled": [[request id,
-tokens, "prefill" | "decode"], ...], "prefix_hits", "preempted", "finished", "new_tokens",
-"spec_proposed", "spec_accepted"}. Several processes may append to one file (a harness's repeats
+A line: {"pid", "t" (time.time() at the step's end), "t0" (time.monotonic() at its start), "step",
+"duration_s", "scheduled": [[request id, tokens, "prefill" | "decode"], ...], "prefix_hits", "arrived"
+({request id: time.monotonic() when the core queued it} for those admitted this step: the keys of
+prefix_hits), "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted"}. CLOCK_MONOTONIC is
+one clock for every process of a machine, so "arrived" and "t0" line up with a client's monotonic
+timestamps: how long a request took to reach the core, waited there, and was prefilled. Several processes may append to one file (a harness's repeats
 each start a server): the file is opened for appending, so a line lands whole at the end, and `pid`
 tells the processes apart.
 """
@@ -29,10 +32,11 @@ class StepLog:
         except OSError as e:
             raise ValueError(f"step_log {path!r}: cannot append to it ({e.strerror})") from None
 
-    def write(self, step: int, dt: float, kinds, sched, out, finished: list[str]) -> None:
+    def write(self, step: int, t0: float, dt: float, kinds, sched, out, finished: list[str]) -> None:
+        arrived = {r.request_id: round(r.arrival_time, 6) for r, _ in sched.scheduled if r.request_id in sched.prefix_hits}
         self.f.write(json.dumps({
-            "pid": self.pid, "t": round(time.time(), 6), "step": step, "duration_s": dt,
-            "scheduled": kinds, "prefix_hits": dict(sched.prefix_hits),
+            "pid": self.pid, "t": round(time.time(), 6), "t0": round(t0, 6), "step": step, "duration_s": dt,
+            "scheduled": kinds, "prefix_hits": dict(sched.prefix_hits), "arrived": arrived,
             "preempted": [r.request_id for r in sched.preempted], "finished": finished,
             "new_tokens": {r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
             "spec_proposed": {rid: len(d) for rid, d in sched.spec_tokens.items()},

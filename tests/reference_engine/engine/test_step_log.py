@@ -25,6 +25,11 @@ def test_log_holds_the_recorded_steps(tiny_llama, tmp_path):
         for k in ("scheduled", "prefix_hits", "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted"):
             assert getattr(s, k) == getattr(r, k), k
     assert sum(sum(s.new_tokens.values()) for s in steps) == 16 * 64
+    # each admission (re-admissions after preemption too) with the core's queueing time, on the monotonic clock
+    assert all(set(s.arrived) == set(s.prefix_hits) for s in steps)
+    assert len({rid for s in steps for rid in s.arrived}) == 16 and sum(len(s.arrived) for s in steps) > 16
+    assert all(a <= s.t0 for s in steps for a in s.arrived.values())
+    assert all(a.t0 < b.t0 for a, b in zip(steps, steps[1:]))
 
 
 def test_a_torn_line_is_skipped_and_processes_kept_apart(tmp_path):
