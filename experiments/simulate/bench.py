@@ -41,10 +41,6 @@ VLLM_PY = Path(".venv-vllm/bin/python").absolute()  # the snapshot links the che
 PY = [sys.executable, "-m", "experiments.cli"]
 LOADS = (0.5, 0.85, 0.95)
 REPEATS = 3  # served.toml and served_cal.toml say the same: each level in 3 fresh server processes
-# Requests per Poisson level (the search measures with its own 48): 48 arrivals at 16 req/s last 3 s, about
-# two end-to-end latencies, so half of them met a queue still filling and their p50 TTFT moved 4 points
-# between runs of one prediction (docs/perf/2026-12-05-simulate-6.md); 192 last 12 s.
-POISSON_REQUESTS = 192
 
 
 def logged(config: Path, out: Path) -> Path:
@@ -114,7 +110,6 @@ def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
     """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml."""
     text = search_cfg.read_text().replace('name = "sim_search"', f'name = "sim_poisson"\nrepeats = {REPEATS}')
     text = text.replace('mode = "search"', f'mode = "open"\nrate = [{", ".join(f"{r:.3f}" for r in rates)}]')
-    text = text.replace("num_requests = 48", f"num_requests = {POISSON_REQUESTS}")
     path = out / "poisson.toml"
     path.write_text(text)
     return path

@@ -46,14 +46,3 @@ def test_served_steps_are_the_logged_steps_against_the_profile(tiny_llama, tmp_p
     e = sorted(abs((predict(s, shape, prof) + 0.004 + 0.001 * len(s.seqs)) / d - 1) for s, d in want)
     assert res["all"]["median_abs"] == pytest.approx(float(np.median(e)))
     assert res["speed"][str(os.getpid())] == calibrate.errors(logged, shape, prof)
-
-
-def test_poisson_levels_are_the_search_workload_at_fixed_rates_with_more_requests(tmp_path):
-    from experiments.config import load
-    from experiments.simulate.bench import HERE, POISSON_REQUESTS, REPEATS, poisson_config
-
-    search = load(HERE / "search.toml")
-    cfg = load(poisson_config(HERE / "search.toml", [16.0, 27.2], tmp_path))
-    assert cfg.name == "sim_poisson" and cfg.repeats == REPEATS and cfg.load.mode == "open"
-    assert cfg.load.rate == [16.0, 27.2] and cfg.workload.num_requests == POISSON_REQUESTS > search.workload.num_requests
-    assert (cfg.workload.kind, cfg.workload.seed, cfg.slo) == (search.workload.kind, search.workload.seed, search.slo)
