@@ -101,11 +101,18 @@ class Workload(_Strict):
 class Search(_Strict):
     """`load.mode = "search"`: the highest open-loop rate at which at least `goodput` of the
     requests meet every SLO, found by doubling from `start_rate` until a level fails, then
-    bisecting; at most `max_levels` levels per engine (and repeat)."""
+    bisecting; at most `max_levels` levels per engine (and repeat).
+
+    A level at rate r sends max(workload.num_requests, ceil(r * level_s)) requests (conversations
+    for multi-turn kinds), fresh ones of the workload's kind past num_requests: arrivals for at least
+    `level_s` seconds, so a rate the engine cannot sustain builds a queue that fails it. With
+    level_s = 0 a level is the workload's requests alone, and at high rates that is a burst the
+    engine may absorb (the rate found can then be several times the sustained one)."""
 
     start_rate: float = Field(1.0, gt=0)
     max_levels: int = Field(8, ge=2, le=30)
     goodput: float = Field(0.95, gt=0, le=1)
+    level_s: float = Field(30.0, ge=0)
 
 
 class Load(_Strict):

@@ -43,6 +43,20 @@ class Plan:
     resume: bool = False
     compute: dict[str, Any] = field(default_factory=dict)  # measured matmul ceiling (experiments/ceilings.py)
     progress: Progress = field(default_factory=lambda: Progress(False))
+    _grown: dict[int, list[WorkItem]] = field(default_factory=dict)
+
+    def items_for(self, n: int) -> list[WorkItem]:
+        """The measured items, or, for a level that sends n > their chains, the workload built with
+        num_requests = n (the same kind, seed and lengths; fresh prompts, so no level's extra
+        requests hit the prefix cache by repeating one). Built once per n."""
+        if n <= len(chains(self.items)):
+            return self.items
+        if n not in self._grown:
+            from experiments import workloads
+
+            w = self.cfg.workload.model_copy(update={"num_requests": n})
+            self._grown[n] = workloads.build(self.cfg.model, w, 0)[0]
+        return self._grown[n]
 
 
 def build_engine(cfg: Config, name: str, engine_dir: Path,
@@ -166,13 +180,14 @@ class EngineRun:
             await _quiet_stop(engine)
 
     async def _level(self, engine: Engine, info: EngineInfo, sampler: MemorySampler, kind: str,
-                     value: float) -> str | None:
-        """Warm-up, then the bracket's before-reading, the measured requests with nothing else
-        sent to the engine (unless a timeline is configured), and the after-reading."""
+                     value: float, items: list[WorkItem] | None = None) -> str | None:
+        """Warm-up, then the bracket's before-reading, the measured requests (`items`, else the plan's)
+        with nothing else sent to the engine (unless a timeline is configured), and the after-reading."""
         cfg, plan = self.plan.cfg, self.plan
         level = f"{kind}={value:g}"
         done = self.done.get(level, set())
-        todo = [c for c in (list(filter(lambda it: it.request_id not in done, ch)) for ch in chains(plan.items)) if c]
+        todo = [c for c in (list(filter(lambda it: it.request_id not in done, ch))
+                            for ch in chains(items or plan.items)) if c]
         if not todo:
             return None
         sampling = cfg.sampling.model_dump()

@@ -9,15 +9,20 @@ requests meet every SLO. Found per engine (and repeat) by bracketing, then bisec
     the half that contains the boundary; stop after `max_levels` levels.
 
 The result is the highest passing rate, with the bracket's width as its precision (one
-bisection step). Each level is a normal open-loop level (its own warm-up, the observer
+bisection step). A level lasts: it sends arrivals for at least `level_s` seconds (`level_size`),
+fresh requests of the workload's kind past its own, because a short level at a high rate is a burst
+that an engine with room for every request absorbs: 48 requests at 32 req/s passed on an engine
+that sustains 8.5 (docs/perf/2026-12-05-simulate-6.md). Each level is a normal open-loop level (its own warm-up, the observer
 off the measured path), so its requests and metrics land in the report like any other.
 A resumed search starts over: its levels depend on the results before them.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, AsyncIterator
 
 from experiments import metrics
+from experiments.load import chains
 
 
 def goodput_fraction(records: list[dict[str, Any]], sent: int, slo: dict[str, float | None]) -> float:
@@ -25,6 +30,22 @@ def goodput_fraction(records: list[dict[str, Any]], sent: int, slo: dict[str, fl
     if sent == 0:
         return 0.0
     return sum(metrics.meets_slo(metrics.per_request(r), slo) for r in records) / sent
+
+
+def level_size(rate: float, base: int, level_s: float) -> int:
+    """Requests (chains) a level at `rate` sends: the workload's `base`, or as many as arrive in
+    `level_s` seconds when that is more."""
+    return max(base, math.ceil(rate * level_s)) if math.isfinite(rate) else base
+
+
+def every_request(cfg: Any) -> Any:
+    """The config's workload grown to the most requests (chains) one level can send, the search's
+    included (it can reach start_rate * 2^(max_levels - 1)): what the simulator's EOS lengths must cover."""
+    w, load = cfg.workload, cfg.load
+    if load.mode != "search":
+        return w
+    top = load.search.start_rate * 2 ** (load.search.max_levels - 1)
+    return w.model_copy(update={"num_requests": level_size(top, w.num_requests, load.search.level_s)})
 
 
 def next_rate(rate: float, passed: bool, lo: float | None, hi: float | None) -> tuple[float, float | None, float | None]:
@@ -46,15 +67,23 @@ async def levels(er: Any, engine: Any, info: Any, sampler: Any) -> AsyncIterator
     sc, slo = cfg.load.search, cfg.slo.model_dump()
     rate, lo, hi = sc.start_rate, None, None
     points: list[dict[str, Any]] = []
-    er.rep["search"] = {"points": points, "target": sc.goodput, "best_rate": None, "failing_rate": None}
+    er.rep["search"] = {"points": points, "target": sc.goodput, "best_rate": None, "failing_rate": None,
+                        "level_s": sc.level_s}
     er.done = {}  # a search never resumes half-way: the rates it picks depend on what came before
+    base = len(chains(er.plan.items))
     for _ in range(sc.max_levels):
-        failure = await er._level(engine, info, sampler, "rate", rate)
+        try:
+            items = er.plan.items_for(level_size(rate, base, sc.level_s))
+        except ValueError as e:  # a ShareGPT file with fewer usable conversations than the level needs
+            yield f"search level at {rate:g} req/s for {sc.level_s:g} s: {e} (lower load.search.level_s)"
+            return
+        failure = await er._level(engine, info, sampler, "rate", rate, items)
         yield failure
         if failure:
             return
-        frac = goodput_fraction(er.last_records, len(er.plan.items), slo)
+        frac = goodput_fraction(er.last_records, len(items), slo)
         passed = frac >= sc.goodput
-        points.append({"rate": rate, "level": f"rate={rate:g}", "goodput_fraction": frac, "passed": passed})
+        points.append({"rate": rate, "level": f"rate={rate:g}", "requests": len(items), "goodput_fraction": frac,
+                       "passed": passed})
         rate, lo, hi = next_rate(rate, passed, lo, hi)
         er.rep["search"].update(best_rate=lo, failing_rate=hi)

@@ -77,9 +77,15 @@ def search_section(runs: Runs) -> list[str]:
               "cost per million output tokens at the best rate"]
     if all(r[-1] == "–" for r in rows):  # no cost_per_hour in the config
         header, rows = header[:-1], [r[:-1] for r in rows]
+    level_s = min((r["search"].get("level_s") or 0) for e in runs.engines
+                  for r in (e.manifest.get("repeats") or {}).values() if r.get("search"))
+    lasting = (f" Each level sent arrivals for at least {level_s:g} s (`load.search.level_s`), so a rate "
+               "the engine cannot sustain fails by its queue." if level_s else
+               " Each level sent only the workload's requests (`level_s` 0 or a search from before it existed): at "
+               "a high rate that is a burst, and the rate found can be far above what the engine sustains.")
     return ["## Best load under the SLOs", "",
             "The highest Poisson rate (requests/s) at which the share of requests meeting every SLO stays at or "
             "above the target, found by doubling then bisection (experiments/search.py). The lowest failing rate "
-            "bounds it from above: the answer is known to within their difference.", ""] + \
+            "bounds it from above: the answer is known to within their difference." + lasting, ""] + \
         table(header, rows) + \
         ["", "![goodput_vs_rate](plots/goodput_vs_rate.png)", ""]

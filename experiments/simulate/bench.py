@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,12 +68,13 @@ def sh(*args: str) -> None:
 
 def lengths_for(config: Path, out: Path) -> Path:
     """The config's workload's greedy EOS lengths (the engine, offline): what the simulator may know."""
-    from experiments import workloads
+    from experiments import search, workloads
     from experiments.config import load
     from experiments.simulate import sweep
 
     cfg = load(config)
-    items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+    # every request a search level may send (experiments/search.py: levels last load.search.level_s)
+    items, warm = workloads.build(cfg.model, search.every_request(cfg), cfg.load.warmup)
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, {}, kv_cache_tokens=65536, max_model_len=4096)
     path = out / f"{cfg.name}-lengths.json"
     path.write_text(json.dumps(sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos, cfg.sampling.temperature),
@@ -107,8 +109,16 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
 
 
 def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
-    """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml."""
+    """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml.
+    Each level lasts as a search level does: its requests are the highest rate's level_s seconds of
+    arrivals (experiments/search.py), so the lower rates run longer."""
+    from experiments import search
+    from experiments.config import load
+
+    cfg = load(search_cfg)
+    n = search.level_size(max(rates), cfg.workload.num_requests, cfg.load.search.level_s)
     text = search_cfg.read_text().replace('name = "sim_search"', f'name = "sim_poisson"\nrepeats = {REPEATS}')
+    text = re.sub(r"(?m)^num_requests = \d+", f"num_requests = {n}", text)
     text = text.replace('mode = "search"', f'mode = "open"\nrate = [{", ".join(f"{r:.3f}" for r in rates)}]')
     path = out / "poisson.toml"
     path.write_text(text)

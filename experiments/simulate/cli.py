@@ -146,7 +146,7 @@ def _lengths(given: str | None) -> dict[str, int] | None:
 
 
 def _calibrate(cfg, engine: str, a) -> int:
-    from experiments import bandwidth, ceilings, workloads
+    from experiments import bandwidth, ceilings, search, workloads
     from experiments.simulate import calibrate, sweep
     from experiments.simulate.step_model import ModelShape
 
@@ -176,7 +176,7 @@ def _calibrate(cfg, engine: str, a) -> int:
     out = default_profile(engine) if not a.profile else Path(a.profile)
     prof.save(out)
     sweep.dump(rows, out.with_suffix(".steps.json"))
-    items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
+    items, warm = workloads.build(cfg.model, search.every_request(cfg), cfg.load.warmup)
     lengths = sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos, cfg.sampling.temperature)
     lpath = out.with_name(f"{cfg.name}-lengths.json")
     lpath.write_text(json.dumps(lengths, indent=1))

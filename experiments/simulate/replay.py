@@ -86,15 +86,17 @@ def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] 
             label = f"{name}-simulated"
             eng = SimulatedEngine(rep, label, lengths, {"simulated_engine": name, "profile": profile.label})
             run_engine(plan, label, eng, {"profile": profile.label, "accept": accept}, cfg.kv.tokens is not None)
-            mark(run_dir / label / "manifest.json", profile, name, lengths)
+            mark(run_dir / label / "manifest.json", profile, name, lengths, eng.unknown_lengths)
     build([run_dir], run_dir)
     return run_dir
 
 
-def mark(path: Path, profile: Profile, engine: str, lengths: dict[str, int] | None) -> None:
+def mark(path: Path, profile: Profile, engine: str, lengths: dict[str, int] | None, unknown: int = 0) -> None:
     """Say in the manifest what was simulated with what (the report reads `simulated`)."""
     m = json.loads(path.read_text())
+    given = "given per request" + (f", except {unknown} requests that ran to max_tokens (no length given)"
+                                   if unknown else "")
     m["simulated"] = {"engine": engine, "profile": profile.label, "calibrated": profile.calibrated,
                       "profile_machine": profile.machine, "profile_date": profile.date,
-                      "eos_lengths": "given per request" if lengths else "none: every answer runs to max_tokens"}
+                      "eos_lengths": given if lengths else "none: every answer runs to max_tokens"}
     path.write_text(json.dumps(m, indent=2, default=str))

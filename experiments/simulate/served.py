@@ -32,6 +32,7 @@ class SimulatedEngine(Engine):
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.prompt_tokens: dict[str, int] = {}
+        self.unknown_lengths = 0  # requests with no EOS length given (lengths set): they ran to max_tokens
 
     @property
     def in_process(self) -> bool:
@@ -81,6 +82,8 @@ class SimulatedEngine(Engine):
         self.prompt_tokens[rid] = len(request.prompt_token_ids)
         max_tokens = request.sampling.max_tokens
         out_len = None if request.sampling.ignore_eos else self.lengths.get(rid)
+        if out_len is None and self.lengths and not request.sampling.ignore_eos:
+            self.unknown_lengths += 1
         delay = request_delay(self.replica.profile, self.replica.outstanding) if self.replica.served else 0.0
         if delay:
             await asyncio.sleep(delay)  # HTTP, template, the pipe: served_overhead.py

@@ -31,6 +31,7 @@ class SimEngine(Engine):
         self.capacity = self.options.get("capacity")
         self.free_at: list[int] = []  # each server's scheduled finish (ns), with capacity
         self.sent: list[str] = []  # request ids in the order they reached the engine
+        self.prompts: list[tuple[int, ...]] = []  # their prompts, in the same order
         self.truth: dict[str, list[tuple[int, int]]] = {}  # request id -> [(due_ns, n_tokens)]
         SimEngine.last = self
 
@@ -52,6 +53,7 @@ class SimEngine(Engine):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         rid, n_max = request.request_id, request.sampling.max_tokens
         self.sent.append(rid)
+        self.prompts.append(tuple(request.prompt_token_ids))
         plan = schedule(self._start_ns(n_max), n_max, self.ttft_ms, self.period_ms, self.pattern)
         self.truth[rid] = plan
         pos = 0
