@@ -6,7 +6,8 @@ or e2el; statistic p50, p90, p99 or mean). A rate passes when every limit holds 
 requests. The search is the harness's (experiments/search.py `next_rate`: double until a level fails,
 then bisect), at most `LEVELS` levels, starting from the rate one replica sustains with one request
 at a time. Each level replays `n` requests (the workload's prompts cycled, each with its EOS length
-where given) arriving as a seeded Poisson process, through the fleet loop (fleet.py).
+where given, each cycle's copies made new to the prefix cache: `copy_prompt`) arriving as a seeded
+Poisson process, through the fleet loop (fleet.py).
 
 Invariant: the capacity is the highest rate that passed; the first failing rate is reported beside it
 (the answer lies between them).
@@ -64,13 +65,23 @@ def stat(a: np.ndarray, s: str) -> float:
     return float(a.mean()) if s == "mean" else float(np.percentile(a, float(s[1:])))
 
 
+def copy_prompt(prompt: list[int], cycle: int) -> list[int]:
+    """Cycle `cycle`'s copy of a workload prompt: the same length, its first token replaced by -1 - cycle
+    (no real token: the simulator runs no model, and ids only key the prefix cache) from the second
+    cycle on. A copy is a new request, not a cache hit on its earlier copies; within one cycle the
+    prompts share prefixes exactly as the workload's own requests do."""
+    return prompt if cycle == 0 or not prompt else [-1 - cycle, *prompt[1:]]
+
+
 def level(cfg, make_fleet, items, lengths, rate: float, n: int, slo) -> dict[str, Any]:
     """One Poisson level at `rate` over n requests: the SLO's statistics, pass/fail, replica stats."""
     offs = load.arrivals(n, rate, cfg.load.burstiness, cfg.load.seed)
-    arr = [fleet.Arrival(t, f"{items[j % len(items)].request_id}#{j}", items[j % len(items)].prompt_token_ids,
-                         items[j % len(items)].output_len,
-                         None if cfg.sampling.ignore_eos else (lengths or {}).get(items[j % len(items)].request_id))
-           for j, t in enumerate(offs)]
+    arr = []
+    for j, t in enumerate(offs):
+        it = items[j % len(items)]
+        out = None if cfg.sampling.ignore_eos else (lengths or {}).get(it.request_id)
+        arr.append(fleet.Arrival(t, f"{it.request_id}#{j}", copy_prompt(it.prompt_token_ids, j // len(items)),
+                                 it.output_len, out))
     f = make_fleet()
     done, wall = f.run(arr)
     lat = latencies(done)

@@ -71,3 +71,18 @@ def test_two_replicas_take_more_than_one(exp_model, tmp_path):
         doc = (tmp_path / "t-capacity" / f"capacity-{n}x-least_loaded.json").read_text()
         caps.append(json.loads(doc)["best_rate"])
     assert caps[0] and caps[1] > 1.5 * caps[0]
+
+
+@pytest.mark.parametrize("kind, shares", [("random", False), ("shared_prefix", True)])
+def test_a_levels_cycled_copies_are_new_requests_to_the_prefix_cache(exp_model, tmp_path, kind, shares):
+    """A level of 40 requests over 8 prompts sends each prompt 5 times. The copies must not hit the
+    prefix cache for their originals (that would make prefill free from the second cycle on): random
+    prompts, which share no block, get no hit at all; prompts of one shared prefix still hit it."""
+    extra = "num_prefixes = 2\nprefix_len = 32\n" if kind == "shared_prefix" else ""
+    body = BODY.replace('kind = "random"', f'kind = "{kind}"\n{extra}')
+    cfg = load(write_config(tmp_path / "c.toml", exp_model, body))
+    capacity.run(cfg, "reference", planted(), capacity.parse_slo("ttft_p90_ms=100"), 1, "least_loaded", None, 40,
+                 None, tmp_path)
+    doc = json.loads((tmp_path / "t-capacity" / "capacity-1x-least_loaded.json").read_text())
+    rates = [p["replicas"][0]["prefix_hit_rate"] for p in doc["points"]]
+    assert all(r > 0 for r in rates) if shares else all(r == 0 for r in rates), rates
