@@ -52,20 +52,31 @@ static inline void prefetch_slice(const float* p, int64_t k) {  // one k step of
   __builtin_prefetch(p + k * NR + 16);
 }
 
+// Which k steps of the next panel a row tile prefetches: `n` slices from `pf`, one every `every` k steps.
+// The T row tiles of a panel each take 1/T of the next panel, so the stream from memory runs through the
+// whole panel's time instead of crowding (and slowing) its first tile.
+struct Prefetch {
+  const float* pf;
+  int64_t n, every;
+};
+
 // R rows of packed x (K, R) against one panel p (K, NR), all of k in one pass, into c (R rows, ldc apart).
 // x packed k-major, the R values of one k side by side, so every broadcast comes from one stream at a
 // fixed offset (no row pointer per row), and no partial sums leave the registers: measured 1.10x the
-// row-major x with k in L1-sized slices (docs/perf/2026-12-05-prefill-gemm.md). With PF, prefetch the
-// panel pf (the next one), one k step per k step.
-template <int R, bool PF>
-static inline void tile(const float* x, const float* p, int64_t K, float* c, int64_t ldc, const float* pf) {
+// row-major x with k in L1-sized slices (docs/perf/2026-12-05-prefill-gemm.md).
+template <int R>
+static inline void tile(const float* x, const float* p, int64_t K, float* c, int64_t ldc, Prefetch f) {
   using L = Lanes;
   typename L::T a[R][NV];
   for (int m = 0; m < R; ++m)
     for (int j = 0; j < NV; ++j) a[m][j] = L::zero();
+  int64_t due = 0, done = 0;
   for (int64_t k = 0; k < K; ++k, x += R) {
     const float* q = p + k * NR;
-    if constexpr (PF) prefetch_slice(pf, k);
+    if (k == due && done < f.n) {
+      prefetch_slice(f.pf, done++);
+      due += f.every;
+    }
     if constexpr (NV <= 2) {  // the panel's vectors in registers, each row's broadcast used NV times
       typename L::T w[NV];
       for (int j = 0; j < NV; ++j) w[j] = L::load(q + j * L::W);
@@ -88,12 +99,10 @@ static inline void tile(const float* x, const float* p, int64_t K, float* c, int
 
 // the last r < MR rows: the tile size picked at run time
 template <int R>
-static inline void tail(const float* x, int64_t r, const float* p, int64_t K, float* c, int64_t ldc,
-                        const float* pf, bool first) {
+static inline void tail(const float* x, int64_t r, const float* p, int64_t K, float* c, int64_t ldc, Prefetch f) {
   if constexpr (R > 0) {
-    if (r != R) return tail<R - 1>(x, r, p, K, c, ldc, pf, first);
-    if (first) tile<R, true>(x, p, K, c, ldc, pf);
-    else tile<R, false>(x, p, K, c, ldc, pf);
+    if (r != R) return tail<R - 1>(x, r, p, K, c, ldc, f);
+    tile<R>(x, p, K, c, ldc, f);
   }
 }
 
@@ -108,14 +117,16 @@ static void pack_rows(const float* x, int64_t ldx, int64_t M, int64_t K, float* 
   }
 }
 
-// M packed rows against one panel into c (M, ldc); the first row tile prefetches `next`
+// M packed rows against one panel into c (M, ldc); the row tiles prefetch `next` a share each
 static void panel(const float* xa, int64_t M, const float* p, int64_t K, float* c, int64_t ldc, const float* next) {
-  int64_t m = 0;
-  for (; m + MR <= M; m += MR) {
-    if (m == 0) tile<MR, true>(xa, p, K, c, ldc, next);
-    else tile<MR, false>(xa + m * K, p, K, c + m * ldc, ldc, next);
-  }
-  if (m < M) tail<MR - 1>(xa + m * K, M - m, p, K, c + m * ldc, ldc, next, m == 0);
+  const int64_t T = (M + MR - 1) / MR, share = (K + T - 1) / T;
+  int64_t m = 0, t = 0;
+  auto part = [&](int64_t t) {  // tile t's share of the next panel's K slices
+    const int64_t k0 = std::min(K, t * share);
+    return Prefetch{next + k0 * NR, std::min(share, K - k0), T};
+  };
+  for (; m + MR <= M; m += MR, ++t) tile<MR>(xa + m * K, p, K, c + m * ldc, ldc, part(t));
+  if (m < M) tail<MR - 1>(xa + m * K, M - m, p, K, c + m * ldc, ldc, part(t));
 }
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
