@@ -100,7 +100,7 @@ def run_main(argv: list[str]) -> int:
 
 def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     """Run one config (a plain one, or one cell of a matrix) into out/<cfg.name>/."""
-    from experiments import bandwidth, ceilings, context, workloads
+    from experiments import bandwidth, ceilings, context, search, workloads
     from experiments.progress import Progress
     from experiments.report import build
     from experiments.runner import Plan, build_engine, run_engine
@@ -108,7 +108,7 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     try:
         ensure_model(cfg)
         items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
-        max_model_len = context.choose(cfg, items + warm, workloads.context_len(cfg.model))
+        max_model_len = context.choose(cfg, search.sized(cfg, items) + warm, workloads.context_len(cfg.model))
         context.check_kv(cfg, max_model_len)  # before any engine spends minutes starting
     except (ValueError, OSError) as e:
         return fail(f"{a.config}: {e}")

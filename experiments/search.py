@@ -48,6 +48,16 @@ def every_request(cfg: Any) -> Any:
     return w.model_copy(update={"num_requests": level_size(top, w.num_requests, load.search.level_s)})
 
 
+def sized(cfg: Any, items: list) -> list:
+    """The items whose longest request sets the run's max_model_len (experiments/context.py): the
+    workload's, or with a search every request a level may send (a grown level's prompts can be longer)."""
+    if cfg.load.mode != "search":
+        return items
+    from experiments import workloads
+
+    return workloads.build(cfg.model, every_request(cfg), 0)[0]
+
+
 def next_rate(rate: float, passed: bool, lo: float | None, hi: float | None) -> tuple[float, float | None, float | None]:
     """(next rate, highest passing, lowest failing) after a level at `rate`."""
     if passed:

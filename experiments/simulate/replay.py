@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments import clock, context, workloads
+from experiments import clock, context, search, workloads
 from experiments.simulate.replica import Replica
 from experiments.simulate.served import SimulatedEngine
 from experiments.simulate.step_model import ModelShape, Profile
@@ -73,7 +73,7 @@ def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] 
     from experiments.runner import Plan, run_engine
 
     items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
-    max_model_len = context.choose(cfg, items + warm, workloads.context_len(cfg.model))
+    max_model_len = context.choose(cfg, search.sized(cfg, items) + warm, workloads.context_len(cfg.model))
     run_dir = out / f"{cfg.name}-simulated"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(toml)
