@@ -47,12 +47,13 @@ struct Lanes {  // scalar: std::fma rounds once, as the vector FMAs do
 #endif
 static constexpr int NV = NR / Lanes::W, MR = Lanes::MR;
 
-static inline void prefetch_slice(const float* p, int64_t k) {  // one k step of a panel: 128 bytes
-  __builtin_prefetch(p + k * NR);
-  __builtin_prefetch(p + k * NR + 16);
+// one k step of NP adjacent panels (NP x 128 bytes, contiguous: panels are adjacent in memory)
+template <int NP>
+static inline void prefetch_slice(const float* p, int64_t k) {
+  for (int i = 0; i < 2 * NP; ++i) __builtin_prefetch(p + k * NP * NR + i * 16);
 }
 
-// Which k steps of the next panel a row tile prefetches: `n` slices from `pf`, one every `every` k steps.
+// Which k steps of the next panels a row tile prefetches: `n` slices from `pf`, one every `every` k steps.
 // The T row tiles of a panel each take 1/T of the next panel, so the stream from memory runs through the
 // whole panel's time instead of crowding (and slowing) its first tile.
 struct Prefetch {
@@ -60,73 +61,78 @@ struct Prefetch {
   int64_t n, every;
 };
 
-// R rows of packed x (K, R) against one panel p (K, NR), all of k in one pass, into c (R rows, ldc apart).
-// x packed k-major, the R values of one k side by side, so every broadcast comes from one stream at a
-// fixed offset (no row pointer per row), and no partial sums leave the registers: measured 1.10x the
-// row-major x with k in L1-sized slices (docs/perf/2026-12-05-prefill-gemm.md).
-template <int R>
+// R rows of packed x (K, R) against NP adjacent panels p (NP, K, NR), all of k in one pass, into c (R rows,
+// ldc apart; the panels' columns side by side). x packed k-major, the R values of one k side by side, so
+// every broadcast comes from one stream at a fixed offset (no row pointer per row), and no partial sums
+// leave the registers: measured 1.10x the row-major x with k in L1-sized slices
+// (docs/perf/2026-12-05-prefill-gemm.md).
+template <int NP, int R>
 static inline void tile(const float* x, const float* p, int64_t K, float* c, int64_t ldc, Prefetch f) {
   using L = Lanes;
-  typename L::T a[R][NV];
+  constexpr int V = NP * NV;
+  typename L::T a[R][V];
   for (int m = 0; m < R; ++m)
-    for (int j = 0; j < NV; ++j) a[m][j] = L::zero();
+    for (int j = 0; j < V; ++j) a[m][j] = L::zero();
   int64_t due = 0, done = 0;
   for (int64_t k = 0; k < K; ++k, x += R) {
-    const float* q = p + k * NR;
     if (k == due && done < f.n) {
-      prefetch_slice(f.pf, done++);
+      prefetch_slice<NP>(f.pf, done++);
       due += f.every;
     }
-    if constexpr (NV <= 2) {  // the panel's vectors in registers, each row's broadcast used NV times
-      typename L::T w[NV];
-      for (int j = 0; j < NV; ++j) w[j] = L::load(q + j * L::W);
+    if constexpr (V <= 4) {  // the panels' vectors in registers, each row's broadcast used V times
+      typename L::T w[V];
+      for (int n = 0; n < NP; ++n)
+        for (int j = 0; j < NV; ++j) w[n * NV + j] = L::load(p + n * K * NR + k * NR + j * L::W);
       for (int m = 0; m < R; ++m) {
         const typename L::T b = L::bcast(x[m]);
-        for (int j = 0; j < NV; ++j) a[m][j] = L::fma(b, w[j], a[m][j]);
+        for (int j = 0; j < V; ++j) a[m][j] = L::fma(b, w[j], a[m][j]);
       }
     } else {  // the rows' broadcasts in registers, each panel vector used R times
       typename L::T b[R];
       for (int m = 0; m < R; ++m) b[m] = L::bcast(x[m]);
-      for (int j = 0; j < NV; ++j) {
-        const typename L::T w = L::load(q + j * L::W);
+      for (int j = 0; j < V; ++j) {
+        const typename L::T w = L::load(p + (j / NV) * K * NR + k * NR + (j % NV) * L::W);
         for (int m = 0; m < R; ++m) a[m][j] = L::fma(b[m], w, a[m][j]);
       }
     }
   }
   for (int m = 0; m < R; ++m)
-    for (int j = 0; j < NV; ++j) L::store(c + m * ldc + j * L::W, a[m][j]);
+    for (int j = 0; j < V; ++j) L::store(c + m * ldc + j * L::W, a[m][j]);
 }
 
-// the last r < MR rows: the tile size picked at run time
-template <int R>
+// the last r < R rows: the tile size picked at run time
+template <int NP, int R>
 static inline void tail(const float* x, int64_t r, const float* p, int64_t K, float* c, int64_t ldc, Prefetch f) {
   if constexpr (R > 0) {
-    if (r != R) return tail<R - 1>(x, r, p, K, c, ldc, f);
-    tile<R>(x, p, K, c, ldc, f);
+    if (r != R) return tail<NP, R - 1>(x, r, p, K, c, ldc, f);
+    tile<NP, R>(x, p, K, c, ldc, f);
   }
 }
 
-// rows [0, M) of x (ldx apart) -> xa: row tile t (rows t MR ..) as (K, r) k-major, r = its row count
-// (MR, or fewer in the last), at xa + t MR K
-static void pack_rows(const float* x, int64_t ldx, int64_t M, int64_t K, float* xa, int64_t t0, int64_t t1) {
+// rows [0, M) of x (ldx apart) -> xa: row tile t (rows t mr ..) as (K, r) k-major, r = its row count
+// (mr, or fewer in the last), at xa + t mr K
+static void pack_rows(const float* x, int64_t ldx, int64_t M, int64_t K, float* xa, int64_t t0, int64_t t1,
+                      int64_t mr) {
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t m0 = t * MR, r = std::min<int64_t>(MR, M - m0);
+    const int64_t m0 = t * mr, r = std::min<int64_t>(mr, M - m0);
     float* d = xa + m0 * K;
     for (int64_t k = 0; k < K; ++k)
       for (int64_t i = 0; i < r; ++i) d[k * r + i] = x[(m0 + i) * ldx + k];
   }
 }
 
-// M packed rows against one panel into c (M, ldc); the row tiles prefetch `next` a share each
+// M packed rows (tiles of RT rows) against NP adjacent panels into c (M, ldc); the row tiles prefetch
+// `next` (the next NP panels) a share each
+template <int NP, int RT>
 static void panel(const float* xa, int64_t M, const float* p, int64_t K, float* c, int64_t ldc, const float* next) {
-  const int64_t T = (M + MR - 1) / MR, share = (K + T - 1) / T;
+  const int64_t T = (M + RT - 1) / RT, share = (K + T - 1) / T;
   int64_t m = 0, t = 0;
-  auto part = [&](int64_t t) {  // tile t's share of the next panel's K slices
+  auto part = [&](int64_t t) {  // tile t's share of the next panels' K slices
     const int64_t k0 = std::min(K, t * share);
-    return Prefetch{next + k0 * NR, std::min(share, K - k0), T};
+    return Prefetch{next + k0 * NP * NR, std::min(share, K - k0), T};
   };
-  for (; m + MR <= M; m += MR, ++t) tile<MR>(xa + m * K, p, K, c + m * ldc, ldc, part(t));
-  if (m < M) tail<MR - 1>(xa + m * K, M - m, p, K, c + m * ldc, ldc, part(t));
+  for (; m + RT <= M; m += RT, ++t) tile<NP, RT>(xa + m * K, p, K, c + m * ldc, ldc, part(t));
+  if (m < M) tail<NP, RT - 1>(xa + m * K, M - m, p, K, c + m * ldc, ldc, part(t));
 }
 
 at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
@@ -143,17 +149,32 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
   float* yp = y.data_ptr<float>();
   const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), P));
   const int64_t MB = std::max<int64_t>(1, XB / K / MR) * MR;  // rows per pass over W: whole row tiles
+  // A prefill (many rows) in 6-row tiles against 2 panels, 10 loads per 24 FMAs instead of 14: measured 1.04-1.06x
+  // the 12 x 1 tile at 256-2048 rows, and 0.93-1.0x at 64 (docs/perf/2026-12-05-gemm-tiles.md). AVX-512 only: the
+  // AVX2 tile is 3 rows x 4 vectors already.
+  const bool wide = NV == 2 && M >= 192;
+  const int64_t mr = wide ? MR / 2 : MR;  // x's row tiles
   // rows [m0, m0 + rows) packed into xa, then against panels [p0, p1)
   auto block = [&](int64_t m0, int64_t rows, float* xa, int64_t p0, int64_t p1, std::vector<float>& c) {
-    for (int64_t q = p0; q < p1; ++q) {
+    int64_t q = p0;
+    if (wide)
+      for (; q + 2 <= p1 && (q + 2) * NR <= N; q += 2) {
+        const float* next = pp + (q + 2 < p1 ? q + 2 : p0) * K * NR;
+        panel<2, MR / 2>(xa, rows, pp + q * K * NR, K, yp + m0 * N + q * NR, N, next);
+      }
+    for (; q < p1; ++q) {  // one panel at a time: decode, and a wide span's odd or narrow last panel
       const float* next = pp + (q + 1 < p1 ? q + 1 : p0) * K * NR;
       const int64_t nc = std::min(NR, N - q * NR);
-      if (nc == NR) {
-        panel(xa, rows, pp + q * K * NR, K, yp + m0 * N + q * NR, N, next);
-        continue;
+      float* out = yp + m0 * N + q * NR;
+      int64_t ldo = N;
+      if (nc < NR) {  // a last panel narrower than NR: its whole vectors into c, nc columns copied to y
+        c.resize(rows * NR);
+        out = c.data();
+        ldo = NR;
       }
-      c.resize(rows * NR);  // a last panel narrower than NR: its whole vectors here, nc columns copied to y
-      panel(xa, rows, pp + q * K * NR, K, c.data(), NR, next);
+      if (wide) panel<1, MR / 2>(xa, rows, pp + q * K * NR, K, out, ldo, next);
+      else panel<1, MR>(xa, rows, pp + q * K * NR, K, out, ldo, next);
+      if (nc == NR) continue;
       for (int64_t m = 0; m < rows; ++m) std::copy_n(c.data() + m * NR, nc, yp + (m0 + m) * N + q * NR);
     }
   };
@@ -161,11 +182,11 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
     const auto xa_t = at::empty({std::min(M, MB) * K}, x.options());  // uninitialised: no zero fill
     float* xa = xa_t.data_ptr<float>();
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
-      const int64_t rows = std::min(MB, M - m0), tiles = (rows + MR - 1) / MR;
+      const int64_t rows = std::min(MB, M - m0), tiles = (rows + mr - 1) / mr;
       if (rows * K < (1 << 16))  // a decode step's few rows: no parallel region for a copy of microseconds
-        pack_rows(xp + m0 * ldx, ldx, rows, K, xa, 0, tiles);
+        pack_rows(xp + m0 * ldx, ldx, rows, K, xa, 0, tiles, mr);
       else
-        share(tiles, nt, 1, 1, [&](int64_t t0, int64_t t1) { pack_rows(xp + m0 * ldx, ldx, rows, K, xa, t0, t1); });
+        share(tiles, nt, 1, 1, [&](int64_t t0, int64_t t1) { pack_rows(xp + m0 * ldx, ldx, rows, K, xa, t0, t1, mr); });
       // guided spans: a thread the OS takes away leaves little to wait for
       share(P, nt, 1, 1, [&](int64_t p0, int64_t p1) {
         std::vector<float> c;
@@ -180,8 +201,8 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
     {
       const int64_t id = omp_get_thread_num(), T = omp_get_num_threads();
       auto pack = [&](int64_t b) {  // this thread's share of block b's row tiles
-        const int64_t m0 = b * MB, rows = std::min(MB, M - m0), tiles = (rows + MR - 1) / MR;
-        pack_rows(xp + m0 * ldx, ldx, rows, K, xa[b % 2], tiles * id / T, tiles * (id + 1) / T);
+        const int64_t m0 = b * MB, rows = std::min(MB, M - m0), tiles = (rows + mr - 1) / mr;
+        pack_rows(xp + m0 * ldx, ldx, rows, K, xa[b % 2], tiles * id / T, tiles * (id + 1) / T, mr);
       };
       std::vector<float> c;
       pack(0);

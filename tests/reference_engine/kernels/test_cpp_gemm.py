@@ -38,12 +38,13 @@ def test_gemm_is_the_k_ordered_fma_chain_bit_for_bit():
     """y[m, n] = fma(x[m, K-1], W[n, K-1], ... fma(x[m, 0], W[n, 0], 0)): checked against that chain
     computed in float64 with a rounding to float32 after each step (an fma rounds once, as here)."""
     torch.manual_seed(2)
-    w, x = torch.randn(45, 300), torch.randn(450, 300)  # 450 rows: past one block (432 rows at K = 300)
-    acc = torch.zeros(450, 45, dtype=torch.float64)
+    # N = 100: 3 whole panels and a narrow one, so a prefill's 2-panel tiles meet an odd and a narrow panel
+    w, x = torch.randn(100, 300), torch.randn(450, 300)  # 450 rows: past one block (432 rows at K = 300)
+    acc = torch.zeros(450, 100, dtype=torch.float64)
     for k in range(300):  # a float64 product of two float32 values is exact: one rounding per step
         acc = (acc + x[:, k:k + 1].double() * w[:, k].double()).float().double()
-    for rows in (1, 14, 450):
-        assert torch.equal(cpp_gemm.gemm(x[:rows], cpp_gemm.pack(w), 45, None), acc[:rows].float()), rows
+    for rows in (1, 14, 200, 450):  # the 12-row tiles (decode), the 6-row 2-panel tiles (>= 192 rows)
+        assert torch.equal(cpp_gemm.gemm(x[:rows], cpp_gemm.pack(w), 100, None), acc[:rows].float()), rows
 
 
 def test_gemm_rows_do_not_depend_on_the_batch_nor_the_thread_count():
