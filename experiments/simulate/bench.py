@@ -41,6 +41,7 @@ HERE = Path(__file__).parent / "bench"
 VLLM_PY = Path(".venv-vllm/bin/python").absolute()  # the snapshot links the checkout's .venv-vllm
 PY = [sys.executable, "-m", "experiments.cli"]
 LOADS = (0.5, 0.85, 0.95)
+LENGTHS_CAP = 960  # requests with a known EOS length: a level of 32 req/s for 30 s
 REPEATS = 3  # served.toml and served_cal.toml say the same: each level in 3 fresh server processes
 
 
@@ -73,8 +74,12 @@ def lengths_for(config: Path, out: Path) -> Path:
     from experiments.simulate import sweep
 
     cfg = load(config)
-    # every request a search level may send (experiments/search.py: levels last load.search.level_s)
-    items, warm = workloads.build(cfg.model, search.every_request(cfg), cfg.load.warmup)
+    # every request a search level may send (experiments/search.py: levels last load.search.level_s), up to
+    # LENGTHS_CAP: the bound assumes every doubling passes; a level past the cap runs its extra requests to
+    # max_tokens and the simulated manifest counts them
+    w = search.every_request(cfg)
+    w = w.model_copy(update={"num_requests": min(w.num_requests, max(cfg.workload.num_requests, LENGTHS_CAP))})
+    items, warm = workloads.build(cfg.model, w, cfg.load.warmup)
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, {}, kv_cache_tokens=65536, max_model_len=4096)
     path = out / f"{cfg.name}-lengths.json"
     path.write_text(json.dumps(sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos, cfg.sampling.temperature),
