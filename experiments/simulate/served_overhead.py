@@ -13,7 +13,15 @@ Three terms, in the profile's `served`:
 
 They are fitted on a measured served *calibration* run (its own config and seed: never the run the
 prediction is validated on) against the same run simulated without them, with the answers' measured
-lengths (so only timing differs):
+lengths (so only timing differs). **By default only the constants** (per_request_s, per_step_s; the two
+terms that grow with load stay 0, `scaled=True` fits them). The calibration run is closed loop at 1-6
+streams, and a line through it was extrapolated to the 20-50 sequences of a sustained Poisson level: on the
+AMX Xeon (2026-12-05, docs/perf/2026-12-05-simulate-7.md) it fitted 2.3 ms per held request and 0.21 ms
+per sequence per step, put ~44 ms of front end before each request and +4 ms on each step at 8.5 req/s,
+and predicted TTFT +17 / +60 / +55 % and TPOT +0 / +19 / +13 % at 50 / 85 / 95 % load. The served
+steps of that run, measured, sit ~1 ms over their in-process prediction at every batch size from 1 to 50,
+and the requests reach the core at the first step boundary after a ~2 ms front end: the overhead there
+does not grow with load. With the scaled terms off, the same prediction read TTFT -7 / +5 / -2 %.
   - per_request_s, per_request_per_seq_s: the p50 TTFT gap per level, less the step overhead its
     first step already carries, against the other streams (B - 1) the front end serves meanwhile
     (least squares, both >= 0: a request cannot reach the scheduler before it was sent);
@@ -58,9 +66,10 @@ def _streams(level: str) -> int:
     return int(level.split("=", 1)[1])
 
 
-def fit(measured: dict[str, dict], simulated: dict[str, dict], steps: bool = False) -> dict[str, float]:
+def fit(measured: dict[str, dict], simulated: dict[str, dict], steps: bool = False,
+        scaled: bool = False) -> dict[str, float]:
     """The terms from per-level summaries of the same run, measured and simulated without them; the step
-    terms only with `steps` (module docstring: 0 otherwise)."""
+    terms only with `steps`, the per-held-request term only with `scaled` (module docstring: 0 otherwise)."""
     lv = sorted((lv for lv in measured if lv in simulated), key=_streams)
     if len(lv) < 2:
         raise ValueError("served overhead: need at least 2 closed-loop levels measured and simulated")
@@ -73,7 +82,9 @@ def fit(measured: dict[str, dict], simulated: dict[str, dict], steps: bool = Fal
     ttft -= step + seq * B
     others = B - 1
     r, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(B), others]), ttft, rcond=None)
-    if r[1] < 0:
+    if not scaled:
+        r = np.array([max(0.0, float(ttft.mean())), 0.0])
+    elif r[1] < 0:
         r = np.array([max(0.0, float(ttft.mean())), 0.0])
     elif r[0] < 0:
         r = np.array([0.0, max(0.0, float((others @ ttft) / (others @ others)))])
@@ -88,9 +99,9 @@ def logged_rows(path: str) -> list:
     return [r for steps in read(path).values() for r in sweep.shapes(steps)]
 
 
-def fit_steps(rows: list, m, prof: Profile) -> dict[str, float]:
+def fit_steps(rows: list, m, prof: Profile, scaled: bool = False) -> dict[str, float]:
     """per_step_s, per_seq_s from served steps (module docstring): seconds added to a step's in-process
-    prediction, as a + b * B."""
+    prediction, as a + b * B with `scaled`, else a constant (b = 0: the weighted mean of the medians)."""
     from experiments.simulate.step_model import predict
 
     by: dict[int, list[float]] = {}
@@ -103,9 +114,9 @@ def fit_steps(rows: list, m, prof: Profile) -> dict[str, float]:
     w = np.sqrt([len(by[int(b)]) for b in B])
     A = np.column_stack([np.ones_like(B), B])
     sol, *_ = np.linalg.lstsq(A * w[:, None], med * w, rcond=None)
-    if sol[1] < 0:  # no per-sequence cost: a constant
+    if sol[1] < 0 or not scaled:  # no per-sequence cost: a constant
         sol = np.array([float(np.average(med, weights=w * w)), 0.0])
-    if sol[0] < 0:  # no per-step cost: through the origin
+    elif sol[0] < 0:  # no per-step cost: through the origin
         sol = np.array([0.0, float(((B * w) @ (med * w)) / ((B * w) @ (B * w)))])
     sol = np.maximum(sol, 0.0)
     return {"per_step_s": float(sol[0]), "per_seq_s": float(sol[1])}
