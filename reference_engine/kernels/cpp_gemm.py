@@ -98,8 +98,9 @@ def unpack(packed: torch.Tensor, n: int, k: int | None = None) -> torch.Tensor:
 
 def rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
     """W[ids] (len(ids), k) gathered from the panels, exact copies (a tied embedding's lookup)."""
-    got = packed[ids // NR, :, ids % NR]  # (n, K) fp32, or (n, k2, 2) bf16
-    return got.reshape(len(ids), -1)[:, :k]
+    out = packed.new_empty(len(ids), packed.shape[1] * (2 if packed.dim() == 4 else 1))  # (n, K), bf16 K even
+    module().panel_rows(packed, ids.long().contiguous(), out)
+    return out if out.shape[1] == k else out[:, :k]
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:

@@ -101,7 +101,31 @@ static void rope_impl(T* x, int64_t xs, int64_t hs, const T* cos, const T* sin, 
       const T* s = sin + n * D;
       for (int64_t h = 0; h < heads; ++h) {
         T* r = x + n * xs + h * hs;
-        for (int64_t i = 0; i < half; ++i) {
+        int64_t i = 0;
+        const T* t = nullptr;  // picks rnd's rounding for T
+#ifdef VEC16
+        for (; i + 16 <= half; i += 16) {  // the scalar loop's steps, 16 lanes at a time: the same bits
+          const __m512 x1 = load16(r + i), x2 = load16(r + i + half);
+          const __m512 a = rnd16(_mm512_sub_ps(rnd16(_mm512_mul_ps(x1, load16(c + i)), t),
+                                               rnd16(_mm512_mul_ps(x2, load16(s + i)), t)), t);
+          const __m512 bb = rnd16(_mm512_add_ps(rnd16(_mm512_mul_ps(x2, load16(c + i + half)), t),
+                                                rnd16(_mm512_mul_ps(x1, load16(s + i + half)), t)), t);
+          store16(r + i, a);
+          store16(r + i + half, bb);
+        }
+#endif
+#ifdef VEC8
+        for (; i + 8 <= half; i += 8) {
+          const __m256 x1 = load8(r + i), x2 = load8(r + i + half);
+          const __m256 a = rnd8(_mm256_sub_ps(rnd8(_mm256_mul_ps(x1, load8(c + i)), t),
+                                              rnd8(_mm256_mul_ps(x2, load8(s + i)), t)), t);
+          const __m256 bb = rnd8(_mm256_add_ps(rnd8(_mm256_mul_ps(x2, load8(c + i + half)), t),
+                                               rnd8(_mm256_mul_ps(x1, load8(s + i + half)), t)), t);
+          store8(r + i, a);
+          store8(r + i + half, bb);
+        }
+#endif
+        for (; i < half; ++i) {
           const float x1 = f32(r[i]), x2 = f32(r[i + half]);
           const float a = rnd<T>(rnd<T>(x1 * f32(c[i])) - rnd<T>(x2 * f32(s[i])));
           const float bb = rnd<T>(rnd<T>(x2 * f32(c[i + half])) + rnd<T>(x1 * f32(s[i + half])));

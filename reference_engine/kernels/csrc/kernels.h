@@ -14,6 +14,8 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias);
 // and K % 32 == 0, 1: vdpbf16ps where bf16_native(), 0: the widening FMAs (1 and 0 give the same sums)
 at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias, int64_t path);
 bool bf16_native();
+// linear.cpp: rows ids of W read from its panels (fp32 or bf16), exact: a tied embedding's lookup
+void panel_rows(at::Tensor packed, at::Tensor ids, at::Tensor out);
 // linear_amx.cpp: the AMX path (its own sums, batch-invariant); amx_ready(): CPU, OS and INFERLAB_AMX
 bool amx_ready();
 void linear_amx(const at::BFloat16* x, int64_t ldx, int64_t M, const at::BFloat16* packed, int64_t K2, int64_t N,

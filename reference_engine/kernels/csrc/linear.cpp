@@ -219,4 +219,27 @@ at::Tensor linear(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bias) {
   return y;
 }
 
+// out[i] = W[ids[i]] read from W's panels, exact copies (a tied embedding's lookup from the LM head's one
+// copy). A panel row k holds a 4-byte unit per column: an fp32 value, or a bf16 pair; column j of panel p
+// is W's row 32 p + j. Torch's two-index gather over the panels took 8 ms for a 2,048-token prefill.
+void panel_rows(at::Tensor packed, at::Tensor ids, at::Tensor out) {
+  PROFILE("inferlab::panel_rows");
+  TORCH_CHECK(packed.is_contiguous() && packed.element_size() * (packed.dim() == 4 ? 2 : 1) == 4
+              && packed.size(2) == NR && ids.scalar_type() == at::kLong && ids.is_contiguous()
+              && out.is_contiguous() && out.scalar_type() == packed.scalar_type() && out.size(0) == ids.size(0),
+              "panel_rows: (P, K, 32) fp32 or (P, K/2, 32, 2) bf16 panels, int64 ids, out (n, K) of their dtype");
+  const int64_t P = packed.size(0), K = packed.size(1), n = ids.size(0);
+  TORCH_CHECK(out.numel() == n * K * (packed.dim() == 4 ? 2 : 1), "panel_rows: out must be (n, K)");
+  const auto* w = static_cast<const uint32_t*>(packed.data_ptr());
+  auto* o = static_cast<uint32_t*>(out.data_ptr());
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < P * NR, "panel_rows: id ", id[i], " out of range");
+  at::parallel_for(0, n, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t* src = w + (id[i] / NR) * K * NR + id[i] % NR;
+      for (int64_t k = 0; k < K; ++k) o[i * K + k] = src[k * NR];
+    }
+  });
+}
+
 }  // namespace inferlab

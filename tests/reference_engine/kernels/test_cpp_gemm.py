@@ -20,6 +20,15 @@ def test_pack_lays_w_out_in_k_major_panels_zero_past_n():
     assert torch.equal(p[1, :, 8:], torch.zeros(3, 24))  # rows 40..63 do not exist
 
 
+def test_rows_gathers_exact_rows_from_the_panels_and_refuses_an_id_past_them():
+    w = torch.randn(70, 9)
+    p = cpp_gemm.pack(w)
+    ids = torch.tensor([0, 31, 32, 69, 5, 5])
+    assert torch.equal(cpp_gemm.rows(p, ids, 9), w[ids])  # a tied embedding's lookup
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpp_gemm.rows(p, torch.tensor([96]), 9)  # past the last panel's 32 columns
+
+
 @pytest.mark.parametrize("n,k", [(1, 1), (17, 5), (32, 64), (100, 300), (960, 576), (576, 1536)])
 def test_gemm_agrees_with_a_float64_product_for_every_row_count(n, k):
     torch.manual_seed(n + k)

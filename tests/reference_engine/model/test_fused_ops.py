@@ -73,7 +73,7 @@ def test_silu_and_mul(rows, inter, dtype):
 
 
 @DTYPES
-@pytest.mark.parametrize("heads, kv_heads, d", [(8, 2, 32), (12, 4, 64), (3, 3, 12)])
+@pytest.mark.parametrize("heads, kv_heads, d", [(8, 2, 32), (12, 4, 64), (3, 3, 12), (4, 2, 48)])  # 16, 8 lanes, scalar
 def test_rotary_in_place_on_qkv_views_is_bit_identical(heads, kv_heads, d, dtype):
     n = 11
     g = torch.Generator().manual_seed(d)
