@@ -10,7 +10,9 @@ chunks) the same way, in place; `TorchBackend` runs SDPA per sequence and gather
 Writing the step's K/V into the cache is `TorchBackend`'s code.
 
 Picked by default on CPU when the kernel builds (`default_attention_backend`); float32 and
-bfloat16 caches (bf16 is widened to fp32 as it is read, scores and sums in fp32). Other dtypes
+bfloat16 caches (bf16 is widened to fp32 as it is read, scores and sums in fp32). Where the bf16 GEMM
+runs on AMX, bf16 prefills take the AMX kernel (`amx_prefill`): its sums are the tile unit's, P is
+rounded to bf16 before P V (as FlashAttention), so its bits are its own; rows stay batch-invariant. Other dtypes
 fall back to `TorchBackend`. tests/reference_engine/attention/test_cpu_backend.py checks it
 against `TorchBackend`.
 """
@@ -22,7 +24,7 @@ import torch
 
 from reference_engine.attention.torch_backend import TorchBackend
 from reference_engine.attention import cpp_kernel as kernel
-from reference_engine.kernels import cpu_build
+from reference_engine.kernels import cpp_gemm, cpu_build
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -47,7 +49,8 @@ class CpuBackend(TorchBackend):
         if nd:
             m.decode(q[:nd].contiguous(), k_cache, v_cache, tables[:nd], lens[:nd], float(scale), out[:nd])
         if n > nd:  # prefill chunks: their rows follow the decodes' (the batch layout invariant)
-            m.prefill(q[nd:].contiguous(), k_cache, v_cache, tables[nd:], lens[nd:], starts, float(scale), out[nd:])
+            run = m.prefill_amx if amx_prefill(q.dtype, d, k_cache.numel()) else m.prefill
+            run(q[nd:].contiguous(), k_cache, v_cache, tables[nd:], lens[nd:], starts, float(scale), out[nd:])
         return out
 
     def _step_plan(self, meta):
@@ -58,6 +61,13 @@ class CpuBackend(TorchBackend):
             starts = torch.tensor(meta.query_start[nd:], dtype=torch.int64) - meta.query_start[nd]
             plan = self._plan = (meta, _long(meta.block_tables), _long(meta.seq_lens).contiguous(), starts)
         return plan[1:]
+
+def amx_prefill(dtype: torch.dtype, head_dim: int, cache_numel: int = 0) -> bool:
+    """Do bf16 prefills take the AMX kernel (csrc/attention_amx.cpp: both products on tiles, P in bf16)? Where
+    the bf16 GEMM runs on AMX (`cpp_gemm.amx`, INFERLAB_AMX not 0), for head sizes that are multiples of 32
+    and a layer's cache under 8 GB (its gathers take 32-bit offsets)."""
+    return dtype == torch.bfloat16 and head_dim % 32 == 0 and cache_numel < 2 ** 32 and cpp_gemm.amx()
+
 
 def _long(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int64 else t.long()

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from reference_engine.attention import cpu_backend
 from reference_engine.kernels import cpp_gemm
 from reference_engine.model.packed_linear import PackedLinear, linear_kernel
 
@@ -62,7 +63,8 @@ def attention_path(runner, decodes: bool, prefills: bool) -> str:
     name = runner.cfg.attention_backend
     if name != "cpu":
         return name
-    kernels = [k for k, on in (("decode", decodes), ("prefill", prefills)) if on]
+    amx = cpu_backend.amx_prefill(runner.dtype, runner.model_config.head_dim)
+    kernels = [k for k, on in (("decode", decodes), ("prefill (amx)" if amx else "prefill", prefills)) if on]
     return f"cpu: C++ {' + '.join(kernels)} kernel" + ("s" if len(kernels) > 1 else "")
 
 
