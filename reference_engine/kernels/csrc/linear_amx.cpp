@@ -52,10 +52,26 @@ AMX_TARGET static void configure(int rows) {
   if (std::memcmp(&c, &now, sizeof c) != 0) _tile_loadconfig(&c);
 }
 
+// One block's sums waiting to be finished (+ bias, rounded to bf16, written to y): done a few rows at a time
+// from inside the next block's k loop, so the vector unit rounds while the tile unit multiplies. At the
+// end of a block instead, the stores, the reads back and the rounding left the tile unit idle for a quarter
+// of a K = 768 product (docs/perf/2026-12-05-bf16-prefill.md).
+struct Pending {
+  const float* c = nullptr;  // (rows, 32) sums
+  int64_t rows = 0, done = 0, nc = 0, ldy = 0;
+  at::BFloat16* y = nullptr;
+  float bq[NR] = {};
+  void finish(int64_t upto) {
+    for (upto = std::min(upto, rows); done < upto; ++done) finish_bf16(c + done * NR, bq, nc, y + done * ldy);
+  }
+};
+
 // RT x 16 rows of x (ldx elements apart) against one panel over K2 pairs -> c (RT x 16, 32) fp32, row
-// stride 32. RT = 1: a decode step's few rows, memory-bound, so it prefetches the panel PF pairs ahead.
+// stride 32; `prev`'s rows finished two per k step. RT = 1: a decode step's few rows, memory-bound, so it
+// prefetches the panel PF pairs ahead.
 template <int RT>
-AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* p, int64_t K2, float* c) {
+AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* p, int64_t K2, float* c,
+                             Pending& prev) {
   constexpr int64_t PF = 64;  // pairs ahead: 8 KB of the panel in flight
   const int64_t sx = ldx * 2;  // bytes between x's rows
   _tile_zero(0);
@@ -78,7 +94,9 @@ AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloa
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
+    prev.finish(prev.done + 2);
   }
+  prev.finish(prev.rows);
   _tile_stored(0, c, NR * 4);
   _tile_stored(1, c + 16, NR * 4);
   if constexpr (RT == 2) {
@@ -119,7 +137,9 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
   }
   share(G * R, std::min<int64_t>(threads, G * R), 1, 1, [&](int64_t i0, int64_t i1) {
     configure(small ? M : 16);
-    alignas(64) float c[RB * NR];
+    alignas(64) float c[2][RB * NR];  // this block's sums and the previous block's, still being finished
+    Pending prev;
+    int cur = 0;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t g = i / R, m1 = std::min(M, (i % R + 1) * RI);
       for (int64_t m0 = (i % R) * RI; m0 < m1; m0 += RB) {
@@ -127,16 +147,16 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
         const at::BFloat16* x = full ? xp + m0 * ldx : pad.get();
         const int64_t rows = std::min(RB, M - m0);
         for (int64_t q = g * gp; q < std::min(P, (g + 1) * gp); ++q) {
-          if (rows <= 16) block<1>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c);
-          else block<2>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c);
+          if (rows <= 16) block<1>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c[cur], prev);
+          else block<2>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c[cur], prev);
           const int64_t n0 = q * NR, nc = std::min(NR, N - n0);
-          float bq[NR] = {};
-          if (bias)
-            for (int64_t j = 0; j < nc; ++j) bq[j] = static_cast<float>(bias[n0 + j]);
-          for (int64_t m = 0; m < rows; ++m) finish_bf16(c + m * NR, bq, nc, yp + (m0 + m) * N + n0);
+          prev.c = c[cur], prev.rows = rows, prev.done = 0, prev.nc = nc, prev.ldy = N, prev.y = yp + m0 * N + n0;
+          for (int64_t j = 0; j < NR; ++j) prev.bq[j] = bias && j < nc ? static_cast<float>(bias[n0 + j]) : 0.f;
+          cur ^= 1;
         }
       }
     }
+    prev.finish(prev.rows);
   });
 }
 
