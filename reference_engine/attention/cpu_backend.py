@@ -7,7 +7,7 @@ the block table (one task per sequence, or per sequence and kv-head range when s
 fewer than threads), so each cached row is read once per layer and nothing is allocated.
 Prefill chunks go to the kernel's prefill (`cpp_prefill.py`), which reads context (prefix-cached blocks, earlier
 chunks) the same way, in place; `TorchBackend` runs SDPA per sequence and gathers cached context.
-Writing the step's K/V into the cache is `TorchBackend`'s code.
+Writing the step's K/V into the cache is one C++ pass (`kv_write`), what `TorchBackend`'s `index_copy_` writes.
 
 Picked by default on CPU when the kernel builds (`default_attention_backend`); float32 and
 bfloat16 caches (bf16 is widened to fp32 as it is read, scores and sums in fp32). Where the bf16 GEMM
@@ -39,18 +39,19 @@ class CpuBackend(TorchBackend):
         k_cache, v_cache = self.kv[layer]
         if q.dtype not in DTYPES or k_cache.dtype != q.dtype or q.device.type != "cpu":
             return super().forward(layer, q, k, v, meta, scale)
-        hkv, d = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, hkv, d).index_copy_(0, meta.slot_mapping, v)
+        d = k_cache.shape[3]
+        m = kernel.module()
+        m.kv_write(k, v, k_cache, v_cache, _long(meta.slot_mapping))  # what TorchBackend's index_copy_ writes
         nd, n = meta.num_decodes, q.shape[0]
         out = torch.empty_like(q)  # (N, H, D)
-        m = kernel.module()
         tables, lens, starts = self._step_plan(meta)
         if nd:
             m.decode(q[:nd].contiguous(), k_cache, v_cache, tables[:nd], lens[:nd], float(scale), out[:nd])
         if n > nd:  # prefill chunks: their rows follow the decodes' (the batch layout invariant)
-            run = m.prefill_amx if amx_prefill(q.dtype, d, k_cache.numel()) else m.prefill
-            run(q[nd:].contiguous(), k_cache, v_cache, tables[nd:], lens[nd:], starts, float(scale), out[nd:])
+            if amx_prefill(q.dtype, d, k_cache.numel()):  # q read in place: a view of the qkv projection's rows
+                m.prefill_amx(q[nd:], k_cache, v_cache, tables[nd:], lens[nd:], starts, float(scale), out[nd:])
+            else:
+                m.prefill(q[nd:].contiguous(), k_cache, v_cache, tables[nd:], lens[nd:], starts, float(scale), out[nd:])
         return out
 
     def _step_plan(self, meta):

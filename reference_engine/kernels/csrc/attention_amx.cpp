@@ -192,16 +192,16 @@ void prefill_amx(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tenso
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
               v_cache.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
               "prefill_amx: bf16 q, caches and out");
-  TORCH_CHECK(q.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2) && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
               block_tables.scalar_type() == at::kLong && block_tables.stride(1) == 1 &&
               seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous() &&
               query_start.scalar_type() == at::kLong && query_start.is_contiguous(),
-              "prefill_amx: contiguous tensors, int64 row-major tables, lengths and starts");
+              "prefill_amx: q (N, H, D) with dense heads (any token stride), contiguous caches and out, int64 tables, lengths, starts");
   const int64_t B = seq_lens.size(0), H = q.size(1), D = q.size(2), bs = k_cache.size(1), Hkv = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == D && H % Hkv == 0 && D % 32 == 0 && block_tables.size(0) >= B &&
               query_start.size(0) == B + 1, "prefill_amx: shape mismatch (head size a multiple of 32)");
   TORCH_CHECK(k_cache.numel() / 2 < INT32_MAX, "prefill_amx: a layer's cache of 8 GB or more (use prefill)");
-  const int64_t G = H / Hkv, width = block_tables.stride(0);
+  const int64_t G = H / Hkv, width = block_tables.stride(0), qs = q.stride(0);
   const auto* qp = q.data_ptr<at::BFloat16>();
   auto* op = out.data_ptr<at::BFloat16>();
   const auto *kc = k_cache.data_ptr<at::BFloat16>(), *vc = v_cache.data_ptr<at::BFloat16>();
@@ -237,13 +237,13 @@ void prefill_amx(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tenso
       kt.resize(D / 2 * L32);  // no zero fill: lay_out writes every element
       vp.resize(L32 / 2 * D);
       lay_out(kc, vc, tables + k.b * width, len, L32, k.h, Hkv, D, bs, kt.data(), vp.data());
-      const at::BFloat16* qb = qp + starts[k.b] * H * D;
+      const at::BFloat16* qb = qp + starts[k.b] * qs;
       at::BFloat16* ob = op + starts[k.b] * H * D;
       for (int64_t i0 = 0; i0 < R; i0 += 16) {
         int64_t last[16];
         for (int64_t r = 0; r < 16; ++r) {  // rows past R: a copy of row 0's query, dropped at the end
           const int64_t i = i0 + r < R ? i0 + r : 0, tok = k.r0 + i / G;
-          std::memcpy(qt.data() + r * D, qb + (tok * H + k.h * G + i % G) * D, D * 2);
+          std::memcpy(qt.data() + r * D, qb + tok * qs + (k.h * G + i % G) * D, D * 2);
           last[r] = pos0 + tok;
         }
         tile_rows(qt.data(), last, kt.data(), vp.data(), L32, D, static_cast<float>(scale), s.data(), pb.data(),

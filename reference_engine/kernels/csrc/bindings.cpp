@@ -17,5 +17,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode", &decode, "paged attention, one query per sequence (attention_decode.cpp)");
   m.def("prefill", &prefill, "paged causal attention over query chunks (attention_prefill.cpp)");
   m.def("prefill_amx", &prefill_amx, "prefill for bf16 on AMX tiles, P in bf16 (attention_amx.cpp)");
+  m.def("kv_write", &kv_write, "the step's keys and values into the paged cache (kv_write.cpp)");
   m.def("decode_layer", &decode_layer, "one decoder layer for an all-decode batch (decode_layer.cpp)");
 }

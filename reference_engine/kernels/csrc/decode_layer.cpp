@@ -43,8 +43,7 @@ at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps
   auto v = qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({N, Hkv, D});
   rope_(q, cos, sin);
   rope_(k, cos, sin);
-  k_cache.view({-1, Hkv, D}).index_copy_(0, slots, k);
-  v_cache.view({-1, Hkv, D}).index_copy_(0, slots, v);
+  kv_write(k, v, k_cache, v_cache, slots);
   auto o = at::empty({N, H, D}, x.options());
   decode(q.contiguous(), k_cache, v_cache, tables, lens, scale, o);
   auto empty = x.new_empty({0});

@@ -22,7 +22,14 @@ static void rms_norm_impl(const T* x, int64_t xs, const T* a, T* sum, const T* w
       if (a) {  // this row of x + a, then normalise it
         const T* ar = a + n * H;
         T* sr = sum + n * H;
-        for (int64_t i = 0; i < H; ++i) sr[i] = to<T>(f32(xr[i]) + f32(ar[i]));
+        int64_t i = 0;
+#ifdef VEC16
+        for (; i + 16 <= H; i += 16) store16(sr + i, _mm512_add_ps(load16(xr + i), load16(ar + i)));
+#endif
+#ifdef VEC8
+        for (; i + 8 <= H; i += 8) store8(sr + i, _mm256_add_ps(load8(xr + i), load8(ar + i)));
+#endif
+        for (; i < H; ++i) sr[i] = to<T>(f32(xr[i]) + f32(ar[i]));
         xr = sr;
       }
       T* o = out + n * H;
@@ -38,6 +45,11 @@ static void rms_norm_impl(const T* x, int64_t xs, const T* a, T* sum, const T* w
       for (; i < H; ++i) ss += f32(xr[i]) * f32(xr[i]);
       const float r = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
       int64_t j = 0;
+#ifdef VEC16  // the elementwise passes on 16 lanes (the same bits); the sum of squares above stays on 8
+      const __m512 rw = _mm512_set1_ps(r);
+      for (; j + 16 <= H; j += 16)
+        store16(o + j, _mm512_mul_ps(load16(w + j), rnd16(_mm512_mul_ps(load16(xr + j), rw), xr)));
+#endif
 #ifdef VEC8
       const __m256 rv = _mm256_set1_ps(r);
       for (; j + 8 <= H; j += 8)

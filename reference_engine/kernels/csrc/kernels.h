@@ -33,6 +33,8 @@ void prefill(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor bl
 // attention_amx.cpp: prefill's contract for bf16 on AMX (where amx_ready() and D % 32 == 0), its own sums
 void prefill_amx(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
                  at::Tensor seq_lens, at::Tensor query_start, double scale, at::Tensor out);
+// kv_write.cpp: cache rows slots[i] = k[i], v[i] (the step's keys and values into the paged cache)
+void kv_write(at::Tensor k, at::Tensor v, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots);
 // decode_layer.cpp: one decoder layer for an all-decode batch
 at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps, std::vector<at::Tensor> mats,
                         at::Tensor b_qkv, std::vector<int64_t> outs, bool onednn, int64_t H, int64_t Hkv,
