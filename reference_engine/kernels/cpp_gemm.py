@@ -134,6 +134,18 @@ def bf16_path(k: int) -> str:
     return "amx" if k % 32 == 0 and amx() else "vdpbf16ps" if bf16_native() else "fma"
 
 
+def silu_gemm(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    """silu(x @ Wg.T) * (x @ Wu.T) (M, n / 2) from the panels of W = [Wg; Wu] (n, K), on AMX: the GEMM's epilogue
+    does SiLU-and-multiply, so the (M, n) product is never written. The same bits as `gemm` then the fused
+    silu_mul. Only where `silu_fuses(k, n)`."""
+    return module().linear_silu(x, packed, n)
+
+
+def silu_fuses(k: int, n: int) -> bool:
+    """Does a stacked gate_up of inner size k and n = 2 I outputs take `silu_gemm` here (AMX, k and I multiples of 32)?"""
+    return k % 32 == 0 and n % 64 == 0 and amx()
+
+
 @functools.cache
 def available() -> bool:
     """Does the kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""

@@ -1,7 +1,8 @@
 """CPU fast path for the decoder's element-wise stages: RMSNorm (and the residual add before the second
-norm of a layer, `RMSNorm.add`), rotary embedding, SiLU-and-multiply.
+norm of a layer, `RMSNorm.add`), rotary embedding, SiLU-and-multiply (inside the gate_up GEMM where its
+bf16 panels run on AMX: `FusedMLP`).
 
-`fuse(model)` swaps the model's `RMSNorm`, `Rotary` and `SiluAndMul` modules for ones that call
+`fuse(model)` swaps the model's `RMSNorm`, `Rotary`, `SiluAndMul` and `MLP` modules for ones that call
 the one-pass C++ kernels of `kernels/cpp_fused_ops.py` (vLLM's CPU backend has the same three as custom
 ops). The PyTorch modules stay the readable reference: `fused_ops=False` in the engine config keeps
 them, and the fused modules fall back to them for what the kernels do not take (other dtypes,
@@ -20,7 +21,8 @@ from torch import nn
 
 from reference_engine.kernels import cpu_build
 from reference_engine.kernels import cpp_fused_ops as kernel
-from reference_engine.model.llama import RMSNorm, Rotary, SiluAndMul
+from reference_engine.model.llama import MLP, RMSNorm, Rotary, SiluAndMul
+from reference_engine.model.packed_linear import PackedLinear
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -68,6 +70,23 @@ class FusedSiluAndMul(SiluAndMul):
         return out
 
 
+class FusedMLP(MLP):
+    """The MLP with SiLU-and-multiply in the gate_up GEMM's epilogue where its panels run on AMX
+    (`PackedLinear.silu_mul`: the (N, 2I) product is never written); else the module's three steps."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.gate_up_proj
+        h = up.silu_mul(x) if isinstance(up, PackedLinear) else None
+        return super().forward(x) if h is None else self.down_proj(h)
+
+
+def _fused_mlp(mlp: MLP) -> FusedMLP:
+    f = FusedMLP.__new__(FusedMLP)
+    nn.Module.__init__(f)
+    f.sizes, f.gate_up_proj, f.down_proj, f.act = mlp.sizes, mlp.gate_up_proj, mlp.down_proj, FusedSiluAndMul()
+    return f
+
+
 def _fused_norm(norm: RMSNorm) -> FusedRMSNorm:
     f = FusedRMSNorm.__new__(FusedRMSNorm)
     nn.Module.__init__(f)
@@ -76,10 +95,12 @@ def _fused_norm(norm: RMSNorm) -> FusedRMSNorm:
 
 
 def fuse(model: nn.Module) -> nn.Module:
-    """Swap every `RMSNorm`, `Rotary` and `SiluAndMul` of `model` for its fused module, in place."""
+    """Swap every `RMSNorm`, `Rotary`, `SiluAndMul` and `MLP` of `model` for its fused module, in place."""
     for name, child in list(model.named_children()):
         if type(child) is RMSNorm:
             setattr(model, name, _fused_norm(child))
+        elif type(child) is MLP:
+            setattr(model, name, _fused_mlp(child))
         elif type(child) is Rotary:
             setattr(model, name, FusedRotary())
         elif type(child) is SiluAndMul:

@@ -170,6 +170,14 @@ class PackedLinear(nn.Module):
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
         return y.to(self.out_dtype)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """For a stacked gate_up projection: silu(gate) * up of x (M, in) in one pass where the bf16 panels run
+        on AMX (`cpp_gemm.silu_gemm`, the same bits as forward then SiLU-and-multiply); None elsewhere."""
+        if self.panels is None or x.dtype != torch.bfloat16 or self.compute_dtype != torch.bfloat16 or x.dim() != 2 \
+                or x.stride(1) != 1 or self.bias is not None or not cpp_gemm.silu_fuses(self.in_features, self.out_features):
+            return None
+        return cpp_gemm.silu_gemm(x, self.panels, self.out_features)
+
     def packed_bytes(self) -> int:
         held = self.panels if self.panels is not None else self.packed
         return held.numel() * held.element_size()

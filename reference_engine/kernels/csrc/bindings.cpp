@@ -8,6 +8,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ W.T (+ bias) for any row count on W's 32-column panels (linear.cpp)");
   m.def("linear_bf16", &linear_bf16, "the same on bf16 pair panels; path 2 AMX, 1 vdpbf16ps, 0 FMAs, the best here up to it (linear_bf16.cpp)");
   m.def("panel_rows", &panel_rows, "W[ids] from W's panels, exact (linear.cpp)");
+  m.def("linear_silu", &linear_silu, "silu(gate) * up from the stacked gate_up panels on AMX (linear_bf16.cpp)");
   m.def("bf16_native", &bf16_native, "does this build on this CPU run vdpbf16ps? (linear_bf16.cpp)");
   m.def("amx_ready", &amx_ready, "does the bf16 GEMM run on AMX here? (linear_amx.cpp)");
   m.def("rms_norm", &rms_norm, "RMSNorm, HF's order (fused_ops.cpp)");

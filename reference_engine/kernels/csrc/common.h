@@ -104,6 +104,14 @@ static inline __m512 exp16(__m512 x) {
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
+// sigmoid(x) from e^-|x| (so exp16 only sees arguments <= 0): 1 / den for x >= 0, e^-|x| / den for x < 0,
+// den = 1 + e^-|x|; x's sign picks the numerator, then one division. SiLU is x times it.
+static inline __m512 sigmoid16(__m512 x) {
+  const __m512 ex = exp16(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN))));
+  const __m512 one = _mm512_set1_ps(1.f), den = _mm512_add_ps(one, ex);
+  const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(x));  // x's sign bit (blendv's choice)
+  return _mm512_div_ps(_mm512_mask_blend_ps(neg, one, ex), den);
+}
 #endif
 
 // nc fp32 sums of one row, + bias, each rounded once to bf16 (round to nearest even, as at::BFloat16):

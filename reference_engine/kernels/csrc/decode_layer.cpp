@@ -49,9 +49,14 @@ at::Tensor decode_layer(at::Tensor x, at::Tensor ln1, at::Tensor ln2, double eps
   auto empty = x.new_empty({0});
   x = x.add(project(o.view({N, H * D}), mats[1], outs[1], empty, onednn));  // x + y, as the module path
   rms_norm(x, ln2, eps, h);
-  auto gu = project(h, mats[2], outs[2], empty, onednn);  // (N, 2 I): gate, up
-  auto m = at::empty({N, I}, x.options());
-  silu_mul(gu, m);
+  at::Tensor m;  // (N, I)
+  if (!onednn && x.scalar_type() == at::kBFloat16 && amx_ready() && h.size(1) % 32 == 0 && I % 32 == 0) {
+    m = linear_silu(h, mats[2], outs[2]);  // SiLU-and-multiply in the GEMM's epilogue, as FusedMLP
+  } else {
+    auto gu = project(h, mats[2], outs[2], empty, onednn);  // (N, 2 I): gate, up
+    m = at::empty({N, I}, x.options());
+    silu_mul(gu, m);
+  }
   return x.add(project(m, mats[3], outs[3], empty, onednn));
 }
 

@@ -73,12 +73,7 @@ static void silu_mul_impl(const T* gu, int64_t gs, T* out, int64_t N, int64_t I)
 #ifdef VEC16
       for (; i + 16 <= I; i += 16) {  // the 8-lane loop below, 16 lanes at a time: the same value per lane
         const __m512 x = load16(g + i);
-        const __m512 ex = exp16(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x),
-                                                                     _mm512_set1_epi32(INT32_MIN))));  // e^-|x|
-        const __m512 one = _mm512_set1_ps(1.f), den = _mm512_add_ps(one, ex);
-        const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(x));  // x's sign bit (blendv's choice)
-        const __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, ex), den);
-        store16(o + i, _mm512_mul_ps(rnd16(_mm512_mul_ps(x, sig), g), load16(u + i)));
+        store16(o + i, _mm512_mul_ps(rnd16(_mm512_mul_ps(x, sigmoid16(x)), g), load16(u + i)));
       }
 #endif
 #ifdef VEC8

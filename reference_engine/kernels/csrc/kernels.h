@@ -19,7 +19,9 @@ void panel_rows(at::Tensor packed, at::Tensor ids, at::Tensor out);
 // linear_amx.cpp: the AMX path (its own sums, batch-invariant); amx_ready(): CPU, OS and INFERLAB_AMX
 bool amx_ready();
 void linear_amx(const at::BFloat16* x, int64_t ldx, int64_t M, const at::BFloat16* packed, int64_t K2, int64_t N,
-                const at::BFloat16* bias, at::BFloat16* y);
+                const at::BFloat16* bias, at::BFloat16* y, bool silu);
+// linear_bf16.cpp: silu(gate) * up straight from the stacked gate_up panels on AMX (N = 2 I)
+at::Tensor linear_silu(at::Tensor x, at::Tensor packed, int64_t N);
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)
 void rms_norm(at::Tensor x, at::Tensor w, double eps, at::Tensor out);
 void add_rms_norm(at::Tensor x, at::Tensor a, at::Tensor w, double eps, at::Tensor sum, at::Tensor out);

@@ -56,13 +56,26 @@ AMX_TARGET static void configure(int rows) {
 // from inside the next block's k loop, so the vector unit rounds while the tile unit multiplies. At the
 // end of a block instead, the stores, the reads back and the rounding left the tile unit idle for a quarter
 // of a K = 768 product (docs/perf/2026-12-05-bf16-prefill.md).
+// With `up` (the SiLU-and-multiply epilogue): c holds a gate panel's sums and up the matching up panel's; a
+// row's output is silu(g) * u with g and u first rounded to bf16, what the GEMM would have written and
+// fused_ops.cpp's silu_mul read back, in its steps: the same bits, without the (M, 2I) round trip.
 struct Pending {
-  const float* c = nullptr;  // (rows, 32) sums
+  const float *c = nullptr, *up = nullptr;  // (rows, 32) sums
   int64_t rows = 0, done = 0, nc = 0, ldy = 0;
   at::BFloat16* y = nullptr;
   float bq[NR] = {};
   void finish(int64_t upto) {
-    for (upto = std::min(upto, rows); done < upto; ++done) finish_bf16(c + done * NR, bq, nc, y + done * ldy);
+    for (upto = std::min(upto, rows); done < upto; ++done) {
+      if (!up) {
+        finish_bf16(c + done * NR, bq, nc, y + done * ldy);
+        continue;
+      }
+      const at::BFloat16* t = nullptr;  // picks rnd16's bf16 rounding
+      for (int64_t j = 0; j < NR; j += 16) {
+        const __m512 g = rnd16(_mm512_loadu_ps(c + done * NR + j), t), u = rnd16(_mm512_loadu_ps(up + done * NR + j), t);
+        store16(y + done * ldy + j, _mm512_mul_ps(rnd16(_mm512_mul_ps(g, sigmoid16(g)), t), u));
+      }
+    }
   }
 };
 
@@ -122,9 +135,12 @@ bool amx_ready() {
 
 // The rows of x in blocks of RB: whole blocks read in place, the last partial one from a zero-padded
 // copy (a padded row only adds rows of sums that are dropped). Items: GP panels x RI rows, group-major.
+// silu: W is gate and up stacked (N = 2 I, I a multiple of 32, no bias) and y (M, I) receives silu(gate) * up:
+// logical panel q is gate panel q and up panel q + I / 32, multiplied one after the other.
 void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat16* pp, int64_t K2, int64_t N,
-                const at::BFloat16* bias, at::BFloat16* yp) {
-  const int64_t P = (N + NR - 1) / NR, R = (M + RI - 1) / RI, threads = at::get_num_threads();
+                const at::BFloat16* bias, at::BFloat16* yp, bool silu) {
+  const int64_t Q = (N + NR - 1) / NR, P = silu ? Q / 2 : Q, ldy = silu ? N / 2 : N;
+  const int64_t R = (M + RI - 1) / RI, threads = at::get_num_threads();
   // up to GP panels an item, as long as there are 8 items a thread (balance: a 128-token prompt's N = 576
   // is 18 panels x 2 row items; a decode step, one panel an item)
   const int64_t gp = std::clamp<int64_t>(P * R / (8 * threads), 1, GP), G = (P + gp - 1) / gp;
@@ -137,7 +153,7 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
   }
   share(G * R, std::min<int64_t>(threads, G * R), 1, 1, [&](int64_t i0, int64_t i1) {
     configure(small ? M : 16);
-    alignas(64) float c[2][RB * NR];  // this block's sums and the previous block's, still being finished
+    alignas(64) float c[2][2][RB * NR];  // this block's sums (and up's) and the previous block's, being finished
     Pending prev;
     int cur = 0;
     for (int64_t i = i0; i < i1; ++i) {
@@ -147,10 +163,14 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
         const at::BFloat16* x = full ? xp + m0 * ldx : pad.get();
         const int64_t rows = std::min(RB, M - m0);
         for (int64_t q = g * gp; q < std::min(P, (g + 1) * gp); ++q) {
-          if (rows <= 16) block<1>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c[cur], prev);
-          else block<2>(x, full ? ldx : K, pp + q * K2 * NR * 2, K2, c[cur], prev);
-          const int64_t n0 = q * NR, nc = std::min(NR, N - n0);
-          prev.c = c[cur], prev.rows = rows, prev.done = 0, prev.nc = nc, prev.ldy = N, prev.y = yp + m0 * N + n0;
+          for (int64_t half = 0; half < (silu ? 2 : 1); ++half) {  // the panel; with silu, gate then up
+            const at::BFloat16* w = pp + (q + half * P) * K2 * NR * 2;
+            if (rows <= 16) block<1>(x, full ? ldx : K, w, K2, c[cur][half], prev);
+            else block<2>(x, full ? ldx : K, w, K2, c[cur][half], prev);
+          }
+          const int64_t n0 = q * NR, nc = std::min(NR, ldy - n0);
+          prev.c = c[cur][0], prev.up = silu ? c[cur][1] : nullptr, prev.rows = rows, prev.done = 0, prev.nc = nc;
+          prev.ldy = ldy, prev.y = yp + m0 * ldy + n0;
           for (int64_t j = 0; j < NR; ++j) prev.bq[j] = bias && j < nc ? static_cast<float>(bias[n0 + j]) : 0.f;
           cur ^= 1;
         }
@@ -163,7 +183,7 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
 #else
 bool amx_ready() { return false; }
 void linear_amx(const at::BFloat16*, int64_t, int64_t, const at::BFloat16*, int64_t, int64_t, const at::BFloat16*,
-                at::BFloat16*) {
+                at::BFloat16*, bool) {
   TORCH_CHECK(false, "linear_amx: not in this build");
 }
 #endif

@@ -262,7 +262,7 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bi
   const at::BFloat16* bp = bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr;
   if (path >= 2 && K % 32 == 0 && amx_ready()) {
     linear_amx(x.data_ptr<at::BFloat16>(), x.stride(0), M, packed.data_ptr<at::BFloat16>(), K2, N, bp,
-               y.data_ptr<at::BFloat16>());
+               y.data_ptr<at::BFloat16>(), false);
     return y;
   }
   const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
@@ -275,6 +275,25 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bi
   }
 #endif
   run<Widen>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
+  return y;
+}
+
+// silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu] (N = 2 I rows) on its pair panels, on AMX: the GEMM's
+// epilogue does SiLU-and-multiply (linear_amx.cpp), so the (M, 2 I) product is never written. The same bits
+// as linear_bf16's AMX path followed by silu_mul. Where AMX runs, K % 32 == 0 and I % 32 == 0.
+at::Tensor linear_silu(at::Tensor x, at::Tensor packed, int64_t N) {
+  PROFILE("inferlab::linear_silu");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "linear_silu: x (M, K) bfloat16 rows");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(amx_ready() && K % 32 == 0 && N % 64 == 0, "linear_silu: AMX, K and N / 2 multiples of 32");
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
+              packed.size(2) == NR && packed.size(1) == K / 2 && packed.size(0) * NR == N,
+              "linear_silu: packed (P, K/2, 32, 2) bfloat16 from pack() of the stacked gate and up");
+  if (x.stride(0) % 2) x = x.contiguous();
+  auto y = at::empty({M, N / 2}, x.options());
+  if (M)
+    linear_amx(x.data_ptr<at::BFloat16>(), x.stride(0), M, packed.data_ptr<at::BFloat16>(), K / 2, N, nullptr,
+               y.data_ptr<at::BFloat16>(), true);
   return y;
 }
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_engine.kernels import cpp_gemm
+from reference_engine.kernels import cpp_gemm, cpu_build
 
 pytestmark = pytest.mark.skipif(not cpp_gemm.available(), reason="the C++ GEMM does not build here")
 MODES = ["fma", "vdpbf16ps"]  # the pair order: vdpbf16ps where the CPU has it, else the same widening FMAs
@@ -81,6 +81,28 @@ def test_amx_is_the_exact_product_rounded_once_more_or_less_in_every_row_regime(
         # each fp32 sum within a few ulps of the pair order's: after the bf16 rounding, one step at most
         step = pair_order(x, w, b).double().abs().clamp(min=1e-3) * 2 ** -7
         assert ((got.double() - pair_order(x, w, b).double()).abs() <= step).all(), rows
+
+
+@amx_only
+@pytest.mark.parametrize("inter, k", [(32, 64), (96, 576), (2048, 768)])
+def test_the_silu_epilogue_gives_the_gemm_then_silu_mul_bit_for_bit(inter, k):
+    """gate_up's GEMM with SiLU-and-multiply in its epilogue (the MLP on AMX) against the GEMM's (M, 2I) output
+    through the silu_mul kernel: the same bits at decode, padded-block and prefill row counts, 1 and 2 threads."""
+    g = torch.Generator().manual_seed(inter)
+    w = bf16(2 * inter, k, g=g)
+    p = cpp_gemm.pack(w)
+    assert cpp_gemm.silu_fuses(k, 2 * inter) and not cpp_gemm.silu_fuses(k, 2 * inter + 32)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for rows in (1, 9, 33, 300):
+                x = bf16(rows, k, g=g) * 4  # both signs of the gate, far into the sigmoid's tails
+                want = torch.empty(rows, inter, dtype=torch.bfloat16)
+                cpu_build.module().silu_mul(cpp_gemm.gemm(x, p, 2 * inter, None), want)
+                assert torch.equal(cpp_gemm.silu_gemm(x, p, 2 * inter), want), (t, rows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_amx_leaves_a_k_that_is_not_a_multiple_of_32_to_the_pair_order():

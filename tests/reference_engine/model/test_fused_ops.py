@@ -114,3 +114,24 @@ def test_on_by_default_on_cpu_and_off_with_one_setting(tmp_path):
     assert {"FusedRMSNorm", "FusedRotary", "FusedSiluAndMul"} <= kinds(on)
     assert not {"FusedRMSNorm", "FusedRotary", "FusedSiluAndMul"} & kinds(off)
     assert on.state_dict().keys() == off.state_dict().keys()
+
+
+def test_the_mlp_multiplies_silu_inside_the_gemm_on_amx_with_the_modules_bits():
+    """`FusedMLP`: where bf16 panels run on AMX, SiLU-and-multiply is gate_up's epilogue; the hidden states are
+    the three-step module's bit for bit. Elsewhere (fp32, no AMX) it is the three steps."""
+    from types import SimpleNamespace
+
+    from reference_engine.kernels import cpp_gemm
+    from reference_engine.model import packed_linear
+    from reference_engine.model.llama import MLP
+    torch.manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        holder = torch.nn.Sequential(MLP(SimpleNamespace(hidden_size=64, intermediate_size=96)).to(dtype))
+        packed_linear.pack(holder)
+        fused_ops.fuse(holder)
+        mlp = holder[0]
+        assert type(mlp) is fused_ops.FusedMLP
+        x = torch.randn(37, 64).to(dtype)
+        takes = mlp.gate_up_proj.silu_mul(x) is not None
+        assert takes == (dtype == torch.bfloat16 and cpp_gemm.amx())
+        assert torch.equal(mlp(x), MLP.forward(mlp, x))  # the three steps, the same modules
