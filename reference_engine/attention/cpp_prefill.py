@@ -13,4 +13,11 @@ with one broadcast key element against two vectors of q — no horizontal sums, 
 row-major dot products of the decode kernel need — and the online softmax runs over 8 query rows
 per vector (`exp8`). Every score and every output element still sums its terms in a fixed order
 (d in order; keys in order), whatever the tile or thread.
+
+`prefill_amx` (csrc/attention_amx.cpp), bf16 where the GEMM runs on AMX (`cpu_backend.amx_prefill`): the
+same contract on the tile unit. A task (sequence, kv head, 32 query tokens) lays out the keys it sees once
+as K^T and V in AMX's B-tile order; per 16 query rows, S = Q K^T and O = P V are tile products, the softmax
+is online in fp32 over 256-key chunks at fixed key positions, P is rounded to bf16 before P V. q may be a
+view with any token stride (the qkv projection's rows). A row's bits depend on its query, its keys and
+those fixed chunks only: batch-, tile- and prefix-invariant, but not the fp32-sum kernel's bits.
 """
