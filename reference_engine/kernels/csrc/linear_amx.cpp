@@ -81,10 +81,11 @@ struct Pending {
 
 // RT x 16 rows of x (ldx elements apart) against one panel over K2 pairs -> c (RT x 16, 32) fp32, row
 // stride 32; `prev`'s rows finished two per k step. RT = 1: a decode step's few rows, memory-bound, so it
-// prefetches the panel PF pairs ahead.
+// prefetches PF pairs ahead: this panel's, then the panel multiplied next (`next`: with the SiLU epilogue a
+// gate panel is followed by its up panel, not by its neighbour).
 template <int RT>
 AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* p, int64_t K2, float* c,
-                             Pending& prev) {
+                             Pending& prev, const at::BFloat16* next) {
   constexpr int64_t PF = 64;  // pairs ahead: 8 KB of the panel in flight
   const int64_t sx = ldx * 2;  // bytes between x's rows
   _tile_zero(0);
@@ -95,8 +96,12 @@ AMX_TARGET static void block(const at::BFloat16* x, int64_t ldx, const at::BFloa
   }
   for (int64_t k = 0; k < K2; k += 16) {  // (RT x 16 rows, 16 pairs) x (16 pairs, 32 columns)
     const at::BFloat16* w = p + k * NR * 2;
-    if constexpr (RT == 1)  // past the panel's end: the next panel, most often this thread's next (no fault)
-        for (int j = 0; j < 32; ++j) _mm_prefetch(reinterpret_cast<const char*>(w + (PF + j / 2) * NR * 2 + (j % 2) * 32), _MM_HINT_T0);
+    if constexpr (RT == 1)
+      for (int j = 0; j < 32; ++j) {  // pair a's two 64-byte lines (a prefetch never faults, past any end)
+        const int64_t a = k + PF + j / 2;
+        const at::BFloat16* src = a < K2 ? p + a * NR * 2 : next + (a - K2) * NR * 2;
+        _mm_prefetch(reinterpret_cast<const char*>(src + (j % 2) * 32), _MM_HINT_T0);
+      }
     _tile_loadd(4, x + 2 * k, sx);
     _tile_loadd(6, w, NR * 4);
     _tile_loadd(7, w + 32, NR * 4);
@@ -165,8 +170,10 @@ void linear_amx(const at::BFloat16* xp, int64_t ldx, int64_t M, const at::BFloat
         for (int64_t q = g * gp; q < std::min(P, (g + 1) * gp); ++q) {
           for (int64_t half = 0; half < (silu ? 2 : 1); ++half) {  // the panel; with silu, gate then up
             const at::BFloat16* w = pp + (q + half * P) * K2 * NR * 2;
-            if (rows <= 16) block<1>(x, full ? ldx : K, w, K2, c[cur][half], prev);
-            else block<2>(x, full ? ldx : K, w, K2, c[cur][half], prev);
+            // the panel after: silu's up panel after its gate, else this thread's most likely next (q + 1)
+            const at::BFloat16* next = pp + (silu && half == 0 ? q + P : q + 1) * K2 * NR * 2;
+            if (rows <= 16) block<1>(x, full ? ldx : K, w, K2, c[cur][half], prev, next);
+            else block<2>(x, full ? ldx : K, w, K2, c[cur][half], prev, next);
           }
           const int64_t n0 = q * NR, nc = std::min(NR, ldy - n0);
           prev.c = c[cur][0], prev.up = silu ? c[cur][1] : nullptr, prev.rows = rows, prev.done = 0, prev.nc = nc;
