@@ -16,7 +16,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common.h"
+#include "attention.h"
 #include "kernels.h"
 
 namespace inferlab {
@@ -207,31 +207,14 @@ void prefill_amx(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tenso
   const auto *kc = k_cache.data_ptr<at::BFloat16>(), *vc = v_cache.data_ptr<at::BFloat16>();
   const int64_t *tables = block_tables.data_ptr<int64_t>(), *lens = seq_lens.data_ptr<int64_t>(),
                 *starts = query_start.data_ptr<int64_t>();
-  // tasks (sequence, first token, kv head), split over threads in contiguous runs of equal work (keys x rows), as
-  // attention_prefill.cpp does
-  struct Task { int64_t b, r0, h; };
-  std::vector<Task> tasks;
-  std::vector<int64_t> work{0};
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t qlen = starts[b + 1] - starts[b];
-    for (int64_t r = 0; r < qlen; r += QC)
-      for (int64_t h = 0; h < Hkv; ++h) {
-        tasks.push_back({b, r, h});
-        work.push_back(work.back() + (lens[b] - qlen + std::min(qlen, r + QC)) * std::min(QC, qlen - r));
-      }
-  }
-  const int64_t nt = static_cast<int64_t>(tasks.size());
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), nt));
-  auto first = [&](int64_t t) {
-    return static_cast<int64_t>(std::lower_bound(work.begin(), work.end() - 1, work.back() * t / threads) - work.begin());
-  };
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+  // tasks (sequence, first token, kv head), each thread a contiguous run of equal work (attention.h)
+  split_prefill(lens, starts, B, Hkv, QC, [&](const std::vector<PrefillTask>& tasks, int64_t w0, int64_t w1) {
     configure16();
     std::vector<uint32_t> kt, vp;
     std::vector<at::BFloat16> qt(16 * D), pb(16 * KC);
     std::vector<float> s(16 * KC), part(16 * 64), o(16 * D);
-    for (int64_t w = first(t0); w < first(t1); ++w) {
-      const Task& k = tasks[w];
+    for (int64_t w = w0; w < w1; ++w) {
+      const PrefillTask& k = tasks[w];
       const int64_t qlen = starts[k.b + 1] - starts[k.b], pos0 = lens[k.b] - qlen, r1 = std::min(qlen, k.r0 + QC);
       const int64_t len = pos0 + r1, L32 = (len + 31) / 32 * 32, R = (r1 - k.r0) * G;
       kt.resize(D / 2 * L32);  // no zero fill: lay_out writes every element

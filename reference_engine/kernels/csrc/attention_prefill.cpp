@@ -211,34 +211,11 @@ template <typename T>
 static void prefill_impl(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
                          const int64_t* starts, T* out, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t bs,
                          int64_t width, float scale) {
-  // (sequence, first row, kv head) per task, in that order; a task's work grows with the keys its last
-  // row sees. Each thread takes a contiguous run of the list (a sequence's tiles re-read the same keys
-  // while they are in cache) holding an equal share of the total work, not of the task count: by count,
-  // one thread got the long tail of a single prompt (the last tiles see the most keys; 128 tokens, 2
-  // threads: 220 us against 160); handing tasks out heaviest first to whichever thread was free balanced
-  // that but scattered each thread's sequences (8 x 128 tokens: 1.33-1.56 against 1.27 ms). Which thread
-  // runs a task never changes its sums.
-  struct Task { int64_t b, r0, h; };
-  std::vector<Task> tasks;
-  std::vector<int64_t> work{0};  // work[i]: the keys x rows of tasks [0, i)
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t qlen = starts[b + 1] - starts[b];
-    for (int64_t r = 0; r < qlen; r += TILE)
-      for (int64_t h = 0; h < Hkv; ++h) {
-        tasks.push_back({b, r, h});
-        work.push_back(work.back() + (lens[b] - qlen + std::min(qlen, r + TILE)) * std::min(TILE, qlen - r));
-      }
-  }
-  const int64_t nt = static_cast<int64_t>(tasks.size()), G = H / Hkv, R8 = (TILE * G + 7) / 8 * 8;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), nt));
-  // thread t's first task: the first whose preceding work reaches t / threads of the total
-  auto first = [&](int64_t t) {
-    return static_cast<int64_t>(std::lower_bound(work.begin(), work.end() - 1, work.back() * t / threads) - work.begin());
-  };
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t G = H / Hkv, R8 = (TILE * G + 7) / 8 * 8;
+  split_prefill(lens, starts, B, Hkv, TILE, [&](const std::vector<PrefillTask>& tasks, int64_t w0, int64_t w1) {
     std::vector<float> qt(R8 * D), acc(R8 * D), s(bs * R8), m(R8), l(R8);
-    for (int64_t w = first(t0); w < first(t1); ++w) {
-      const Task& k = tasks[w];
+    for (int64_t w = w0; w < w1; ++w) {
+      const PrefillTask& k = tasks[w];
       const int64_t qlen = starts[k.b + 1] - starts[k.b], r1 = std::min(qlen, k.r0 + TILE);
       prefill_task(q + starts[k.b] * H * D, kc, vc, tables + k.b * width, lens[k.b] - qlen, k.r0, r1, k.h,
                    out + starts[k.b] * H * D, H, Hkv, D, bs, scale, qt.data(), acc.data(), s.data(), m.data(),
