@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 QUICKSTART := experiments/configs/quickstart.toml
 
-.PHONY: setup demo test test-fast bench soak simulate-bench vllm sglang clean
+.PHONY: setup demo test test-fast bench soak gpu-check simulate-bench vllm sglang clean
 
 # Installs use uv where it can be had (scripts/venv_install.sh: pip's index settings passed on,
 # pip as the fallback; INSTALLER=pip forces pip); setup also builds the reference engine's C++
@@ -51,9 +51,9 @@ test-fast: setup
 # The harness's timing verdicts on this machine (calibration within 1 ms, the SLO search in real
 # time, client vs server histograms on inferlab serve and vLLM): docs/perf/<date>-bench.md.
 bench: setup vllm
-	bash scripts/bench.sh
+	bash experiments/bench/bench.sh
 
-# A bounded soak of `inferlab serve` on the real model (scripts/soak.py; a benchmark, not a test): a short
+# A bounded soak of `inferlab serve` on the real model (experiments/soak/__main__.py; a benchmark, not a test): a short
 # SLO search over the soak's own traffic mix (or SOAK_RATE=req/s), then SOAK_MIN minutes of that mix with
 # prefix caching and n-gram speculation on; verdicts (no 5xx, KV blocks back, RSS slope, p99 drift, probes)
 # -> docs/perf/<date>-soak.md and .png; raw samples -> results/soak/<timestamp>/ (outside git).
@@ -61,7 +61,7 @@ SOAK_MIN ?= 30
 SOAK_MODEL := models/smollm2-135m-instruct
 soak: setup
 	@[ -f $(SOAK_MODEL)/config.json ] || $(BIN)/inferlab make-model $(SOAK_MODEL) --preset smollm2-135m-instruct
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python scripts/soak.py --model $(SOAK_MODEL) --minutes $(SOAK_MIN) $(if $(SOAK_RATE),--rate $(SOAK_RATE))
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m experiments.soak --model $(SOAK_MODEL) --minutes $(SOAK_MIN) $(if $(SOAK_RATE),--rate $(SOAK_RATE))
 
 # The simulator's validation (issue 40; a benchmark, not a test), predict first, measure second, in phases
 # of under ~10 min each: the timed ones hold the shared bench lock (flock $(SIM_LOCK)) and run from a
@@ -89,6 +89,12 @@ simulate-bench: setup
 	  flock $(SIM_LOCK) sh -c '$(SIM_PHASE) vllm --out $(SIM_OUT)'; fi
 	nice -n 19 sh -c '$(SIM_PHASE) published --out $(SIM_OUT)'
 	nice -n 19 sh -c '$(SIM_PHASE) report --out $(SIM_OUT)'
+
+# Everything that needs a GPU, on a CUDA host with this repo's dependencies (< 8 min on an H200): Triton
+# kernels, fp32 tokens vs HF, the bf16 check, real model shapes, the in-process adapters (scripts/gpu/).
+# Summary and log in $OUT, else /tmp/gpu_check; `bash scripts/gpu/check.sh --smoke` runs the same code on CPU.
+gpu-check:
+	bash scripts/gpu/check.sh
 
 clean:
 	rm -rf $(VENV) .venv-vllm models .pytest_cache

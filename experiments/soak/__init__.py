@@ -1,5 +1,5 @@
-"""The soak benchmark's parts (`make soak`, driven by scripts/soak.py): hours of mixed traffic against one
-`inferlab serve`, judged on what must not drift.
+"""The soak benchmark's parts (`make soak`, driven by `python -m experiments.soak`: __main__.py): hours of
+mixed traffic against one `inferlab serve`, judged on what must not drift.
 
 - `mix`: what is sent, one request at a time from a shuffled deck (chat, multi-turn conversations
   sharing their history, prompts filling the context to `max_model_len`, streams cut mid-way,

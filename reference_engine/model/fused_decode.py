@@ -15,8 +15,9 @@ Taken when (`FusedDecode.build` returns None otherwise): CPU, the fused element-
 (`fused_ops`), every projection a `PackedLinear` (on the panels, fp32 or bf16; on oneDNN: bf16
 multiplied in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
 builds; per step (`takes`): every row is one decoding sequence and there are at most `MID_M` of them. Module hooks do not fire on it:
-`INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py); `1`
-(the default) leaves it where it applies; anything else is refused at start (`pin_problems`).
+`INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py,
+removed after commit f9c2189); `1` (the default) leaves it where it applies; anything else is refused
+at start (`pin_problems`).
 """
 from __future__ import annotations
 

@@ -38,8 +38,8 @@ def size(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 def enabled() -> bool:
-    """Ask for huge pages unless INFERLAB_HUGEPAGES=0 (the A/B of scripts/hugepages_ab.py; a host where
-    khugepaged's compaction stalls hurt more than 4 KiB pages do)."""
+    """Ask for huge pages unless INFERLAB_HUGEPAGES=0 (the A/B of scripts/hugepages_ab.py, removed after
+    commit f9c2189; a host where khugepaged's compaction stalls hurt more than 4 KiB pages do)."""
     return os.environ.get("INFERLAB_HUGEPAGES", "1") != "0"
 
 

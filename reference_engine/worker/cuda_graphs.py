@@ -79,7 +79,7 @@ class CudaGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.capture_s = 0.0
-        self.enabled = True  # off: every step runs eagerly (eager-vs-graph comparisons in gpu_check)
+        self.enabled = True  # off: every step runs eagerly (eager-vs-graph comparisons in scripts/gpu/)
 
     def capture(self) -> None:
         t = time.perf_counter()

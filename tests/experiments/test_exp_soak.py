@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_soak_mechanism_on_the_tiny_model(tiny_llama, tmp_path):
     out, run = tmp_path / "out", tmp_path / "run"
     # 0.4 min at 4 req/s: 2.4 of the mix's 40-request decks (experiments/soak/mix.py), so every kind is sent.
-    p = subprocess.run([sys.executable, "scripts/soak.py", "--model", str(tiny_llama), "--minutes", "0.4",
+    p = subprocess.run([sys.executable, "-m", "experiments.soak", "--model", str(tiny_llama), "--minutes", "0.4",
                         "--rate", "4", "--mechanism", "--out", str(out), "--run-dir", str(run), "--sample-s", "3",
                         "--max-model-len", "512", "--kv-cache-tokens", "8192"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)  # a hang guard, not a bound

@@ -150,7 +150,7 @@ def test_a_torch_op_before_the_engine_is_imported_makes_it_spawn(tiny_llama):
 def test_half_a_message_never_blocks_the_reader(size):
     """A core stopped in the middle of a send leaves half a frame in the pipe: the front end's reader
     returns what is whole (nothing yet) instead of waiting on the event loop for the rest, as
-    `Connection.recv` did (the server hung with its core stopped mid-send: scripts/serve_faults.py)."""
+    `Connection.recv` did (the server hung with its core stopped mid-send: experiments/soak/faults.py)."""
     import pickle
     import struct
 

@@ -1,6 +1,6 @@
 """CUDA-graph bucketing, padding and replay, on CPU.
 
-Capture itself needs CUDA (scripts/gpu_check.sh runs it). Everything around it runs here: which
+Capture itself needs CUDA (scripts/gpu/check.sh runs it). Everything around it runs here: which
 buckets are captured, which steps replay which bucket, and, with `EagerGraph` (a graph that re-runs
 its recorded function on replay, reading the same persistent buffers a CUDA graph reads), that
 padded replays give the tokens of eager steps. The Triton kernels run in Triton's interpreter (the

@@ -1,4 +1,4 @@
-"""Helpers shared by scripts/gpu_check*.py: timing on CUDA, seeded prompts, HF models, tables, checks.
+"""Helpers shared by scripts/gpu/*.py: timing on CUDA, seeded prompts, HF models, tables, checks.
 
 Every check appends markdown to a `Report` and records failures (correctness: exit 1) and missed
 targets (performance: exit 3) there; nothing fails silently.
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Real model shapes on the GPU, part of gpu_check.py: Qwen3-0.6B and Llama-3.1-8B as configs only
+"""Real model shapes on the GPU, part of check.py: Qwen3-0.6B and Llama-3.1-8B as configs only
 (random bf16 weights made on the GPU by both engines; nothing downloaded).
 
 Per shape:
@@ -16,8 +16,8 @@ import time
 
 import torch
 
-import gpu_check_common as common
-from gpu_check_common import (Report, count_replays, free_memory, gib, hf_from_config, hf_generate_tok_s, median,
+import common
+from common import (Report, count_replays, free_memory, gib, hf_from_config, hf_generate_tok_s, median,
                               prompts_for, timed)
 from reference_engine import LLM, SamplingParams
 from reference_engine.worker.cuda_graphs import no_graphs

@@ -1,6 +1,6 @@
 """GPU check for the in-process adapters: the reference engine and the HF baseline on CUDA.
 
-    python scripts/gpu_check_adapters.py [--device cuda] [--dtype float32]
+    python scripts/gpu/adapters.py [--device cuda] [--dtype float32]
 
 Makes a tiny model in a temp folder, streams the same greedy requests through
 `ReferenceEngine` (in_process, device=DEVICE) and `HFEngine` (device=DEVICE), and exits 1
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from adapters.base import GenerationRequest, SamplingConfig  # noqa: E402
 from adapters.registry import get  # noqa: E402

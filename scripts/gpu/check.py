@@ -1,15 +1,15 @@
 """GPU check for the reference engine: correctness, kernels and speed on CUDA, in one run (< 8 min, H200).
 
-    python scripts/gpu_check.py [--out DIR] [--skip kernels,correctness,bf16,shapes] [--shapes Qwen3-0.6B]
+    python scripts/gpu/check.py [--out DIR] [--skip kernels,correctness,bf16,shapes] [--shapes Qwen3-0.6B]
 
-1. Triton kernels vs the PyTorch backend, compiled, incl. padding and a captured graph (gpu_check_kernels.py).
+1. Triton kernels vs the PyTorch backend, compiled, incl. padding and a captured graph (attention_kernels.py).
 2. fp32 greedy tokens vs HF transformers on the same GPU, tiny Llama / Qwen2 / Qwen3, 16 mixed-length
    prompts x 64 tokens: the CUDA default (Triton + CUDA graphs) batched and with 16-token chunks and
    a KV cache small enough to preempt, and the torch backend eagerly; bf16 agreement reported.
-3. The bf16 slowdown of 2026-11-30: the cuDNN-attention hypothesis checked (gpu_check_bf16.py); before
+3. The bf16 slowdown of 2026-11-30: the cuDNN-attention hypothesis checked (bf16.py); before
    the shapes, so a timeout cuts the long shapes section rather than the bf16 verdict.
 4. Qwen3-0.6B and Llama-3.1-8B shapes: decode step vs roofline at batch 1/8/64/256, graphs vs eager,
-   prefill tok/s (no prefix caching), memory report, output tok/s vs HF (gpu_check_shapes.py).
+   prefill tok/s (no prefix caching), memory report, output tok/s vs HF (shapes.py).
 Targets (issue 12): 8B decode step at batch 64 >= 70 % of the roofline with graphs; graphs >= 2x eager
 at batch 1 on Qwen3-0.6B; >= 3x HF (the faster of its two SDPA settings) at batch 64 on both shapes;
 fp32 greedy identical to HF.
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-import gpu_check_common as common
-from gpu_check_common import Report, count_replays, free_memory, hf_from_pretrained, prompts_for
+import common
+from common import Report, count_replays, free_memory, hf_from_pretrained, prompts_for
 from reference_engine import LLM, SamplingParams
 from reference_engine.model.make import make_model
 
@@ -132,9 +132,9 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels module is imported
         common.DEVICE, common.SMOKE = "cpu", True
         FAMILIES, N_PROMPTS, N_OUT = ["llama"], 4, 8
-        import gpu_check_shapes
+        import shapes as shape_checks  # the module; `shapes` below is this run's results
 
-        gpu_check_shapes.shrink()
+        shape_checks.shrink()
     elif not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible", file=sys.stderr)
         return 2
@@ -153,15 +153,16 @@ def main() -> int:
                 continue
             try:
                 if name == "kernels":
-                    from gpu_check_kernels import check_kernels
+                    # not `kernels.py`: that name would shadow HF's `kernels` package, which transformers imports
+                    from attention_kernels import check_kernels
                     check_kernels(rep)
                 elif name == "correctness":
                     check_correctness(rep, root)
                 elif name == "bf16":
-                    from gpu_check_bf16 import check_bf16
+                    from bf16 import check_bf16
                     check_bf16(rep, root)
                 else:
-                    from gpu_check_shapes import check_shape, copy_bandwidth
+                    from shapes import check_shape, copy_bandwidth
                     bw = copy_bandwidth()
                     for shape in args.shapes.split(","):
                         try:

@@ -2,7 +2,7 @@
 for docs/perf/. The tests assert what happens (exit codes, error events, nothing left behind);
 this measures how fast, which is a benchmark's verdict, not a test's.
 
-    python scripts/serve_faults.py MODEL_DIR [--repeats 3]
+    python -m experiments.soak.faults MODEL_DIR [--repeats 3]
 
 Cases: kill -9 of the engine core (exit 1), SIGSTOP of the core with --engine-step-timeout 2
 (watchdog, exit 1), SIGTERM and SIGINT while the model loads (a FIFO config.json stands for a
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STREAM = {"prompt": [1, 2, 3, 4], "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
 
 
@@ -116,7 +116,7 @@ def case_early(model):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.soak.faults", description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()

@@ -1,5 +1,5 @@
 """Why bf16 decoded slower than fp32 on the H200 (docs/perf/2026-11-30-gpu-check-h200.md): a check of
-the hypothesis, part of gpu_check.py.
+the hypothesis, part of check.py.
 
 Hypothesis: PyTorch's SDPA prefers cuDNN attention for fp16/bf16 on Hopper (it takes no fp32), and
 cuDNN builds an execution plan for every new shape; in a decode step the key length is new every
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import gpu_check_common as common
-from gpu_check_common import Report, free_memory, hf_from_pretrained, hf_generate_tok_s, prompts_for, timed
+import common
+from common import Report, free_memory, hf_from_pretrained, hf_generate_tok_s, prompts_for, timed
 from reference_engine import LLM, SamplingParams, attention
 from reference_engine.attention import CUDA_SDPA
 from reference_engine.model.make import make_model

@@ -5,9 +5,9 @@ and against real servers without a latency bound; whether the harness adds less 
 finds a planted saturation rate in real time, and keeps out of a slow server's way are
 measurements of this machine at this minute, so they are benchmarks: each prints its
 numbers and a verdict line `VERDICT <name>: PASS|MISS — ...`. Run by `make bench`
-(scripts/bench.sh writes the output to docs/perf/). Exit code: the number of misses.
+(experiments/bench/bench.sh writes the output to docs/perf/). Exit code: the number of misses.
 
-    python scripts/bench_harness.py [calibration] [search] [slow-metrics]
+    python -m experiments.bench.harness [calibration] [search] [slow-metrics]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from adapters import registry  # noqa: E402
