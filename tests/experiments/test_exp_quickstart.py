@@ -2,7 +2,10 @@
 fresh folder (`make demo`): makes the real model (SmolLM2-135M-Instruct from its PyPI wheel, cached),
 asks it real chat questions on the reference engine (server), the HF baseline and vLLM, and writes
 report.md with every column filled, one answer per engine side by side and greedy agreement with
-EOS on."""
+EOS on.
+
+CI runs the quickstart's own config on four questions (`make demo` asks eight), at the same 1 and 4 concurrent
+users: the same engines, model, template, sampling, KV pin and checks; one answer of the four ends at EOS."""
 from __future__ import annotations
 
 import json
@@ -15,6 +18,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+QUESTIONS, LEVELS = 4, (1, 4)
+
+
+def two_questions(out: Path) -> Path:
+    """quickstart.toml with only its request count and concurrency levels changed (a line each)."""
+    text = (REPO / "experiments/configs/quickstart.toml").read_text()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        key = line.split("=")[0].strip()
+        if key == "num_requests":
+            lines[i] = f"num_requests = {QUESTIONS}"
+        elif key == "concurrency":
+            lines[i] = f"concurrency = {list(LEVELS)}"
+    assert sum(l.startswith(("num_requests =", "concurrency =")) for l in lines) == 2, "quickstart.toml changed shape"
+    out.write_text("\n".join(lines) + "\n")
+    return out
 
 
 @pytest.mark.slow
@@ -26,8 +45,8 @@ def test_quickstart_end_to_end(tmp_path):
         (tmp_path / ".venv-vllm").symlink_to(REPO / ".venv-vllm")
     # vLLM in its default process layout (a model worker process of its own), as `make demo` runs it:
     # the one test that launches it so, and checks that the whole process tree is gone after.
-    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run",
-                        str(REPO / "experiments/configs/quickstart.toml"), "--no-progress"],
+    config = two_questions(tmp_path / "quickstart.toml")
+    p = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(config), "--no-progress"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -37,15 +56,15 @@ def test_quickstart_end_to_end(tmp_path):
     header = next(line for line in report.splitlines() if line.startswith("| level | metric |"))
     assert "| reference | hf |" in header
     for metric in ("TTFT mean (ms)", "TPOT median (ms)", "output tokens/s", "peak RSS, engine process tree (MiB)"):
-        for level in ("concurrency=1", "concurrency=4"):
-            row = next(line for line in report.splitlines() if line.startswith(f"| {level} | {metric} |"))
+        for level in LEVELS:
+            row = next(line for line in report.splitlines() if line.startswith(f"| concurrency={level} | {metric} |"))
             cells = [c.strip() for c in row.strip("|").split("|")][2:4]
             # the median, with its 95 % interval when the level has one (repeats, or a request bootstrap)
             assert all(re.fullmatch(r"[\d,]+\.\d+( \[[\d,.]+–[\d,.]+\])?", c) for c in cells), row
     assert "Prompt token ids identical across engines (from requests.jsonl): yes" in report
-    assert "| hf | concurrency=1 | 8 | 1.000 | 1.000 |" in report  # greedy agreement against the reference engine
+    assert f"| hf | concurrency=1 | {QUESTIONS} | 1.000 | 1.000 |" in report  # greedy agreement against the reference engine
     # real answers that end at EOS, not max tokens: the Workload table counts them per engine
-    ended = re.search(r"\| reference \| concurrency=1 \| 8 \| (\d+) \| (\d+) \|", report)
+    ended = re.search(rf"\| reference \| concurrency=1 \| {QUESTIONS} \| (\d+) \| (\d+) \|", report)
     assert ended and int(ended[1]) >= 1, report[:3000]
     answers = report[report.index("## Answers, side by side"):report.index("## Effective settings")]
     assert "<|im_start|>user" in answers and "<|im_start|>assistant" in answers  # the chat template, visible
@@ -65,10 +84,11 @@ def test_quickstart_end_to_end(tmp_path):
         v = json.loads((run / "vllm/manifest.json").read_text())
         assert v["status"] == "ok" and v["info"]["kv_capacity_tokens"] == 4096 and v["kv_pinned"] is True
         assert not psutil.pid_exists(v["info"]["pid"]) or psutil.Process(v["info"]["pid"]).status() == "zombie"
-        for level in ("concurrency=1", "concurrency=4"):
-            assert f"| vllm | {level} | 8 | 1.000 | 1.000 |" in report
+        for level in LEVELS:
+            assert f"| vllm | concurrency={level} | {QUESTIONS} | 1.000 | 1.000 |" in report
         assert "| vllm | ok | server | 0.32.0 | float32 | 1 / 1 | 4096 | yes |" in report
         # the server's own view beside ours: vLLM's histograms counted exactly the measured requests
-        for level in ("concurrency=1", "concurrency=4"):
-            assert re.search(rf"\| vllm \| {level} \| TTFT \| [\d.,]+ \| [\d.,]+ \| .* \| 8 counted \|", report), level
+        for level in LEVELS:
+            assert re.search(rf"\| vllm \| concurrency={level} \| TTFT \| [\d.,]+ \| [\d.,]+ \| .* \| {QUESTIONS} counted \|",
+                             report), level
         assert f"| vllm | stop |" in answers or f"| vllm | length |" in answers
