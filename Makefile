@@ -84,9 +84,9 @@ simulate-bench: setup
 	flock $(SIM_LOCK) sh -c '$(SIM_PHASE) served --out $(SIM_OUT)'
 	flock $(SIM_LOCK) sh -c '$(SIM_PHASE) search --out $(SIM_OUT)'
 	flock $(SIM_LOCK) sh -c '$(SIM_PHASE) poisson --out $(SIM_OUT)'
-	if [ "$(SIM_VLLM)" = 1 ]; then flock $(SIM_LOCK) sh -c '$(SIM_PHASE) vllm-sweep --out $(SIM_OUT)' && \
-	  nice -n 19 sh -c '$(SIM_PHASE) vllm-predict --out $(SIM_OUT)' && \
-	  flock $(SIM_LOCK) sh -c '$(SIM_PHASE) vllm --out $(SIM_OUT)'; fi
+	if [ "$(SIM_VLLM)" = 1 ]; then flock $(SIM_LOCK) sh -c '$(SIM_PHASE) peer-sweep --out $(SIM_OUT)' && \
+	  nice -n 19 sh -c '$(SIM_PHASE) peer-predict --out $(SIM_OUT)' && \
+	  flock $(SIM_LOCK) sh -c '$(SIM_PHASE) peer --out $(SIM_OUT)'; fi
 	nice -n 19 sh -c '$(SIM_PHASE) published --out $(SIM_OUT)'
 	nice -n 19 sh -c '$(SIM_PHASE) report --out $(SIM_OUT)'
 

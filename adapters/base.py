@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator
 
-from adapters import parallel
+from adapters.common import parallel
 
 
 class EngineUnavailable(RuntimeError):
@@ -77,7 +77,7 @@ class TokenEvent:
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # as the engine reports them
     completion_tokens: int | None = None
-    # (sent_ns, headers_ns) of the HTTP request behind a stream (adapters.sse.Stream.wire):
+    # (sent_ns, headers_ns) of the HTTP request behind a stream (adapters.transport.sse.Stream.wire):
     # when its last byte left the client and when the response's headers came back; None
     # where the adapter does not stream over HTTP.
     wire: tuple[int | None, int | None] | None = None
@@ -99,7 +99,7 @@ class EngineInfo:
     mode: str = "in_process"  # in_process | server | attach
     pid: int | None = None  # the engine's root process, for memory sampling
     # Full URL of the engine's Prometheus text (None: it exports none). The harness scrapes it
-    # itself, only between measured levels, for the server's own view (experiments/server_view.py).
+    # itself, only between measured levels, for the server's own view (experiments/measuring/server_view.py).
     metrics_url: str | None = None
     # Fairness settings this engine could not honour, setting -> why in words
     # (e.g. {"dtype": "TGI runs float16/bfloat16 only; float32 was asked, float16 ran"}).
@@ -110,7 +110,7 @@ class EngineInfo:
     # block_size, max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
     # prefix_caching, cuda_graphs, compile, speculative, tensor_parallel_size, launch_command;
     # `sources` maps each key to where it was read (memory keys as "memory.KEY"). `speculative`
-    # is False when the engine reports none, else a dict of adapters.features' uniform keys
+    # is False when the engine reports none, else a dict of adapters.common.features' uniform keys
     # (method "ngram" | "draft_model", num_speculative_tokens, ...), possibly with the engine's
     # own fields under its name. Adapters may add keys of their own (e.g. paged_kv, attention_backend).
     effective: dict[str, Any] = field(default_factory=dict)
@@ -137,15 +137,18 @@ class MemorySnapshot:
 
 
 class Engine(abc.ABC):
-    """Start, stream, abort, inspect, stop. Adapters are registered by `name`."""
+    """Start, stream, abort, inspect, stop. `adapters.registry.register` sets `name` and `spec`
+    (the engine's `EngineSpec`) on the classes of an engine folder; `MODES` are the modes a class runs."""
 
     name: str = "base"
+    spec: Any = None
+    MODES: tuple[str, ...] = ("in_process",)
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         self.model = model
         self.dtype = dtype
-        # `parallel` (the config's [parallel] block) becomes this engine's own options (adapters/parallel.py)
-        self.options = parallel.to_native(self.name, dict(options or {}))
+        # `parallel` (the config's [parallel] block) becomes this engine's own options (adapters/common/parallel.py)
+        self.options = parallel.to_native(self.spec, dict(options or {}))
 
     @abc.abstractmethod
     async def start(self) -> EngineInfo: ...
@@ -178,8 +181,8 @@ class Engine(abc.ABC):
     async def stop(self) -> None: ...
 
     def dry_run(self, requests: list[GenerationRequest], fallback_launcher: str | None = None):
-        """What `inferlab run --dry-run` shows for this engine (adapters.dryrun.DryRun); starts nothing.
+        """What `inferlab run --dry-run` shows for this engine (adapters.checks.dryrun.DryRun); starts nothing.
         Server adapters show their launch and check it; an in-process engine launches nothing."""
-        from adapters.dryrun import DryRun
+        from adapters.checks.dryrun import DryRun
 
         return DryRun(self.name, "in_process", note="runs in the harness's own process tree: nothing is launched")

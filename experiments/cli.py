@@ -12,14 +12,14 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("reference_engine.model.make:main", "write a random-weight HF-format model + tokenizer"),
     "serve": ("reference_engine.server.cli:main", "serve the reference engine over OpenAI + TGI HTTP routes"),
-    "run": ("experiments.commands:run_main", "run an experiment config and write results/<name>/report.md"),
-    "report": ("experiments.commands:report_main", "rebuild or merge reports from run folders"),
-    "check-observer": ("experiments.check_observer:main", "run one level with the harness and with a bare client, "
+    "run": ("experiments.commands.run:run_main", "run an experiment config and write results/<name>/report.md"),
+    "report": ("experiments.commands.report:main", "rebuild or merge reports from run folders"),
+    "check-observer": ("experiments.commands.check_observer:main", "run one level with the harness and with a bare client, "
                                                          "beside the engine's own view: does the harness disturb it?"),
     "simulate": ("experiments.simulate.cli:main", "predict a run in simulated time (the real scheduler, a fitted "
                                                   "step-time model); --calibrate; --capacity planning"),
     "trace": ("reference_engine.engine.trace:main", "run the reference engine step by step and show each step's state"),
-    "list-engines": ("experiments.commands:list_engines_main", "list the registered engine adapters"),
+    "list-engines": ("experiments.commands.list_engines:main", "each registered engine: can it run here, its version, the command that installs or starts it"),
 }
 
 

@@ -8,7 +8,7 @@
 # An engine is found when its package or server command is installed for this python, or, for
 # the server engines, when its pinned docker image is on this host (pulls are not made for you; the
 # skip line names the `docker pull` to run). The pins are the versions the adapters were checked
-# against (adapters/versions.py and each adapter's VERSIONS; an adapter refuses any other version):
+# against (adapters/common/versions.py and each adapter's VERSIONS; an adapter refuses any other version):
 #   vllm    import vllm            | image VLLM_IMAGE   (default vllm/vllm-openai:v0.32.0)
 #   sglang  import sglang          | image SGLANG_IMAGE (default lmsysorg/sglang:v0.5.23-cu130)
 #   trtllm  trtllm-serve on PATH   | image TRTLLM_IMAGE (default nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24)

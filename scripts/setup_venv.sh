@@ -45,8 +45,8 @@ echo "$VENV: installed in $((SECONDS - start)) s"
 "$VENV/bin/python" - <<'PY' &
 import importlib
 for m in ("reference_engine.server.app", "reference_engine.engine.llm_engine", "reference_engine.model.make",
-          "experiments.cli", "experiments.isolate", "experiments.runner", "experiments.report",
-          "adapters.reference", "adapters.hf", "transformers.models.llama.modeling_llama"):
+          "experiments.cli", "experiments.running.isolate", "experiments.running.runner", "experiments.report",
+          "adapters.engines.reference.adapter", "adapters.engines.hf.adapter", "transformers.models.llama.modeling_llama"):
     try:
         importlib.import_module(m)
     except Exception:  # only a warm-up: a module moved costs time, not correctness

@@ -29,6 +29,10 @@ KV_OWNERSHIP = ("reference_engine.core.kv_cache_manager", "reference_engine.core
                 "reference_engine.core.prefix_cache", "reference_engine.core.scheduler")
 # What launching a harness module as a program looks like: "-m experiments.cli", or the bare module name.
 LAUNCH = re.compile(r"(^|\s)-m\s+experiments\b|^experiments(\.\w+)+$")
+# One engine, one folder: adapters/engines/<name>/. The harness reads specs and names none of them.
+ENGINES = "adapters.engines"
+# The only modules at the top of each package (everything else lives in a folder named after its stage).
+TOP = {"adapters": {"__init__.py", "base.py", "registry.py"}, "experiments": {"__init__.py", "cli.py"}}
 
 
 @dataclass
@@ -137,8 +141,15 @@ def cycles(mods: dict[str, Module]) -> list[list[str]]:
     return out
 
 
+def engine_names(root: Path) -> set[str]:
+    """The engines: one folder each under adapters/engines/."""
+    folder = root / ENGINES.replace(".", "/")
+    return {d.name for d in folder.iterdir() if d.is_dir() and (d / "__init__.py").is_file()} if folder.is_dir() else set()
+
+
 def violations(root: Path) -> list[str]:
     mods = load(root)
+    engines = engine_names(root)
     out = []
     for m in mods.values():
         def forbid(prefixes: tuple[str, ...], rule: str) -> None:
@@ -158,7 +169,21 @@ def violations(root: Path) -> list[str]:
             forbid(SCHEDULING_KV_REQUESTS, "model layers never import scheduling, KV or requests")
         if _under(m.name, RUNNER):
             forbid(KV_OWNERSHIP, "the runner never imports the KV-cache manager or the block pool")
+        if _under(m.name, ("experiments",)):
+            forbid((ENGINES,), "the harness names no engine: it reads each engine's spec (adapters.registry)")
+            out.extend(f"{m.name} names engine {s!r}: the harness names no engine: it reads each engine's spec"
+                       for s in sorted(set(m.strings) & engines))
+        if _under(m.name, (ENGINES,)) and m.name.count(".") >= 2:
+            own = ".".join(m.name.split(".")[:3])
+            out.extend(f"{m.name} imports {i}: an engine folder imports no other engine's folder"
+                       for i in sorted(m.imports) if _under(i, (ENGINES,)) and not _under(i, (own, ENGINES + ".__init__"))
+                       and i != ENGINES)
     out.extend("import cycle: " + " -> ".join(c) for c in cycles(mods))
+    for pkg, allowed in TOP.items():
+        for p in sorted((root / pkg).glob("*.py")) if (root / pkg).is_dir() else []:
+            if p.name not in allowed:
+                out.append(f"{p.relative_to(root)}: no module at the top of {pkg}/ but {', '.join(sorted(allowed))} "
+                           f"(each stage has a folder)")
     for folder in LINE_LIMITED:
         for p in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else []:
             n = len(p.read_text().splitlines())

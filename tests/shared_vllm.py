@@ -19,6 +19,8 @@ from typing import Any, Coroutine
 
 import pytest
 
+from adapters.registry import create
+
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
 
@@ -43,26 +45,26 @@ class SharedVLLM:
     which runs a coroutine on the launching engine's own loop (e.g. `run(engine.snapshot())`)."""
 
     def __init__(self, model: Path, venv: Path, work: Path):
-        from adapters.vllm import VLLMEngine
+
 
         self.model = model
         self.log = work / "vllm" / "server.log"
-        self.engine = VLLMEngine(str(model), "float32", {**OPTIONS, "launcher": str(venv), "log_path": str(self.log)})
+        self.engine = create("vllm", str(model), "float32", {**OPTIONS, "launcher": str(venv), "log_path": str(self.log)})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="shared-vllm", daemon=True)
         self._thread.start()
         self.info = None
         self.info = self.run(self.engine.start())
-        self.url: str = self.engine._impl.base_url
+        self.url: str = self.engine.base_url
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 600) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def attach(self, **options: Any):
         """An attach-mode vLLM engine on this server, for the calling test's own event loop."""
-        from adapters.vllm import VLLMEngine
 
-        return VLLMEngine(str(self.model), "float32", {"url": self.url, **options})
+
+        return create("vllm", str(self.model), "float32", {"url": self.url, **options})
 
     def close(self) -> None:
         """Stops the server; fails (as a teardown error) if any process of its tree survives."""

@@ -38,9 +38,16 @@ def plant(root: Path, files: dict[str, str]) -> Path:
             "reference_engine/core/kv_cache_manager.py": "from reference_engine.core.block_pool import BlockPool\n",
             "reference_engine/core/block_pool.py": "class BlockPool: ...\n",
             "reference_engine/core/request.py": "", "reference_engine/worker/model_runner.py": "from reference_engine import model\n",
-            "adapters/__init__.py": "", "adapters/base.py": "", "adapters/reference.py":
-            "from reference_engine import AsyncEngine\n",
-            "experiments/__init__.py": "", "experiments/commands.py": "def _fail(): ...\n"}
+            "adapters/__init__.py": "", "adapters/base.py": "", "adapters/registry.py": "",
+            "adapters/engines/__init__.py": "", "adapters/engines/reference/__init__.py": "",
+            "adapters/engines/reference/adapter.py": "from reference_engine import AsyncEngine\n",
+            "adapters/engines/vllm/__init__.py": "from adapters.engines.vllm.adapter import VLLMServer\n",
+            "adapters/engines/vllm/adapter.py": "from adapters.transport.server import LaunchedServer\n",
+            "adapters/transport/server.py": "class LaunchedServer: ...\n",
+            "experiments/__init__.py": "", "experiments/cli.py": "",
+            "experiments/commands/run.py": "def _fail(): ...\n",
+            "experiments/running/runner.py": "from adapters import registry\n"
+                                             "SPEC = registry.spec('x')  # a name from the config, never one written here\n"}
     for path, src in {**base, **files}.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(src)
@@ -52,18 +59,33 @@ def test_the_planted_tree_is_clean_without_a_violation(tmp_path):
 
 
 @pytest.mark.parametrize("files, expected", [
-    ({"reference_engine/engine/llm_engine.py": "def f():\n    from experiments import commands\n"},
-     "reference_engine.engine.llm_engine imports experiments.commands: the engine never imports adapters or the harness"),
+    ({"reference_engine/engine/llm_engine.py": "def f():\n    from experiments.commands import run\n"},
+     "reference_engine.engine.llm_engine imports experiments.commands.run: the engine never imports adapters or the harness"),
     ({"reference_engine/engine/llm_engine.py": "import adapters.base\n"},
      "reference_engine.engine.llm_engine imports adapters.base: the engine never imports adapters or the harness"),
-    ({"adapters/hf.py": "from experiments.commands import run_main\n"},
-     "adapters.hf imports experiments.commands: adapters never import the harness"),
-    ({"adapters/server.py": 'ARGV = ["python", "-m", "experiments.cli", "serve"]\n'},
-     "adapters.server launches 'experiments.cli': adapters never launch the harness's modules"),
-    ({"adapters/server.py": 'CMD = "python -m experiments.cli serve"\n'},
-     "adapters.server launches 'python -m experiments.cli serve': adapters never launch the harness's modules"),
-    ({"adapters/hf.py": "def weights():\n    from reference_engine.model.llama import param_bytes\n"},
-     "adapters.hf imports reference_engine.model.llama: adapters use only the engine's public API"),
+    ({"adapters/engines/hf/adapter.py": "from experiments.commands.run import run_main\n"},
+     "adapters.engines.hf.adapter imports experiments.commands.run: adapters never import the harness"),
+    ({"adapters/transport/launch.py": 'ARGV = ["python", "-m", "experiments.cli", "serve"]\n'},
+     "adapters.transport.launch launches 'experiments.cli': adapters never launch the harness's modules"),
+    ({"adapters/transport/launch.py": 'CMD = "python -m experiments.cli serve"\n'},
+     "adapters.transport.launch launches 'python -m experiments.cli serve': adapters never launch the harness's modules"),
+    # experiments/ names no engine: neither by importing an engine folder nor by writing an engine's name
+    ({"experiments/running/runner.py": "def base(names):\n    return 'reference' if 'reference' in names else names[0]\n"},
+     "experiments.running.runner names engine 'reference': the harness names no engine"),
+    ({"experiments/report/plots.py": "COLOURS = {'vllm': 'tab:orange'}\n"},
+     "experiments.report.plots names engine 'vllm': the harness names no engine"),
+    ({"experiments/commands/dry_run.py": "from adapters.engines.vllm.adapter import VLLMServer\n"},
+     "experiments.commands.dry_run imports adapters.engines.vllm.adapter: the harness names no engine"),
+    # an engine folder imports no other engine's folder
+    ({"adapters/engines/reference/server.py": "from adapters.engines.vllm.adapter import VLLMServer\n"},
+     "adapters.engines.reference.server imports adapters.engines.vllm.adapter: an engine folder imports no other"),
+    # nothing at the top of adapters/ or experiments/ but the interface, the registry and the CLI table
+    ({"adapters/metric_names.py": "VLLM = {}\n"},
+     "adapters/metric_names.py: no module at the top of adapters/ but __init__.py, base.py, registry.py"),
+    ({"experiments/runner.py": "def run(): ...\n"},
+     "experiments/runner.py: no module at the top of experiments/ but __init__.py, cli.py"),
+    ({"adapters/engines/hf/adapter.py": "def weights():\n    from reference_engine.model.llama import param_bytes\n"},
+     "adapters.engines.hf.adapter imports reference_engine.model.llama: adapters use only the engine's public API"),
     ({"reference_engine/model/llama.py": "from reference_engine.core.request import Request\n"},
      "reference_engine.model.llama imports reference_engine.core.request: model layers never import scheduling, KV or requests"),
     ({"reference_engine/attention/torch_backend.py": "def f():\n    import reference_engine.core.scheduler\n"},
@@ -72,8 +94,8 @@ def test_the_planted_tree_is_clean_without_a_violation(tmp_path):
      "reference_engine.worker.model_runner imports reference_engine.core.kv_cache_manager: the runner never imports"),
     ({"reference_engine/worker/input_batch.py": "from ..core import block_pool\n"},
      "reference_engine.worker.input_batch imports reference_engine.core.block_pool: the runner never imports"),
-    ({"experiments/check_observer.py": "def main():\n    from experiments.commands import _fail\n"},
-     "experiments.check_observer imports experiments.commands._fail: a private name of another module"),
+    ({"experiments/commands/check_observer.py": "def main():\n    from experiments.commands.run import _fail\n"},
+     "experiments.commands.check_observer imports experiments.commands.run._fail: a private name of another module"),
     ({"reference_engine/config.py": "def f():\n    from reference_engine.model import fused_ops\n",
       "reference_engine/model/fused_ops.py": "from reference_engine.model.llama import RMSNorm\n",
       "reference_engine/model/llama.py": "from reference_engine.config import ModelConfig\n"},

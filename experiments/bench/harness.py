@@ -21,15 +21,15 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from adapters import registry  # noqa: E402
-from experiments import metrics  # noqa: E402
-from experiments.commands import run_main  # noqa: E402
-from experiments.load import LoadGenerator, chains  # noqa: E402
-from experiments.results import record  # noqa: E402
-from experiments.workloads import WorkItem  # noqa: E402
+from experiments.commands.run import run_main  # noqa: E402
+from experiments.measuring import metrics  # noqa: E402
+from experiments.running.load import LoadGenerator, chains  # noqa: E402
+from experiments.running.results import record  # noqa: E402
+from experiments.workload.workloads import WorkItem  # noqa: E402
 from tests.experiments.paced_engine import PacedEngine  # noqa: E402
 
 PATTERN, TTFT_MS, PERIOD_MS, OUT, TOL_MS = [1, 3, 1, 2], 20.0, 2.0, 40, 1.0
-registry.ADAPTERS["paced"] = "tests.experiments.paced_engine:PacedEngine"
+registry.register(registry.EngineSpec("paced", default_mode="in_process"), PacedEngine)
 
 
 def verdict(name: str, ok: bool, why: str) -> bool:
@@ -100,8 +100,8 @@ def slow_metrics(work: Path) -> bool:
     """A server whose /metrics blocks its loop 300 ms (tests/experiments/slow_metrics_server.py):
     `inferlab check-observer` must say OK for the default harness (TTFT within 15 ms + 10 % of
     the server's and of a bare client's) and DISAGREE with a 0.1 s timeline."""
-    from adapters.launcher import ServerProcess, free_port
-    from experiments.check_observer import main as check
+    from adapters.transport.launcher import ServerProcess, free_port
+    from experiments.commands.check_observer import main as check
 
     port = free_port()
     srv = ServerProcess([sys.executable, str(REPO / "tests/experiments/slow_metrics_server.py"), str(port), "300"], {},

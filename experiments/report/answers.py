@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.report.md import fmt, table
-from experiments.summary import Runs
+from experiments.report.summary import Runs
 
 MAX_PROMPT_CHARS = 1200  # a summarisation prompt is thousands of characters: show its end, where the question is
 
@@ -31,7 +31,7 @@ def _pick(runs: Runs, level: str) -> str | None:
 
 
 def _decode(model: str | None, ids: list[int], special: bool = True) -> str | None:
-    from experiments.workloads import load_tokenizer
+    from experiments.workload.workloads import load_tokenizer
 
     try:
         return load_tokenizer(Path(model)).decode(ids, skip_special_tokens=not special) if model else None

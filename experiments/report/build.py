@@ -4,11 +4,11 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from experiments import bandwidth, plots
-from experiments.report import answers, observer, predicted, sections, settings, verdict, workload
+from experiments.measuring import bandwidth
+from experiments.report import answers, observer, plots, predicted, sections, settings, verdict, workload
 from experiments.report.md import fmt
 from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, group, latency_rows
-from experiments.summary import load_runs, same_prompts, summarize
+from experiments.report.summary import load_runs, same_prompts, summarize
 
 FAIRNESS = """Same model directory, same dtype, same token-exact prompts, same sampling (greedy + `ignore_eos`
 + fixed output length by default), same arrival schedule (seeded), same KV budget *in tokens* where
@@ -32,7 +32,7 @@ def ceiling_line(runs) -> str:
     return (f"Compute ceiling measured in this run: {fmt(c['gflops'])} GFLOP/s ({c['dtype']} matmuls of the model's "
             f"projection shapes, {c['shapes'][0][0]} tokens, on {c['device']} with {c['threads']} threads"
             + (f"; the best of {libs}" if libs else "") + "; "
-            "experiments/ceilings.py). Prefill GFLOP/s = 2 x non-embedding params x mean prompt tokens / median TTFT "
+            "experiments/measuring/ceilings.py). Prefill GFLOP/s = 2 x non-embedding params x mean prompt tokens / median TTFT "
             "(a lower bound under concurrency: TTFT includes queueing).")
 
 

@@ -14,10 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from experiments.intervals import get
+from adapters import registry
+from experiments.measuring.intervals import get
 from experiments.report.md import fmt, table
 from experiments.report.rows import cell
-from experiments.summary import agreement, load_runs, summarize
+from experiments.report.summary import agreement, load_runs, summarize
 
 HEADLINE = (("output tok/s", "output_throughput", "f1", True), ("TTFT p50 (ms)", "ttft_ms.median", "f1", False),
             ("TPOT p50 (ms)", "tpot_ms.median", "f2", False),
@@ -59,7 +60,8 @@ def build(root: Path, whole, command: str) -> Path:
     """Write root/report.md from the cell folders root/<cell>/ of the matrix config `whole`;
     `command` is what made them, quoted in the page."""
     names = whole.all_engines()
-    base = "reference" if "reference" in names else names[0]  # the engine the ratios are about
+    # the engine the ratios are about: the first whose spec says so (the reference engine), else the first
+    base = next((n for n in names if (s := registry.spec(n)) is not None and s.anchor), names[0])
     body, links = [], []
     for c in whole.cell_configs():
         d = root / c.name

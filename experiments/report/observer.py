@@ -3,17 +3,17 @@
 Per engine and level: the client's TTFT / ITL / TPOT / E2EL means beside the same
 requests' means from the engine's own histograms (scraped just before and just after the
 level), the difference, and a flag where they disagree beyond the limits in
-experiments/observer.py, named on the client's or the server's side where the adapter stamped
-the request's wire times (experiments/wire.py, also tabled). Also the cost of every scrape, and
+experiments/measuring/observer.py, named on the client's or the server's side where the adapter stamped
+the request's wire times (experiments/measuring/wire.py, also tabled). Also the cost of every scrape, and
 whether a timeline ran.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from experiments import observer, wire
+from experiments.measuring import observer, wire
 from experiments.report.md import fmt, table
-from experiments.summary import Runs
+from experiments.report.summary import Runs
 
 METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2EL"))
 
@@ -54,7 +54,7 @@ def section(runs: Runs) -> list[str]:
 
 
 def _wire(runs: Runs) -> list[str]:
-    """Where the time before the first token went (experiments/wire.py), for HTTP adapters."""
+    """Where the time before the first token went (experiments/measuring/wire.py), for HTTP adapters."""
     rows = []
     for e, level, s in _each(runs):
         w = s.get("wire")

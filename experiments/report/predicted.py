@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import metrics  # noqa: E402
+from experiments.measuring import metrics  # noqa: E402
 from experiments.report.md import fmt, table  # noqa: E402
 
 METRICS = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2EL"))

@@ -2,16 +2,16 @@
 
 A cell is the summary's value at that path (the median over repeats when there are
 several) followed by its 95 % interval `[lo–hi]` where the summary has one (see
-experiments/intervals.py). Units: "f2"/"f3"/"f1" decimals, "int", "mib" (bytes shown in MiB),
+experiments/measuring/intervals.py). Units: "f2"/"f3"/"f1" decimals, "int", "mib" (bytes shown in MiB),
 "pct" (a fraction shown in percent).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from experiments.intervals import get
+from experiments.measuring.intervals import get
 from experiments.report.md import fmt, mib, table
-from experiments.summary import Runs
+from experiments.report.summary import Runs
 
 Row = tuple[str, str, str]
 

@@ -2,10 +2,11 @@
 the flags, and the greedy-token agreement."""
 from __future__ import annotations
 
-from adapters import parallel
+from adapters import registry
+from adapters.common import parallel
 from experiments.report import observer
 from experiments.report.md import fmt, table
-from experiments.summary import Runs, agreement
+from experiments.report.summary import Runs, agreement
 
 
 def provenance(runs: Runs) -> list[str]:
@@ -30,7 +31,8 @@ def engines(runs: Runs) -> list[str]:
     for e in runs.engines:
         m, info = e.manifest, e.manifest.get("info") or {}
         mode = info.get("mode", "–") + (" (same interpreter)" if m.get("same_process") else "")
-        label = e.label + (" (naive baseline)" if e.name == "hf" else "")
+        spec = registry.spec(e.name)
+        label = e.label + (" (naive baseline)" if spec is not None and spec.baseline else "")
         per_engine, per_replica = parallel.gpus(info.get("effective") or {})
         devices = "–" if per_engine is None else f"{per_engine} / {per_replica}"
         rows.append([label, m.get("status", "–"), mode, info.get("version", "–"), info.get("dtype", "–"), devices,

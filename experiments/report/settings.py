@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from experiments.report.md import mib, table
-from experiments.summary import Runs
+from experiments.report.summary import Runs
 
 SETTINGS = (("dtype", "dtype"), ("kv_capacity_tokens", "KV capacity (tokens)"), ("kv_blocks", "KV blocks"),
             ("block_size", "block / page size (tokens)"), ("max_num_seqs", "max running sequences"),
@@ -72,8 +72,8 @@ def fairness_flags(runs: Runs) -> list[str]:
 def settings_section(runs: Runs) -> list[str]:
     """The settings table; where each value was read is a numbered footnote per row (one line per
     setting, engines sharing a source named once), and a value the engine does not report (the
-    adapter shows what was asked, adapters.readback.AS_REQUESTED) is marked † in its cell."""
-    from adapters.readback import AS_REQUESTED
+    adapter shows what was asked, adapters.common.readback.AS_REQUESTED) is marked † in its cell."""
+    from adapters.common.readback import AS_REQUESTED
 
     engines = [e for e in runs.engines if _effective(e)]
     if not engines:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments import intervals
+from experiments.measuring import intervals
 from experiments.report.md import fmt, table
-from experiments.summary import Runs
+from experiments.report.summary import Runs
 
 HEADLINE = (("output tokens/s", "output_throughput", True), ("TTFT median (ms)", "ttft_ms.median", False),
             ("TPOT median (ms)", "tpot_ms.median", False))
@@ -85,7 +85,7 @@ def search_section(runs: Runs) -> list[str]:
                "a high rate that is a burst, and the rate found can be far above what the engine sustains.")
     return ["## Best load under the SLOs", "",
             "The highest Poisson rate (requests/s) at which the share of requests meeting every SLO stays at or "
-            "above the target, found by doubling then bisection (experiments/search.py). The lowest failing rate "
+            "above the target, found by doubling then bisection (experiments/running/search.py). The lowest failing rate "
             "bounds it from above: the answer is known to within their difference." + lasting, ""] + \
         table(header, rows) + \
         ["", "![goodput_vs_rate](plots/goodput_vs_rate.png)", ""]

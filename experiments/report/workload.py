@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.report.md import fmt, table
-from experiments.summary import Runs
+from experiments.report.summary import Runs
 
 TEMPLATE = {
     "harness": "the model's chat template applied once by the harness (as transformers' apply_chat_template "
@@ -43,7 +43,7 @@ def _num(v: float) -> str:
 
 
 def _lengths(values: list[int]) -> dict[str, Any] | None:
-    from experiments.realtext import stats
+    from experiments.workload.realtext import stats
 
     return stats(values) or None
 

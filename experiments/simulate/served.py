@@ -1,6 +1,6 @@
 """The simulated replica behind the harness's own `Engine` interface, on the harness's clock.
 
-Under `experiments.clock.simulated()` the whole `inferlab run` path (load generator, warm-up, levels,
+Under `experiments.running.clock.simulated()` the whole `inferlab run` path (load generator, warm-up, levels,
 SLO search, requests.jsonl, manifest, report) drives this engine exactly as it drives a real one;
 the step loop sleeps each step's predicted duration, so every stamp the harness records is
 simulated time. A step's tokens are delivered at the step's end, as `AsyncEngine` delivers them;
@@ -15,7 +15,7 @@ import asyncio
 from typing import Any, AsyncIterator
 
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent
-from experiments import clock
+from experiments.running import clock
 from experiments.simulate.replica import Replica
 from experiments.simulate.served_overhead import request_delay
 

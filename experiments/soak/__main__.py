@@ -34,8 +34,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # also when run by path, not with -m from the repo root
 
-from adapters.launcher import ServerProcess, ServerStartError, free_port  # noqa: E402
-from experiments import results  # noqa: E402
+from adapters.transport.launcher import ServerProcess, ServerStartError, free_port  # noqa: E402
+from experiments.running import results  # noqa: E402
 from experiments.soak import client, load, report, verdict  # noqa: E402
 from experiments.soak.mix import DECK, Mix, Req, probe_requests  # noqa: E402
 from experiments.soak.observe import Sampler, scrape, wait_idle  # noqa: E402

@@ -1,13 +1,13 @@
 """One soak request over aiohttp, returned as a record.
 
-A record has the keys `experiments.metrics.per_request` reads (`request_id`, `send_ns`, `events` =
+A record has the keys `experiments.measuring.metrics.per_request` reads (`request_id`, `send_ns`, `events` =
 [[recv_ns, tokens], ...] of token-bearing chunks, `output_token_ids`, `prompt_token_ids`), so TTFT
 and TPOT are computed exactly as the harness computes them, plus: `kind`, `name` (an invalid
 request's), `status`, `done` (the stream reached [DONE] / the JSON body was read), `cut` (the client
 closed it), `finish` {choice index: reason}, `logprob_chunks`, `text` (choice 0), `error`
 ("in-stream: ..." for an error event after the 200, "transport: ..." for a broken connection),
 `done_ns`, and what was asked: `n`, `logprobs`. `recv_ns` is taken when a line arrives, before it is
-parsed, as in adapters/sse.py.
+parsed, as in adapters/transport/sse.py.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import aiohttp
 
 from experiments.soak.mix import Req
 
-READ_BUFSIZE = 1 << 22  # a chunk may carry a long prompt's ids (adapters/sse.py)
+READ_BUFSIZE = 1 << 22  # a chunk may carry a long prompt's ids (adapters/transport/sse.py)
 _ids = itertools.count()
 
 

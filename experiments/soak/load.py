@@ -6,9 +6,9 @@ the server with itself, not one random draw of Poisson arrivals with another. (W
 5-minute window at 1.5 req/s held 424 to 473 requests and 59k to 67k prompt tokens, and the p99 of
 its TTFT went 1.7 to 3.3 s across five windows of one run with no trend: docs/perf/2026-12-04-soak-3.md.)
 
-The search is the harness's (`experiments.search`): the same bracketing and bisection (`next_rate`)
+The search is the harness's (`experiments.running.search`): the same bracketing and bisection (`next_rate`)
 and the same goodput rule (`goodput_fraction`: the share of the requests sent that finished within
-every SLO, TTFT and TPOT computed by `experiments.metrics`). Only the traffic differs: each level is
+every SLO, TTFT and TPOT computed by `experiments.measuring.metrics`). Only the traffic differs: each level is
 `level_s` seconds of the soak's own mix, and it judges the interactive kinds (chat and multi-turn);
 long prompts, cut streams and the rest load the server at the same time but carry no SLO (a prompt
 filling the context cannot answer as fast as a question, and a cut stream never finishes).
@@ -23,7 +23,7 @@ from typing import Callable
 import aiohttp
 import numpy as np
 
-from experiments import search
+from experiments.running import search
 from experiments.soak import client
 from experiments.soak.mix import INTERACTIVE, Mix, Req, Slot, plan
 from experiments.soak.observe import wait_idle

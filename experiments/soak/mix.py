@@ -10,7 +10,7 @@ mix's own stream. So every period holds the same kinds, at the same offsets, wit
 
 | kind | share | what |
 |---|---|---|
-| chat | 18/40 | one real question (experiments.realtext), <= 64 tokens; a quarter sampled (seeded) |
+| chat | 18/40 | one real question (experiments.workload.realtext), <= 64 tokens; a quarter sampled (seeded) |
 | multi | 12/40 | a conversation's next turn: its history (the answers it got) + a question; turns share a prefix |
 | cut | 4/40 | a chat stream the client closes after 1-6 token events |
 | long | 2/40 | one of six prose passages + a question, filling the context: prompt + max_tokens = max_model_len |
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import realtext
-from experiments.workloads import load_tokenizer
+from experiments.workload import realtext
+from experiments.workload.workloads import load_tokenizer
 
 DECK = {"chat": 18, "multi": 12, "cut": 4, "long": 2, "invalid": 2, "nbest": 1, "logprobs": 1}
 STREAMING = ("chat", "multi", "cut", "long", "nbest", "logprobs")

@@ -19,7 +19,7 @@ import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from experiments import metrics
+from experiments.measuring import metrics
 from experiments.soak.mix import INTERACTIVE
 
 FIELDS = ("t_s", "rss_mib", "rss_front_mib", "rss_children_mib", "kv_blocks_used", "kv_blocks_total", "running", "waiting", "finished",

@@ -101,7 +101,7 @@ def write(md: Path, ctx: dict) -> None:
              "## Rate", "", ctx["rate_note"], ""]
     if ctx.get("search"):
         s = ctx["search"]
-        lines += [f"SLO search (experiments.search's bracketing; TTFT <= {s['slo']['ttft_ms']:g} ms, TPOT <= "
+        lines += [f"SLO search (experiments.running.search's bracketing; TTFT <= {s['slo']['ttft_ms']:g} ms, TPOT <= "
                   f"{s['slo']['tpot_ms']:g} ms for >= {s['goodput']:.0%} of the interactive requests, "
                   f"{s['level_s']:g} s per level):",
                   "", "| rate (req/s) | requests | judged | within SLO | verdict |", "|---|---|---|---|---|"]

@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 
-from experiments import metrics
+from experiments.measuring import metrics
 from experiments.soak.mix import INTERACTIVE
 from experiments.soak.observe import server_error
 

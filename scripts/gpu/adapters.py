@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from adapters.base import GenerationRequest, SamplingConfig  # noqa: E402
-from adapters.registry import get  # noqa: E402
+from adapters.registry import create  # noqa: E402
 
 
 async def stream_all(engine, prompts, max_tokens: int) -> tuple[list[list[int]], float]:
@@ -51,7 +51,7 @@ async def main() -> int:
     prompts = [[rng.randrange(3, 8192) for _ in range(rng.randrange(4, 64))] for _ in range(args.requests)]
     results = {}
     for name, opts in (("reference", {"device": args.device}), ("hf", {"device": args.device})):
-        engine = get(name)(str(model), args.dtype, opts)
+        engine = create(name, str(model), args.dtype, opts)
         info = await engine.start()
         try:
             results[name], secs = await stream_all(engine, prompts, args.max_tokens)

@@ -8,7 +8,7 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from adapters.launcher import ServerProcess, free_port
+from adapters.transport.launcher import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

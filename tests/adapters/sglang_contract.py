@@ -15,7 +15,7 @@ read back, the ServerArgs record fields (what /server_info returns), the interna
 memory-usage keys, the speculative algorithms and how NGRAM / STANDALONE count draft tokens.
 
 Triton (a GPU compiler, not installed) is replaced by SGLang's own import stub
-(adapters/upstream/sglang_check.py, whose helpers this script shares).
+(adapters/engines/sglang/upstream_check.py, whose helpers this script shares).
 """
 from __future__ import annotations
 
@@ -32,8 +32,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: the helpers the dry run uses too
-from adapters.upstream.sglang_check import ByteTokenizer, class_fields, parse_argv, stub_triton  # noqa: E402
+# the helpers the dry run uses too, loaded by path: the engine folder's package imports the adapter (httpx, ...),
+# which this venv of SGLang's own code does not have
+_CHECK = Path(__file__).resolve().parents[2] / "adapters" / "engines" / "sglang" / "upstream_check.py"
+_spec = importlib.util.spec_from_file_location("sglang_upstream_check", _CHECK)
+upstream_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(upstream_check)
+ByteTokenizer, class_fields, parse_argv, stub_triton = (upstream_check.ByteTokenizer, upstream_check.class_fields,
+                                                         upstream_check.parse_argv, upstream_check.stub_triton)
 
 PKG = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
 

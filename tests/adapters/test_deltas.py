@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters.deltas import Cumulative, Incremental, NotCumulative
+from adapters.transport.deltas import Cumulative, Incremental, NotCumulative
 
 
 def test_cumulative_gives_only_the_new_part():

@@ -13,7 +13,8 @@ import types
 
 import torch
 
-from adapters.readback import AS_REQUESTED, ReadBack, vllm_log, vllm_server_info
+from adapters.common.readback import AS_REQUESTED, ReadBack, vllm_log, vllm_server_info
+from adapters.registry import create
 from tests.adapters.replay import fixture
 
 READ_FROM_THE_ENGINE = ("model_config.dtype", "engine config line", "parameter dtype", "effective_config")
@@ -31,7 +32,7 @@ def test_vllm_dtype_is_its_resolved_model_config():
 
 
 class LoadedModel(torch.nn.Module):
-    """A real torch module with what adapters.hf.read_back touches (parameters, config, device);
+    """A real torch module with what adapters.engines.hf.adapter.read_back touches (parameters, config, device);
     not a transformers model, whose import alone takes ~5 s on this machine."""
 
     def __init__(self, dtype: torch.dtype):
@@ -46,16 +47,16 @@ class LoadedModel(torch.nn.Module):
 
 def test_hf_dtype_is_the_loaded_parameters():
     """The HF baseline reads the parameters' dtype: a model that loaded in bfloat16 says so."""
-    from adapters.hf import read_back
+    from adapters.engines.hf.adapter import read_back
 
     effective, _ = read_back(LoadedModel(torch.bfloat16), max_batch_size=2)
     assert effective["dtype"] == "bfloat16" and effective["sources"]["dtype"] == "the loaded model (parameter dtype)"
 
 
 async def test_reference_dtype_is_its_runners(tiny_llama):
-    from adapters.reference import ReferenceEngine
 
-    e = ReferenceEngine(str(tiny_llama), "float32", {"kv_cache_tokens": 256, "max_num_seqs": 2})
+
+    e = create("reference", str(tiny_llama), "float32", {"kv_cache_tokens": 256, "max_num_seqs": 2})
     info = await e.start()
     await e.stop()
     assert info.effective["dtype"] == "float32"

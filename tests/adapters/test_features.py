@@ -1,10 +1,10 @@
-"""The uniform feature options (adapters.features): checked, completed with vLLM's defaults,
+"""The uniform feature options (adapters.common.features): checked, completed with vLLM's defaults,
 and compared with what an engine reports it runs."""
 from __future__ import annotations
 
 import pytest
 
-from adapters.features import gaps, prefix_caching, speculative
+from adapters.common.features import gaps, prefix_caching, speculative
 
 
 def test_ngram_window_takes_vllms_defaults():

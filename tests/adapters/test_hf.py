@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from adapters.base import GenerationRequest, SamplingConfig
-from adapters.hf import HFEngine
+from adapters.engines.hf.adapter import HFEngine
 from tests.adapters.adapter_util import collect, random_prompts, reference_greedy, run_all, tokens
 
 
@@ -156,7 +156,7 @@ def test_missing_transformers_names_the_install(tiny_llama):
         import asyncio, sys
         sys.modules["transformers"] = None  # as if the package were not installed
         from adapters.base import EngineUnavailable
-        from adapters.hf import HFEngine
+        from adapters.engines.hf.adapter import HFEngine
         try:
             asyncio.run(HFEngine({str(tiny_llama)!r}).start())
         except EngineUnavailable as e:
@@ -177,11 +177,11 @@ async def test_effective_is_what_the_baseline_is_and_features_are_unhonoured(tin
     assert (eff["dtype"], eff["max_num_seqs"], eff["max_model_len"]) == ("float32", 3, 2048)
     assert (eff["prefix_caching"], eff["speculative"], eff["paged_kv"], eff["cuda_graphs"]) == (False,) * 4
     assert "kv_capacity_tokens" not in eff and set(eff["sources"]) >= set(eff) - {"sources"}
-    from adapters.model_shape import param_count
+    from adapters.common.model_shape import param_count
 
     weights = param_count(tiny_llama) * 4  # fp32; the parameters as the safetensors headers count them
     assert weights <= info.memory["weights"] < weights * 1.01 and set(info.memory) == {"weights", "runtime_base"}
-    from adapters.runtime_base import rss  # CPU: the process before from_pretrained, less than it holds now
+    from adapters.common.runtime_base import rss  # CPU: the process before from_pretrained, less than it holds now
     assert 50 << 20 < info.memory["runtime_base"] < rss() and "before from_pretrained" in eff["sources"]["memory.runtime_base"]
     assert "no KV cache across requests" in info.unhonoured["enable_prefix_caching"]
     assert "plain generate()" in info.unhonoured["speculative_config"]
@@ -192,7 +192,7 @@ async def test_cpu_activation_peak_is_the_rss_high_water_since_the_load(tiny_lla
     high-water; 128 MiB of fresh pages touched now must show in it."""
     import mmap
 
-    from adapters.runtime_base import rss
+    from adapters.common.runtime_base import rss
 
     engine = await started(tiny_llama, max_batch_size=2)
     try:

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from adapters.base import EngineUnavailable
-from adapters.launcher import Launcher, ServerProcess, ServerStartError, free_port
+from adapters.transport.launcher import Launcher, ServerProcess, ServerStartError, free_port
 
 # A real HTTP server that forks a grandchild (like an engine's worker) and prints its pid.
 SERVER = textwrap.dedent("""
@@ -150,7 +150,7 @@ UNIX_SOCKET_SERVER = textwrap.dedent("""
 
 
 async def test_managed_server_keeps_tmp_in_a_long_work_dir(tmp_path):
-    from adapters.serving import ManagedServer
+    from adapters.transport.server import ManagedServer
 
     work = tmp_path / ("w" * 60) / "engine-work"  # too long for a socket path of its own
     s = ManagedServer("toy", "model", {"work_dir": str(work), "extra_args": "--flag 'a b'"}, "/health")
@@ -170,7 +170,7 @@ async def test_managed_server_keeps_tmp_in_a_long_work_dir(tmp_path):
 def test_a_container_launcher_mounts_what_the_adapter_writes_unless_already_mounted(tmp_path):
     """Issue 38, defect 2: the TRT-LLM options file lives in the work dir on the host; a container
     launcher that mounted only the model made `--extra_llm_api_options` unreadable inside."""
-    from adapters.launcher import Launcher, mounted
+    from adapters.transport.launcher import Launcher, mounted
 
     work, model = tmp_path / "work", tmp_path / "models" / "m"
     lx = Launcher.parse("docker run --gpus all -v {model}:{model} img:1", installed=False)

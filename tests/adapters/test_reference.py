@@ -5,12 +5,13 @@ import asyncio
 
 import psutil
 import pytest
-from tests.adapters.adapter_util import random_prompts, reference_greedy, run_all, tokens
 
 from adapters.base import GenerationRequest, SamplingConfig
-from adapters.launcher import Launcher
-from adapters.reference import ReferenceEngine, ReferenceInProcess
-from adapters.reference_server import ReferenceServer
+from adapters.engines.reference.adapter import ReferenceInProcess
+from adapters.engines.reference.server import ReferenceServer
+from adapters.registry import create
+from adapters.transport.launcher import Launcher
+from tests.adapters.adapter_util import random_prompts, reference_greedy, run_all, tokens
 
 KV_TOKENS = 4096
 
@@ -26,7 +27,7 @@ async def test_in_process_matches_offline_greedy(tiny_llama, llm):
     prompts = random_prompts(tiny_llama, 6, seed=1)
     lens = [3, 9, 1, 12, 7, 5]
     want = [o.token_ids for o in reference_greedy(llm, prompts, lens)]
-    engine = ReferenceEngine(str(tiny_llama), "float32", {"kv_cache_tokens": KV_TOKENS, "max_num_seqs": 4})
+    engine = create("reference", str(tiny_llama), "float32", {"kv_cache_tokens": KV_TOKENS, "max_num_seqs": 4})
     info = await engine.start()
     try:
         assert (info.engine, info.mode, info.kv_capacity_tokens, info.block_size) == \
@@ -42,7 +43,7 @@ async def test_in_process_matches_offline_greedy(tiny_llama, llm):
 
 
 async def test_in_process_abort_and_early_exit_free_the_cache(tiny_llama):
-    engine = ReferenceEngine(str(tiny_llama), "float32", {"kv_cache_tokens": KV_TOKENS})
+    engine = create("reference", str(tiny_llama), "float32", {"kv_cache_tokens": KV_TOKENS})
     await engine.start()
     try:
         prompt = random_prompts(tiny_llama, 1, seed=2)[0]
@@ -70,7 +71,7 @@ async def test_in_process_abort_and_early_exit_free_the_cache(tiny_llama):
 
 
 async def test_bad_request_is_a_value_error(tiny_llama):
-    engine = ReferenceEngine(str(tiny_llama))
+    engine = create("reference", str(tiny_llama))
     await engine.start()
     try:
         with pytest.raises(ValueError, match="temperature"):
@@ -83,22 +84,22 @@ async def test_bad_request_is_a_value_error(tiny_llama):
 
 def test_options_are_checked_at_construction(tiny_llama):
     with pytest.raises(ValueError, match=r"unknown option\(s\) max_batch.*known:.*block_size"):
-        ReferenceEngine(str(tiny_llama), "float32", {"max_batch": 3})
+        create("reference", str(tiny_llama), "float32", {"max_batch": 3})
     with pytest.raises(ValueError, match="mode must be one of"):
-        ReferenceEngine(str(tiny_llama), "float32", {"mode": "cloud"})
+        create("reference", str(tiny_llama), "float32", {"mode": "cloud"})
     with pytest.raises(ValueError, match='need mode = "server"'):
-        ReferenceEngine(str(tiny_llama), "float32", {"log_path": "/tmp/x.log"})
+        create("reference", str(tiny_llama), "float32", {"log_path": "/tmp/x.log"})
     with pytest.raises(ValueError, match="max_waiting"):  # a server-only knob
-        ReferenceEngine(str(tiny_llama), "float32", {"max_waiting": 4})
+        create("reference", str(tiny_llama), "float32", {"max_waiting": 4})
     with pytest.raises(ValueError, match="kv_cache_bytes"):  # `inferlab serve` has no such flag
-        ReferenceEngine(str(tiny_llama), "float32", {"mode": "server", "kv_cache_bytes": 1 << 20})
-    assert isinstance(ReferenceEngine(str(tiny_llama))._impl, ReferenceInProcess)
+        create("reference", str(tiny_llama), "float32", {"mode": "server", "kv_cache_bytes": 1 << 20})
+    assert isinstance(create("reference", str(tiny_llama)), ReferenceInProcess)
 
 
 def test_server_command_line(tiny_llama):
-    engine = ReferenceEngine(str(tiny_llama), "bfloat16",
+    engine = create("reference", str(tiny_llama), "bfloat16",
                              {"mode": "server", "max_num_seqs": 8, "kv_cache_tokens": 1024, "port": 5555})
-    impl = engine._impl
+    impl = engine
     assert isinstance(impl, ReferenceServer)
     impl.server.launcher = Launcher.parse(None)  # what start() sets before building the argv
     argv = impl.server_argv()
@@ -112,7 +113,7 @@ def test_server_command_line(tiny_llama):
 async def test_server_mode_matches_offline_and_leaves_no_process(tiny_llama, llm, tmp_path):
     prompts = random_prompts(tiny_llama, 4, seed=3)
     want = [o.token_ids for o in reference_greedy(llm, prompts, 8)]
-    engine = ReferenceEngine(str(tiny_llama), "float32",
+    engine = create("reference", str(tiny_llama), "float32",
                              {"mode": "server", "kv_cache_tokens": KV_TOKENS, "log_path": str(tmp_path / "s.log")})
     info = await engine.start()
     try:
@@ -148,7 +149,7 @@ async def test_in_process_features_effective_memory_and_counters(cyclic_llama):
     """The engine's own report (effective_config / memory_report) becomes EngineInfo; the prefix-cache
     and speculation counters of EngineStats reach snapshot().extra and move as requests run."""
     prompt = cycle_prompt(cyclic_llama)
-    engine = ReferenceEngine(str(cyclic_llama), "float32", {"kv_cache_tokens": KV_TOKENS, "enable_prefix_caching": True,
+    engine = create("reference", str(cyclic_llama), "float32", {"kv_cache_tokens": KV_TOKENS, "enable_prefix_caching": True,
                                                             "speculative_config": NGRAM})
     info = await engine.start()
     try:
@@ -182,9 +183,9 @@ def test_server_feature_flags_parse_with_inferlab_serve(tiny_llama):
     from reference_engine.server.cli import parse
 
     for prefix in (True, False):
-        impl = ReferenceEngine(str(tiny_llama), "float32", {"mode": "server", "port": 5555,
+        impl = create("reference", str(tiny_llama), "float32", {"mode": "server", "port": 5555,
                                                             "enable_prefix_caching": prefix,
-                                                            "speculative_config": NGRAM})._impl
+                                                            "speculative_config": NGRAM})
         impl.server.launcher = Launcher.parse(None)
         argv = impl.server_argv()
         assert ("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching") in argv
@@ -198,18 +199,18 @@ async def test_server_mode_features_reset_and_counters(cyclic_llama, tmp_path):
     while a request holds blocks and True after; the speculation counters at /metrics move."""
     import httpx
 
-    from adapters import prom
-    from adapters.metric_names import REFERENCE
+    from adapters.engines.reference.server import REFERENCE
+    from adapters.transport import prom
 
     prompt = cycle_prompt(cyclic_llama)
-    engine = ReferenceEngine(str(cyclic_llama), "float32", {
+    engine = create("reference", str(cyclic_llama), "float32", {
         "mode": "server", "kv_cache_tokens": KV_TOKENS, "enable_prefix_caching": True, "speculative_config": NGRAM,
         "log_path": str(tmp_path / "s.log")})
     info = await engine.start()
     try:
         assert "--speculative-config" in info.effective["launch_command"]
         assert (info.effective["kv_capacity_tokens"], info.effective["kv_blocks"]) == (KV_TOKENS, KV_TOKENS // 16)
-        async with httpx.AsyncClient(base_url=engine._impl.base_url) as c:
+        async with httpx.AsyncClient(base_url=engine.base_url) as c:
             has_route = (await c.get("/server_info")).status_code == 200
         if has_route:  # once the server reports its settings, they are the ones asked
             assert info.effective["prefix_caching"] is True and info.unhonoured == {}
@@ -224,7 +225,7 @@ async def test_server_mode_features_reset_and_counters(cyclic_llama, tmp_path):
             pass
         await run_all(engine, [prompt], 16)
         freed = await engine.reset_prefix_cache()
-        async with httpx.AsyncClient(base_url=engine._impl.base_url) as c:
+        async with httpx.AsyncClient(base_url=engine.base_url) as c:
             m = prom.Metrics.parse((await c.get("/metrics")).text)
     finally:
         await engine.stop()
@@ -249,7 +250,7 @@ async def test_attached_server_reads_the_engines_own_report_from_server_info():
               ("GET", "/server_info"): (200, "application/json", json.dumps(report).encode()),
               ("POST", "/v1/completions"): (200, "text/event-stream", fixture("vllm", "completions_stream.sse"))}
     with Replay(routes) as srv:
-        e = ReferenceEngine("m", "float32", {"url": srv.url, "enable_prefix_caching": True})
+        e = create("reference", "m", "float32", {"url": srv.url, "enable_prefix_caching": True})
         info = await e.start()
         await e.stop()
     assert (info.effective["prefix_caching"], info.effective["speculative"], info.effective["max_num_seqs"]) == \

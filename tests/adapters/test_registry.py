@@ -1,5 +1,6 @@
-"""Every registered engine name resolves to an adapter whose import pulls in no engine
-package, and whose start() either works or fails with one line saying what to install."""
+"""Every engine folder registers itself: each name resolves to adapter classes whose import pulls in no
+engine package, the mode its options ask for picks the class, and start() either works or fails with one
+line saying what to install."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import pytest
 
 from adapters import registry
 from adapters.base import Engine
+from adapters.engines.vllm.adapter import VLLMInProcess, VLLMServer
 
 HEAVY = ("torch", "transformers", "vllm", "sglang", "tensorrt_llm")
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +30,7 @@ def run_python(code: str, cwd: Path | None = None, timeout: int = 300) -> str:
 
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(KeyError) as err:
-        registry.get("vllmm")
+        registry.create("vllmm", "/m")
     assert "unknown engine 'vllmm'" in str(err.value)
     assert all(name in str(err.value) for name in registry.names())
 
@@ -37,7 +39,7 @@ def test_importing_every_adapter_imports_no_engine_package():
     out = run_python(f"""
         import json, sys
         from adapters import registry
-        classes = {{name: registry.get(name).__name__ for name in registry.names()}}
+        classes = {{name: [c.__name__ for c in registry.entry(name).modes.values()] for name in registry.names()}}
         print(json.dumps([classes, [m for m in {HEAVY!r} if m in sys.modules]]))
     """)
     classes, heavy = json.loads(out)
@@ -59,7 +61,7 @@ def outcomes(tiny_llama, tmp_path_factory):
 
         async def one(name):
             # TensorRT-LLM refuses float32 at construction (its kernels run bfloat16 / float16)
-            engine = registry.get(name)({str(tiny_llama)!r}, "bfloat16" if name == "trtllm" else "float32", {{}})
+            engine = registry.create(name, {str(tiny_llama)!r}, "bfloat16" if name == "trtllm" else "float32", {{}})
             try:
                 await engine.start()
             except EngineUnavailable as e:
@@ -93,7 +95,26 @@ def test_start_works_or_names_what_to_install(outcomes, name):
         assert "needs option url" in message
 
 
-def test_every_adapter_is_an_engine():
+def test_every_adapter_is_an_engine_of_its_own_folder():
     for name in registry.names():
-        cls = registry.get(name)
-        assert issubclass(cls, Engine) and cls.name == name, name
+        e = registry.entry(name)
+        assert e.spec.name == name and e.spec.default_mode in e.modes, name
+        for mode, cls in e.modes.items():
+            assert issubclass(cls, Engine) and cls.name == name and cls.spec is e.spec and mode in cls.MODES, (name, mode)
+            assert cls.__module__.startswith(f"adapters.engines.{name}.") or name == "openai", cls.__module__
+        assert len(set(e.modes.values())) <= 2, f"{name}: a server engine is at most two classes"
+
+
+def test_the_mode_picks_the_class_and_a_wrong_one_is_one_line():
+    assert type(registry.create("vllm", "/m")) is VLLMServer and registry.create("vllm", "/m").mode == "server"
+    attached = registry.create("vllm", "/m", options={"url": "http://127.0.0.1:9"})
+    assert type(attached) is VLLMServer and attached.mode == "attach"
+    assert type(registry.create("vllm", "/m", options={"mode": "in_process"})) is VLLMInProcess
+    with pytest.raises(ValueError, match=r"engine 'vllm': mode must be one of server, attach, in_process, got 'x'"):
+        registry.create("vllm", "/m", options={"mode": "x"})
+    with pytest.raises(ValueError, match=r"option\(s\) launcher need mode = \"server\""):
+        registry.create("vllm", "/m", options={"mode": "in_process", "launcher": ".venv-vllm"})
+    with pytest.raises(ValueError, match="mode must be one of server, attach, got 'in_process'"):
+        registry.create("tgi", "/m", "float16", {"mode": "in_process"})
+    assert registry.target(registry.create("vllm", "/m", options={"mode": "in_process"})) == \
+        "adapters.engines.vllm.adapter:VLLMInProcess"  # what a child process imports to build it again

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from adapters.readback import AS_REQUESTED
-from experiments import plots
+from adapters.common.readback import AS_REQUESTED
+from experiments.report import plots
 from experiments.report.settings import settings_section
-from experiments.summary import EngineResult, Runs
+from experiments.report.summary import EngineResult, Runs
 
 
 def result(name: str, throughput: dict[str, float], effective: dict | None = None) -> EngineResult:

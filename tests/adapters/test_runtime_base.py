@@ -1,10 +1,10 @@
-"""The one-off "interpreter and libraries" probe (adapters/runtime_base.py), run for real on this interpreter."""
+"""The one-off "interpreter and libraries" probe (adapters/common/runtime_base.py), run for real on this interpreter."""
 from __future__ import annotations
 
 import json
 import sys
 
-from adapters import runtime_base
+from adapters.common import runtime_base
 
 
 def test_probe_reads_each_process_after_its_imports(tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ import types
 import pytest
 
 from adapters.base import EngineUnavailable, GenerationRequest, RequestError, SamplingConfig
-from adapters.launcher import Launcher
-from adapters.sglang import SGLangEngine
+from adapters.registry import create
+from adapters.transport.launcher import Launcher
 from tests.adapters.replay import Replay, fixture
 from tests.adapters.test_vllm import fake_package
 
@@ -54,11 +54,11 @@ def routes(stream: bytes, server_info: bytes | None = None) -> dict:
 
 def test_server_argv(tmp_path, monkeypatch):
     fake_package(tmp_path, monkeypatch, "sglang")
-    e = SGLangEngine("/m/qwen", "bfloat16", {"launcher": sys.executable, "kv_cache_tokens": 4096,
+    e = create("sglang", "/m/qwen", "bfloat16", {"launcher": sys.executable, "kv_cache_tokens": 4096,
                                              "mem_fraction_static": 0.8, "disable_radix_cache": True})
-    s = e._impl.server
+    s = e.server
     s.launcher, s.port = Launcher.parse(sys.executable), 30000
-    assert e._impl.server_argv() == [
+    assert e.server_argv() == [
         sys.executable, "-m", "sglang.launch_server", "--model-path", "/m/qwen", "--host", "127.0.0.1", "--port",
         "30000", "--dtype", "bfloat16", "--enable-metrics", "--log-level", "warning", "--mem-fraction-static", "0.8",
         "--disable-radix-cache", "--max-total-tokens", "4096"]
@@ -67,7 +67,7 @@ def test_server_argv(tmp_path, monkeypatch):
 async def test_recorded_server_info_and_stream():
     ids, meta = RECORDED["output_ids"], RECORDED["meta_info"]
     with Replay(routes(built_stream(ids, meta))) as srv:
-        e = SGLangEngine("qwen/qwen2.5-0.5b-instruct", "float32", {"url": srv.url})
+        e = create("sglang", "qwen/qwen2.5-0.5b-instruct", "float32", {"url": srv.url})
         info = await e.start()
         req = GenerationRequest("r1", [1, 2, 3, 4, 5, 6, 7], SamplingConfig(max_tokens=128, ignore_eos=True))
         events = [ev async for ev in e.generate(req)]
@@ -89,7 +89,7 @@ async def test_incremental_server_is_not_diffed():
     info = json.loads(recorded_info())
     info["incremental_streaming_output"] = True  # as a server started with --incremental-streaming-output says
     with Replay(routes(built_stream(ids, meta, cumulative=False), json.dumps(info).encode())) as srv:
-        e = SGLangEngine("m", "float32", {"url": srv.url})
+        e = create("sglang", "m", "float32", {"url": srv.url})
         await e.start()
         events = [ev async for ev in e.generate(GenerationRequest("r", [1], SamplingConfig(max_tokens=6)))]
         await e.stop()
@@ -99,7 +99,7 @@ async def test_incremental_server_is_not_diffed():
 async def test_incremental_stream_read_as_cumulative_is_a_request_error():
     ids, meta = RECORDED["output_ids"][:4], RECORDED["meta_info"]
     with Replay(routes(built_stream(ids, meta, cumulative=False))) as srv:
-        e = SGLangEngine("m", "float32", {"url": srv.url})
+        e = create("sglang", "m", "float32", {"url": srv.url})
         await e.start()
         with pytest.raises(RequestError, match="incrementally"):
             [ev async for ev in e.generate(GenerationRequest("r", [1], SamplingConfig(max_tokens=4)))]
@@ -107,16 +107,16 @@ async def test_incremental_stream_read_as_cumulative_is_a_request_error():
 
 
 async def test_missing_sglang_is_engine_unavailable(tmp_path):
-    e = SGLangEngine("m", "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
+    e = create("sglang", "m", "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
     with pytest.raises(EngineUnavailable, match="'sglang' is not installed.*sglang\\[all\\]"):
         await e.start()
     with pytest.raises(EngineUnavailable, match="sglang"):
-        await SGLangEngine("m", "float32", {"mode": "in_process"}).start()
+        await create("sglang", "m", "float32", {"mode": "in_process"}).start()
 
 
 def test_bad_options():
     with pytest.raises(ValueError, match="unknown option"):
-        SGLangEngine("m", "float32", {"mem_fraction": 0.5})
+        create("sglang", "m", "float32", {"mem_fraction": 0.5})
 
 
 @pytest.mark.parametrize("version, flags", [
@@ -130,24 +130,24 @@ def test_disable_cuda_graph_flags_follow_the_installed_version(tmp_path, monkeyp
     against each version's parser by test_sglang_contract.py). The version is the one the
     launcher's interpreter has installed."""
     installed_version(tmp_path, monkeypatch, version)
-    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
-    e._impl.server.launcher = Launcher.parse(sys.executable)
-    assert e._impl.flags() == flags and e._impl.row.covers(version)
+    e = create("sglang", "/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
+    e.server.launcher = Launcher.parse(sys.executable)
+    assert e.flags() == flags and e.row.covers(version)
 
 
 def test_an_installed_version_outside_the_table_is_refused_before_launch(tmp_path, monkeypatch):
     installed_version(tmp_path, monkeypatch, "0.4.10")
-    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
-    e._impl.server.launcher = Launcher.parse(sys.executable)
+    e = create("sglang", "/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
+    e.server.launcher = Launcher.parse(sys.executable)
     with pytest.raises(EngineUnavailable, match=r"^sglang 0\.4\.10 is not in the adapter's version table "
                                                 r"\(known: 0\.5\.9-0\.5\.12, 0\.5\.13, 0\.5\.14-0\.5\.21, 0\.5\.22-0\.5\.23;"):
-        e._impl.flags()
+        e.flags()
 
 
 async def test_a_version_outside_the_table_is_refused():
     """The recorded server is a main-branch dev build: what it runs cannot be told from its number."""
     with Replay(routes(b"", recorded_info(RECORDED_DEV_BUILD))) as srv:
-        e = SGLangEngine("m", "float32", {"url": srv.url})
+        e = create("sglang", "m", "float32", {"url": srv.url})
         with pytest.raises(EngineUnavailable) as err:
             await e.start()
     assert str(err.value).startswith(f"sglang {RECORDED_DEV_BUILD} is not in the adapter's version table (known:")
@@ -157,7 +157,7 @@ async def test_a_version_outside_the_table_is_refused():
 async def test_a_server_whose_version_needs_other_flags_than_launched_is_refused(tmp_path, monkeypatch):
     """Launched with the newest row's flags (version not found before launch), the server says 0.5.9."""
     fake_package(tmp_path, monkeypatch, "sglang")
-    e = SGLangEngine("/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})._impl
+    e = create("sglang", "/m", "float16", {"launcher": sys.executable, "disable_cuda_graph": True})
     e.server.launcher = Launcher.parse(sys.executable)
     assert "--cuda-graph-backend-decode" in e.flags()
     with pytest.raises(EngineUnavailable, match="was launched with the flags of 0.5.22-0.5.23"):
@@ -169,7 +169,7 @@ async def test_attached_budget_that_is_not_the_capacity_is_reported():
     mem_cache/kv_cache_configurator.py in sglang 0.5.23); the recorded server runs 20480."""
     ids, meta = RECORDED["output_ids"], RECORDED["meta_info"]
     with Replay(routes(built_stream(ids, meta))) as srv:
-        e = SGLangEngine("m", "float32", {"url": srv.url, "kv_cache_tokens": 4096})
+        e = create("sglang", "m", "float32", {"url": srv.url, "kv_cache_tokens": 4096})
         info = await e.start()
         await e.stop()
     assert "4096" in info.unhonoured["kv_cache_tokens"] and "20480" in info.unhonoured["kv_cache_tokens"]
@@ -194,7 +194,7 @@ async def test_kv_usage_is_averaged_over_data_parallel_ranks():
     r = routes(built_stream(RECORDED["output_ids"][:2], RECORDED["meta_info"]))
     r[("GET", "/metrics")] = (200, "text/plain", rank_metrics([0.5, 0.5], [5120, 5120], 10240))
     with Replay(r) as srv:
-        e = SGLangEngine("m", "float32", {"url": srv.url})
+        e = create("sglang", "m", "float32", {"url": srv.url})
         info = await e.start()
         snap = await e.snapshot()
         await e.stop()
@@ -254,10 +254,10 @@ async def test_in_process_starts_inside_a_running_loop_and_reads_flush_success(m
     RuntimeError) and reset_prefix_cache() returned bool(flush_cache()), always True."""
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=type("E", (_Engine,), {"flushed": flushed}),
                                                                      __version__="0.5.23"))
-    e = SGLangEngine("/m", "bfloat16", {"mode": "in_process", "kv_cache_tokens": 2048})
+    e = create("sglang", "/m", "bfloat16", {"mode": "in_process", "kv_cache_tokens": 2048})
     info = await e.start()
     assert (info.kv_capacity_tokens, info.block_size, info.dtype, info.unhonoured) == (2048, 16, "bfloat16", {})
-    assert e._impl.engine.kw["max_total_tokens"] == 2048
+    assert e.engine.kw["max_total_tokens"] == 2048
     assert await e.reset_prefix_cache() is flushed
     await e.stop()
 
@@ -265,7 +265,7 @@ async def test_in_process_starts_inside_a_running_loop_and_reads_flush_success(m
 def argv_of(options: dict, tmp_path, monkeypatch) -> list[str]:
     if not (tmp_path / "site" / "sglang").exists():
         fake_package(tmp_path, monkeypatch, "sglang")
-    e = SGLangEngine("/m/qwen", "bfloat16", {"launcher": sys.executable, **options})._impl
+    e = create("sglang", "/m/qwen", "bfloat16", {"launcher": sys.executable, **options})
     e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
     return e.server_argv()
 
@@ -286,7 +286,7 @@ def test_feature_flags(tmp_path, monkeypatch):
         "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/d", "--speculative-num-steps",
         "2", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3"]
     with pytest.raises(ValueError, match="contradict"):
-        SGLangEngine("m", "float32", {"enable_prefix_caching": True, "disable_radix_cache": True})
+        create("sglang", "m", "float32", {"enable_prefix_caching": True, "disable_radix_cache": True})
 
 
 def server_info_0_5_23() -> dict:
@@ -308,7 +308,7 @@ def server_info_0_5_23() -> dict:
 
 
 def test_read_back_from_server_info():
-    from adapters.sglang_settings import read_back
+    from adapters.engines.sglang.settings import read_back
 
     effective, memory = read_back(server_info_0_5_23(), ["python", "-m", "sglang.launch_server"])
     sources = effective.pop("sources")
@@ -342,7 +342,7 @@ def test_read_back_from_server_info():
     ({"disable_cuda_graph": False, "cuda_graph_backend_decode": "disabled"}, None),  # user input only: not read
 ])
 def test_cuda_graphs_are_read_from_the_resolved_config(info, graphs):
-    from adapters.sglang_settings import read_back
+    from adapters.engines.sglang.settings import read_back
 
     effective, _ = read_back(info)
     assert effective.get("cuda_graphs") is graphs
@@ -353,7 +353,7 @@ async def test_attached_server_features_are_compared_and_ngram_window_is_unhonou
     info["disable_radix_cache"] = True
     ids, meta = RECORDED["output_ids"][:4], {**RECORDED["meta_info"], "completion_tokens": 4}
     with Replay(routes(built_stream(ids, meta), json.dumps(info).encode())) as srv:
-        e = SGLangEngine("m", "bfloat16", {"url": srv.url, "enable_prefix_caching": True, "speculative_config": {
+        e = create("sglang", "m", "bfloat16", {"url": srv.url, "enable_prefix_caching": True, "speculative_config": {
             "method": "ngram", "num_speculative_tokens": 3}})
         got = await e.start()
         await e.stop()
@@ -370,11 +370,11 @@ def test_seeded_sampling_is_read_back_and_a_seeded_sampled_run_without_it_is_fla
     test_exp_dry_run.py); the setting is read back from /server_info and the report flags the run."""
     from types import SimpleNamespace
 
-    from adapters.sglang_settings import read_back
+    from adapters.engines.sglang.settings import read_back
     from experiments.report import sections
 
-    on = SGLangEngine("/m", "bfloat16", {"launcher": "docker run --gpus all lmsysorg/sglang:v0.5.23-cu130",
-                                         "enable_deterministic_inference": True})._impl
+    on = create("sglang", "/m", "bfloat16", {"launcher": "docker run --gpus all lmsysorg/sglang:v0.5.23-cu130",
+                                         "enable_deterministic_inference": True})
     assert "--enable-deterministic-inference" in on.flags()
     off, _ = read_back({"enable_deterministic_inference": False, "dtype": "bfloat16"})
     assert off["seeded_sampling"] is False and "sampling_batch_info.py" in off["sources"]["seeded_sampling"]

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from adapters.base import GenerationRequest, SamplingConfig
-from adapters.launcher import Launcher
-from adapters.metric_names import SGLANG
-from adapters.openai_compat import OpenAIEngine
-from adapters.sglang import KNOBS, SGLangEngine, sampling_params
+from adapters.engines.sglang.adapter import KNOBS, sampling_params
+from adapters.engines.sglang.settings import SGLANG
+from adapters.registry import create
+from adapters.transport.launcher import Launcher
+from adapters.transport.openai import OpenAIEngine
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-sglang"
@@ -55,7 +56,7 @@ def argv_for(options: dict, dtype: str, tmp_path, monkeypatch) -> list[str]:
     from tests.adapters.test_sglang import installed_version
 
     installed_version(tmp_path, monkeypatch, "0.5.23")
-    e = SGLangEngine("/models/qwen", dtype, {"launcher": sys.executable, **options})._impl
+    e = create("sglang", "/models/qwen", dtype, {"launcher": sys.executable, **options})
     e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
     argv = e.server_argv()
     assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
@@ -145,7 +146,7 @@ def test_recorded_engine_behaviour_behind_the_in_process_fixes(report):
 
 
 def test_feature_flags_parse_to_what_they_mean(report):
-    """The uniform features (adapters.features) as SGLang's own parser reads our flags: prefix caching
+    """The uniform features (adapters.common.features) as SGLang's own parser reads our flags: prefix caching
     off is --disable-radix-cache; n-gram is NGRAM with k+1 draft tokens (SGLang counts the verified
     root: metrics_reporter's drafts per round = num_draft_tokens - 1) in one chain (topk = max BFS
     breadth = 1); a draft model is STANDALONE with k steps, topk 1, k+1 draft tokens (its own
@@ -161,8 +162,8 @@ def test_feature_flags_parse_to_what_they_mean(report):
 
 def test_server_info_keys_the_adapter_reads_are_sglangs(report):
     """/server_info = ServerArgs.resolved_dict() (one key per record field) + scheduler info +
-    internal_states; adapters.sglang_settings.read_back reads these keys."""
-    from adapters.sglang_settings import SERVER_INFO_KEYS
+    internal_states; adapters.engines.sglang.settings.read_back reads these keys."""
+    from adapters.engines.sglang.settings import SERVER_INFO_KEYS
 
     assert report["server_info_is_resolved_dict"]
     assert set(SERVER_INFO_KEYS) <= set(report["server_info_fields"]), \
@@ -180,7 +181,7 @@ def test_cuda_graphs_are_read_from_the_resolved_record(report):
 
 
 def test_parallel_block_parses_to_sglangs_sizes(report):
-    """[parallel] tensor/pipeline/data (adapters/parallel.py) as SGLang's own parser reads --tp-size,
+    """[parallel] tensor/pipeline/data (adapters/common/parallel.py) as SGLang's own parser reads --tp-size,
     --pp-size and --dp-size (ServerArgs tp_size, pp_size, dp_size)."""
     res = report["argv"][5]
     assert res["ok"] and res["deprecated"] == [], res

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from adapters import prom
-from adapters.launcher import Launcher
-from adapters.sglang import SGLangEngine
-from adapters.sglang_settings import VERSIONS
-from experiments.server_view import reduce
+from adapters.engines.sglang.settings import VERSIONS
+from adapters.registry import create
+from adapters.transport import prom
+from adapters.transport.launcher import Launcher
+from experiments.measuring.server_view import reduce
 from tests.adapters.replay import fixture
 from tests.adapters.test_sglang import installed_version
 from tests.adapters.test_sglang_contract import NAMESPACE_KEYS, OPTION_SETS
@@ -40,7 +40,7 @@ def recorded_parser(name: str) -> argparse.ArgumentParser:
 
 def argv_059(options: dict, dtype: str, tmp_path, monkeypatch) -> list[str]:
     installed_version(tmp_path, monkeypatch, "0.5.9")
-    e = SGLangEngine("/models/qwen", dtype, {"launcher": sys.executable, **options})._impl
+    e = create("sglang", "/models/qwen", dtype, {"launcher": sys.executable, **options})
     e.server.launcher, e.server.port = Launcher.parse(sys.executable), 30000
     return e.server_argv()[3:]
 

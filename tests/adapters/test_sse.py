@@ -1,4 +1,4 @@
-"""adapters.sse against a real aiohttp server: the wire stamps of one streaming POST."""
+"""adapters.transport.sse against a real aiohttp server: the wire stamps of one streaming POST."""
 from __future__ import annotations
 
 import asyncio
@@ -6,8 +6,8 @@ import time
 
 from aiohttp import web
 
-from adapters import sse
-from adapters.launcher import free_port
+from adapters.transport import sse
+from adapters.transport.launcher import free_port
 
 HOLD_S = 0.2  # the server reads the request, then holds its response headers this long
 

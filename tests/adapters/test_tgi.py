@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from adapters.base import EngineUnavailable, GenerationRequest, SamplingConfig
-from adapters.launcher import Launcher
-from adapters.metric_names import TGI
-from adapters.tgi import VERSIONS, TGIEngine, max_batch_total_tokens
+from adapters.engines.tgi.settings import TGI, VERSIONS, max_batch_total_tokens
+from adapters.registry import create
+from adapters.transport.launcher import Launcher
 from tests.adapters.adapter_util import check_stream, random_prompts, tokens
 from tests.adapters.replay import Replay, facts, fixture
 
 # What each tag's server reports as its version: Cargo.toml's workspace version at that tag
-# (adapters/upstream/tgi.json `tags`, read from Cargo.toml at each tag)
-TAG_FACTS = json.loads((Path(__file__).parents[2] / "adapters/upstream/tgi.json").read_text())["tags"]
+# (adapters/engines/tgi/upstream.json `tags`, read from Cargo.toml at each tag)
+TAG_FACTS = json.loads((Path(__file__).parents[2] / "adapters/engines/tgi/upstream.json").read_text())["tags"]
 TAG_REPORTS = {tag: fact["reports"] for tag, fact in TAG_FACTS.items()}
 TAG_COMMITS = {tag: fact["commit"] for tag, fact in TAG_FACTS.items()}
 
@@ -35,25 +35,25 @@ def fake_venv(tmp_path, script: str):
 
 
 def test_server_argv(tmp_path):
-    e = TGIEngine("/models/llama", "float32", {"launcher": str(tmp_path), "kv_cache_tokens": 8192,
+    e = create("tgi", "/models/llama", "float32", {"launcher": str(tmp_path), "kv_cache_tokens": 8192,
                                                 "max_concurrent_requests": 64})
-    s = e._impl.server
+    s = e.server
     s.launcher, s.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
-    argv = e._impl.server_argv()
+    argv = e.server_argv()
     assert argv == [
         str(tmp_path / "bin" / "text-generation-launcher"), "--model-id", "/models/llama", "--hostname", "127.0.0.1",
         "--port", "8080", "--dtype", "bfloat16", "--max-batch-total-tokens", "8192", "--max-concurrent-requests", "64"]
     assert {a for a in argv if a.startswith("--")} <= set(FACTS["launcher"]["flags"])  # launcher/src/main.rs @ v3.3.7
-    e = TGIEngine("/models/llama", "float16", {})
-    e._impl.server.launcher, e._impl.server.port = s.launcher, 8080
-    assert e._impl.server_argv()[7:9] == ["--dtype", "float16"]
+    e = create("tgi", "/models/llama", "float16", {})
+    e.server.launcher, e.server.port = s.launcher, 8080
+    assert e.server_argv()[7:9] == ["--dtype", "float16"]
 
 
 def test_float32_runs_as_bfloat16_and_says_so():
     """Defect 3. facts: launcher.dtype_choices (launcher/src/main.rs @ v3.3.7: float16, bfloat16
     only) and default_dtype (without --dtype the model picks). A float32 config is launched
     with --dtype bfloat16, and EngineInfo carries what ran plus what was asked."""
-    e = TGIEngine("/models/llama", "float32", {})._impl
+    e = create("tgi", "/models/llama", "float32", {})
     ran = e.dtype_ran({})
     assert ran == "bfloat16" in FACTS["launcher"]["dtype_choices"]
     why = e.unhonoured(ran, None)["dtype"]
@@ -63,7 +63,7 @@ def test_float32_runs_as_bfloat16_and_says_so():
 
 def test_no_in_process_mode():
     with pytest.raises(ValueError, match="mode must be one of server, attach"):
-        TGIEngine("m", "float32", {"mode": "in_process"})
+        create("tgi", "m", "float32", {"mode": "in_process"})
 
 
 def test_kv_capacity_from_the_recorded_startup_log():
@@ -75,10 +75,10 @@ async def test_recorded_stream():
     """TGI 2.0.3's real /generate_stream body (fixtures/tgi/SOURCE.md), through huggingface_hub."""
     stream = (200, "text/event-stream", fixture("tgi", "generate_stream_2.0.3.sse"))
     # built from the facts of the image the recorded server ran (2.0.3): /info `version` is Cargo.toml@v2.0.3's
-    # "2.0.2" and `sha` the tag's commit (adapters/upstream/tgi.json tags); the sha tells it from v2.0.2
+    # "2.0.2" and `sha` the tag's commit (adapters/engines/tgi/upstream.json tags); the sha tells it from v2.0.2
     info_203 = (200, "application/json", json.dumps({"version": TAG_REPORTS["v2.0.3"], "sha": TAG_COMMITS["v2.0.3"]}).encode())
     with Replay({("POST", "/"): stream, ("POST", "/generate_stream"): stream, ("GET", "/info"): info_203}) as srv:
-        e = TGIEngine("tokyotech-llm/Swallow-7b-hf", "float16", {"url": srv.url})
+        e = create("tgi", "tokyotech-llm/Swallow-7b-hf", "float16", {"url": srv.url})
         info = await e.start()
         req = GenerationRequest("r1", [1, 2], SamplingConfig(max_tokens=20), prompt_text="日本で一番高い山はなんですか？")
         events = [ev async for ev in e.generate(req)]
@@ -155,7 +155,7 @@ async def test_capacity_from_the_gauge_and_an_ignored_budget_is_not_called_pinne
               ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
     assert "max_batch_total_tokens" not in json.loads(info_v3())
     with Replay(routes) as srv:
-        e = TGIEngine(str(tiny_llama), "float32", {"url": srv.url, "kv_cache_tokens": 8192})
+        e = create("tgi", str(tiny_llama), "float32", {"url": srv.url, "kv_cache_tokens": 8192})
         info = await e.start()
         snap = await e.snapshot()
         ids = random_prompts(tiny_llama, 1, seed=3)[0]
@@ -180,7 +180,7 @@ async def test_tgi_before_2_3_reports_capacity_and_dtype_in_info():
         model_dtype="torch.float16")),
               ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
     with Replay(routes) as srv:
-        e = TGIEngine("m", "float16", {"url": srv.url})
+        e = create("tgi", "m", "float16", {"url": srv.url})
         info = await e.start()
         await e.stop()
     assert (info.kv_capacity_tokens, info.dtype, info.metrics_url) == (15232, "float16", None)
@@ -201,8 +201,8 @@ def test_features_become_the_launchers_flag_and_env(tmp_path):
     """facts: launcher.flags (--speculate), prefix_caching.env (PREFIX_CACHING, "1"/"true" on),
     speculation (no draft-model speculation; n-gram is a one-token match)."""
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    e = TGIEngine("/models/llama", "float16", {"launcher": str(tmp_path), "enable_prefix_caching": False,
-                                                "speculative_config": ngram})._impl
+    e = create("tgi", "/models/llama", "float16", {"launcher": str(tmp_path), "enable_prefix_caching": False,
+                                                "speculative_config": ngram})
     e.server.launcher, e.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
     argv = e.server_argv()
     assert argv[-2:] == ["--speculate", "3"] and set(a for a in argv if a.startswith("--")) <= set(
@@ -211,12 +211,12 @@ def test_features_become_the_launchers_flag_and_env(tmp_path):
     assert env["PREFIX_CACHING"] == "0" and FACTS["prefix_caching"]["env"] == "PREFIX_CACHING"
     assert "1" in FACTS["prefix_caching"]["env_true"]
     assert "one-token match" in e.unhonoured("float16", None)["speculative_config.prompt_lookup"]
-    draft = TGIEngine("/models/llama", "float16", {"launcher": str(tmp_path), "speculative_config": {
-        "method": "draft_model", "num_speculative_tokens": 3, "model": "/d"}})._impl
+    draft = create("tgi", "/models/llama", "float16", {"launcher": str(tmp_path), "speculative_config": {
+        "method": "draft_model", "num_speculative_tokens": 3, "model": "/d"}})
     draft.server.launcher, draft.server.port = e.server.launcher, 8080
     assert "--speculate" not in draft.server_argv() and FACTS["speculation"]["draft_model"] is None
     assert "no draft-model speculation" in draft.unhonoured("float16", None)["speculative_config"]
-    assert set(TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl.server_env(None)) == {"PROMETHEUS_PORT"}
+    assert set(create("tgi", "/m", "float16", {"launcher": str(tmp_path)}).server_env(None)) == {"PROMETHEUS_PORT"}
 
 
 def built_launch_log(speculate: int | None, prefix: bool) -> str:
@@ -236,8 +236,8 @@ def built_launch_log(speculate: int | None, prefix: bool) -> str:
 
 
 def test_launch_log_read_back():
-    from adapters.readback import ReadBack
-    from adapters.tgi import log_read_back
+    from adapters.common.readback import ReadBack
+    from adapters.engines.tgi.settings import log_read_back
 
     rb = ReadBack()
     log_read_back(rb, built_launch_log(3, True), "log")
@@ -260,7 +260,7 @@ async def test_attached_server_cannot_take_features_and_info_gives_the_context()
               ("GET", "/metrics"): (200, "text/plain", metrics_v3(15232)),
               ("POST", "/"): stream, ("POST", "/generate_stream"): stream}
     with Replay(routes) as srv:
-        e = TGIEngine("m", "float16", {"url": srv.url, "enable_prefix_caching": True})
+        e = create("tgi", "m", "float16", {"url": srv.url, "enable_prefix_caching": True})
         info = await e.start()
         await e.stop()
     assert "fixed when it started" in info.unhonoured["enable_prefix_caching"]
@@ -276,7 +276,7 @@ def test_no_adapter_test_speaks_to_our_tgi_imitation():
     import ast
     from pathlib import Path
 
-    ours = ("tests.adapters.own_server", "reference_engine.server", "experiments.cli", "adapters.reference_server")
+    ours = ("tests.adapters.own_server", "reference_engine.server", "experiments.cli", "adapters.engines.reference.server")
     checked = []
     for f in sorted(Path(__file__).parent.glob("test_*.py")):
         imported = set()
@@ -285,7 +285,7 @@ def test_no_adapter_test_speaks_to_our_tgi_imitation():
                 imported.add(node.module)
             elif isinstance(node, ast.Import):
                 imported.update(a.name for a in node.names)
-        if "adapters.tgi" in imported:
+        if any(m.startswith("adapters.engines.tgi") for m in imported):
             checked.append(f.name)
             assert not {m for m in imported if m.startswith(ours)}, (f.name, imported)
     assert checked == ["test_parallel.py", "test_tgi.py", "test_versions.py"]
@@ -293,22 +293,22 @@ def test_no_adapter_test_speaks_to_our_tgi_imitation():
 
 def test_max_model_len_gets_total_and_input_tokens_and_reads_them_back(tmp_path):
     """Issue 27: the harness's one length is TGI's --max-total-tokens (input one less), read back from /info."""
-    e = TGIEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384})
-    e._impl.server.launcher, e._impl.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
-    argv = e._impl.server_argv()
+    e = create("tgi", "/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384})
+    e.server.launcher, e.server.port = fake_venv(tmp_path, "text-generation-launcher"), 8080
+    argv = e.server_argv()
     i, j = argv.index("--max-total-tokens"), argv.index("--max-input-tokens")
     assert (argv[i + 1], argv[j + 1]) == ("384", "383")
     assert {a for a in argv if a.startswith("--")} <= set(FACTS["launcher"]["flags"])
-    assert e._impl.read_back({"max_total_tokens": 384}, None)[0]["max_model_len"] == 384  # /info
+    assert e.read_back({"max_total_tokens": 384}, None)[0]["max_model_len"] == 384  # /info
     with pytest.raises(ValueError, match="either it or them"):
-        TGIEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384, "max_total_tokens": 9})
+        create("tgi", "/models/llama", "bfloat16", {"launcher": str(tmp_path), "max_model_len": 384, "max_total_tokens": 9})
 
 
 def test_launched_dtype_row_is_labelled_as_requested():
     """The launcher's Args print echoes the --dtype it was given (launcher/src/main.rs @ v3.3.7):
     not a report of what the shard loaded."""
-    from adapters.readback import ReadBack
-    from adapters.tgi import log_read_back
+    from adapters.common.readback import ReadBack
+    from adapters.engines.tgi.settings import log_read_back
 
     rb = ReadBack()
     log_read_back(rb, built_launch_log(None, True), "log")
@@ -319,19 +319,19 @@ def test_launched_dtype_row_is_labelled_as_requested():
 def test_each_launch_gets_its_own_prometheus_port(tmp_path):
     """TGI's router binds a Prometheus port (9000 by default): two servers on --network host
     would collide, so each launch asks for a free one through the launcher's environment."""
-    a = TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl
-    b = TGIEngine("/m", "float16", {"launcher": str(tmp_path)})._impl
+    a = create("tgi", "/m", "float16", {"launcher": str(tmp_path)})
+    b = create("tgi", "/m", "float16", {"launcher": str(tmp_path)})
     pa, pb = int(a.server_env(None)["PROMETHEUS_PORT"]), int(b.server_env(None)["PROMETHEUS_PORT"])
     assert pa != pb and 9000 not in (pa, pb) and a.server_env(None)["PROMETHEUS_PORT"] == str(pa)
 
 
 async def test_a_version_outside_the_table_is_refused():
     with Replay({("GET", "/info"): (200, "application/json", info_v3(version="3.2.3"))}) as srv:
-        e = TGIEngine("m", "float16", {"url": srv.url})
+        e = create("tgi", "m", "float16", {"url": srv.url})
         with pytest.raises(EngineUnavailable) as err:
             await e.start()
     assert str(err.value) == ("tgi 3.2.3 is not in the adapter's version table (known: 2.0.3, 3.3.0-3.3.7; "
-                              "adapters/versions.py)")
+                              "adapters/engines/tgi/)")
 
 
 def test_version_found_before_launch_from_the_launcher_or_the_image_tag(tmp_path):
@@ -341,12 +341,12 @@ def test_version_found_before_launch_from_the_launcher_or_the_image_tag(tmp_path
     script = venv / "bin" / "text-generation-launcher"
     script.write_text("#!/bin/sh\necho text-generation-launcher 3.2.3\n")
     script.chmod(0o755)
-    e = TGIEngine("/m", "float16", {"launcher": str(venv)})._impl
+    e = create("tgi", "/m", "float16", {"launcher": str(venv)})
     e.server.launcher, e.server.port = Launcher.parse(str(venv)), 8080
     assert e.launcher_version() == "3.2.3"
     with pytest.raises(EngineUnavailable, match="^tgi 3.2.3 is not in the adapter's version table"):
         e.server_argv()
-    from adapters.versions import image_tag_version
+    from adapters.common.versions import image_tag_version
     assert image_tag_version(["docker", "run", "ghcr.io/huggingface/text-generation-inference:3.3.7"]) == "3.3.7"
     assert image_tag_version(["docker", "run", "lmsysorg/sglang:v0.5.23-cu129"]) == "0.5.23"
     assert image_tag_version(["docker", "run", "lmsysorg/sglang:latest"]) is None

@@ -11,15 +11,15 @@ import sys
 import pytest
 
 from adapters.base import UNKNOWN_TOKEN_ID, EngineUnavailable, GenerationRequest, SamplingConfig
-from adapters.metric_names import TRTLLM
-from adapters.dryrun import facts as upstream
-from adapters.trtllm import DTYPES, INSTALL, TRTLLMEngine, llm_api_options
+from adapters.checks.dryrun import facts as upstream
+from adapters.engines.trtllm.adapter import DTYPES, INSTALL, TRTLLM, llm_api_options
+from adapters.registry import create
 from tests.adapters.adapter_util import check_stream, tokens
 from tests.adapters.replay import Replay, facts
 from tests.adapters.test_tgi import fake_venv
 
 FACTS = facts("trtllm")
-UPSTREAM = upstream("trtllm")  # read at v1.3.0rc24 (adapters/upstream/trtllm.json; fixtures/trtllm/SOURCE.md)
+UPSTREAM = upstream("trtllm")  # read at v1.3.0rc24 (adapters/engines/trtllm/upstream.json; fixtures/trtllm/SOURCE.md)
 REQ = FACTS["completion_request"]  # openai_protocol.py @ 0076e939: fields, extra="forbid"
 
 
@@ -94,7 +94,7 @@ async def test_server_mode_starts_against_trtllm_strict_request_model():
     fix the start-up probe sent return_token_ids and trtllm-serve answered 400."""
     steps = [[11], [12, 13], [14]]
     with Replay(trtllm_routes(steps)) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url})
         info = await e.start()
         events = [ev async for ev in e.generate(GenerationRequest("r", [1, 2, 3], SamplingConfig(max_tokens=4)))]
         await e.stop()
@@ -112,7 +112,7 @@ async def test_text_only_stream_counts_tokens_from_running_usage():
     One chunk here holds two tokens and one decodes to no text: one-per-non-empty-chunk counted 2."""
     steps = [[11], [12, 13], [14]]  # built_stream: texts "", "x" (two tokens), "x": 2 non-empty chunks
     with Replay(trtllm_routes(steps)) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "return_token_ids": False})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url, "return_token_ids": False})
         info = await e.start()
         events = [ev async for ev in e.generate(GenerationRequest("r", [1, 2, 3], SamplingConfig(max_tokens=4)))]
         await e.stop()
@@ -123,23 +123,23 @@ async def test_text_only_stream_counts_tokens_from_running_usage():
 
 
 def test_options_file_turns_on_metrics_and_carries_dtype_and_kv(tmp_path):
-    """Defect 2. Checked against the tag's tables (adapters/upstream/trtllm.json: serve_flags from
+    """Defect 2. Checked against the tag's tables (adapters/engines/trtllm/upstream.json: serve_flags from
     tensorrt_llm/commands/serve.py @ v1.3.0rc24, llm_args from llm_args.py @ v1.3.0rc24: no --dtype;
     dtype, return_perf_metrics, enable_iter_perf_stats, kv_cache_config fields). The free-memory
     fraction goes into the file's kv_cache_config (the file is merged over the command line)."""
-    e = TRTLLMEngine("/models/llama", "bfloat16", {"launcher": str(tmp_path / "venv"), "kv_cache_tokens": 8192,
+    e = create("trtllm", "/models/llama", "bfloat16", {"launcher": str(tmp_path / "venv"), "kv_cache_tokens": 8192,
                                                    "kv_cache_free_gpu_memory_fraction": 0.9, "max_batch_size": 64})
-    s = e._impl.server
+    s = e.server
     (tmp_path / "venv").mkdir()
     s.launcher, s.port, s.work_dir = fake_venv(tmp_path / "venv", "trtllm-serve"), 8000, tmp_path
-    argv = e._impl.server_argv()
+    argv = e.server_argv()
     assert argv == [str(tmp_path / "venv" / "bin" / "trtllm-serve"), "/models/llama", "--host", "127.0.0.1",
                     "--port", "8000", "--max_batch_size", "64",
                     "--extra_llm_api_options", str(tmp_path / "llm_api_options.yaml")]
     tag = UPSTREAM
     assert {a for a in argv if a.startswith("--")} <= set(tag["serve_flags"]["options"])
     assert "--dtype" not in tag["serve_flags"]["options"]
-    opts = json.loads(e._impl.server_files()[str(tmp_path / "llm_api_options.yaml")])
+    opts = json.loads(e.server_files()[str(tmp_path / "llm_api_options.yaml")])
     assert opts == {"dtype": "bfloat16", "return_perf_metrics": True, "enable_iter_perf_stats": True,
                     "enable_chunked_prefill": True,
                     "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "max_tokens": 8192}}
@@ -155,7 +155,7 @@ async def test_capacity_metrics_url_and_unpinned_budget_from_prometheus_gauges()
     and server_routes (openai_server.py @ 00057725: /prometheus/metrics). max_tokens is an upper
     bound (llm_args: "the minimum will be used"): 100 blocks of 32 ran although 4096 was asked."""
     with Replay(trtllm_routes([[5]], gauges(100, 32, dtype="float16"))) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "kv_cache_tokens": 4096})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url, "kv_cache_tokens": 4096})
         info = await e.start()
         snap = await e.snapshot()
         await e.stop()
@@ -179,11 +179,11 @@ def test_metric_table_uses_recorded_names():
 
 
 async def test_missing_trtllm_is_engine_unavailable(tmp_path):
-    e = TRTLLMEngine("m", "bfloat16", {"launcher": sys.executable, "work_dir": str(tmp_path)})
+    e = create("trtllm", "m", "bfloat16", {"launcher": sys.executable, "work_dir": str(tmp_path)})
     with pytest.raises(EngineUnavailable, match="trtllm-serve.*release container"):
         await e.start()
     with pytest.raises(EngineUnavailable, match="tensorrt_llm"):
-        await TRTLLMEngine("m", "bfloat16", {"mode": "in_process"}).start()
+        await create("trtllm", "m", "bfloat16", {"mode": "in_process"}).start()
 
 
 @pytest.mark.parametrize("mode", ["server", "in_process"])
@@ -191,7 +191,7 @@ def test_float32_is_refused_before_launch_in_one_line(mode):
     """Defect 4 of issue 38: TensorRT-LLM's custom kernels do not support float32
     (NVIDIA/TensorRT-LLM#5260; upstream/trtllm.json dtypes); the config error names what does run."""
     with pytest.raises(ValueError) as err:
-        TRTLLMEngine("m", "float32", {"mode": mode})
+        create("trtllm", "m", "float32", {"mode": mode})
     assert str(err.value) == ("engine 'trtllm': dtype 'float32' is not supported by TensorRT-LLM's kernels "
                               "(NVIDIA/TensorRT-LLM#5260); use one of bfloat16, float16")
     assert set(DTYPES) <= set(UPSTREAM["dtypes"]["supported"]) and "float32" not in UPSTREAM["dtypes"]["supported"]
@@ -200,7 +200,7 @@ def test_float32_is_refused_before_launch_in_one_line(mode):
 def test_chat_requests_carry_no_detokenize_and_count_tokens_from_usage():
     """Defect 3 of issue 38: ChatCompletionRequest has no `detokenize` and forbids unknown fields
     (upstream/trtllm.json requests, openai_protocol.py near v1.3.0rc24): every chat request got a 400."""
-    impl = TRTLLMEngine("m", "bfloat16", {"url": "http://127.0.0.1:9"})._impl
+    impl = create("trtllm", "m", "bfloat16", {"url": "http://127.0.0.1:9"})
     impl.served_model_name = "m"
     req = GenerationRequest("c", [1, 2], SamplingConfig(max_tokens=4), messages=[{"role": "user", "content": "hi"}])
     route, body = impl.request_body(req)
@@ -235,9 +235,9 @@ def test_features_go_into_the_options_file():
     assert "kv_cache_config" not in draft  # block reuse left at TensorRT-LLM's default (on)
     assert FACTS["kv_cache_config_reuse"]["field"] in FACTS["llm_args"]["kv_cache_config_fields"]
     with pytest.raises(ValueError, match="contradict"):
-        TRTLLMEngine("m", "float16", {"enable_prefix_caching": True, "enable_block_reuse": False})
+        create("trtllm", "m", "float16", {"enable_prefix_caching": True, "enable_block_reuse": False})
     with pytest.raises(ValueError, match=r"backend 'tensorrt' is not one of \['pytorch'\]"):
-        TRTLLMEngine("m", "float16", {"backend": "tensorrt"})  # gone at 1.3.0rc24 (--backend pytorch|_autodeploy)
+        create("trtllm", "m", "float16", {"backend": "tensorrt"})  # gone at 1.3.0rc24 (--backend pytorch|_autodeploy)
 
 
 def config_gauges(spec: dict | None, reuse: bool) -> bytes:
@@ -262,7 +262,7 @@ async def test_settings_read_back_from_the_config_gauges():
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     metrics = gauges(100, 32) + config_gauges({"spec_method": "NGram", "spec_num_tokens": 3}, reuse=False)
     with Replay(trtllm_routes([[5]], metrics)) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "enable_prefix_caching": True,
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url, "enable_prefix_caching": True,
                                                  "speculative_config": ngram})
         info = await e.start()
         await e.stop()
@@ -278,13 +278,13 @@ async def test_settings_read_back_from_the_config_gauges():
     assert info.memory == {}  # trtllm-serve exports no memory split
     # without the speculative info gauge beside the parallel one, speculation is off
     with Replay(trtllm_routes([[5]], gauges(100, 32) + config_gauges(None, reuse=True))) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url})
         off = await e.start()
         await e.stop()
     assert off.effective["speculative"] is False and off.effective["prefix_caching"] is True
     # an older server (no config info gauges): nothing about features is claimed
     with Replay(trtllm_routes([[5]], gauges(100, 32))) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url, "speculative_config": ngram})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url, "speculative_config": ngram})
         old = await e.start()
         await e.stop()
     assert "speculative" not in old.effective and "does not report" in old.unhonoured["speculative_config"]

@@ -1,6 +1,6 @@
 """The TensorRT-LLM options file (`--extra_llm_api_options`) against TensorRT-LLM's own
 argument models at the pinned tag, rebuilt as pydantic models with `extra="forbid"` from the field
-lists recorded at v1.3.0rc24 (adapters/upstream/trtllm.json `llm_args`: TorchLlmArgs, its
+lists recorded at v1.3.0rc24 (adapters/engines/trtllm/upstream.json `llm_args`: TorchLlmArgs, its
 BaseLlmArgs fields included, and KvCacheConfig). A key the model does not define is what makes
 trtllm-serve exit with a validation error at start. The TensorRT backend (TrtLlmArgs) is gone at
 that tag (`--backend` takes pytorch or _autodeploy), so the adapter refuses it."""
@@ -12,8 +12,9 @@ from typing import Any, Optional
 import pydantic
 import pytest
 
-from adapters.trtllm import BACKEND_KEYS, STOP_MATCH, TRTLLMEngine, llm_api_options
-from adapters.dryrun import facts as upstream
+from adapters.checks.dryrun import facts as upstream
+from adapters.engines.trtllm.adapter import BACKEND_KEYS, STOP_MATCH, llm_api_options
+from adapters.registry import create
 from tests.adapters.replay import Replay, facts
 from tests.adapters.test_trtllm import gauges, trtllm_routes
 
@@ -75,7 +76,7 @@ async def test_dtype_and_chunked_prefill_rows_are_labelled_as_requested():
     """trtllm_model_config_info's dtype label is str(args.dtype) (openai_server.py
     _log_config_info_metrics): the argument, not what was loaded; no gauge carries chunked prefill."""
     with Replay(trtllm_routes([[5]], gauges(100, 32, dtype="bfloat16"))) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url})
         info = await e.start()
         await e.stop()
     assert info.effective["dtype"] == "bfloat16"
@@ -91,7 +92,7 @@ async def test_stop_strings_are_sent_with_detokenize_false():
     from adapters.base import GenerationRequest, SamplingConfig
 
     with Replay(trtllm_routes([[11], [12]])) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url})
         await e.start()
         [ev async for ev in e.generate(GenerationRequest("r", [1, 2], SamplingConfig(max_tokens=2, stop=["\n\n"])))]
         await e.stop()
@@ -103,8 +104,8 @@ async def test_a_version_outside_the_table_is_refused():
     routes = trtllm_routes([[5]])
     routes[("GET", "/version")] = (200, "application/json", b'{"version":"1.2.1"}')
     with Replay(routes) as srv:
-        e = TRTLLMEngine("/m/tiny", "bfloat16", {"url": srv.url})
+        e = create("trtllm", "/m/tiny", "bfloat16", {"url": srv.url})
         with pytest.raises(Exception) as err:
             await e.start()
     assert str(err.value) == ("trtllm 1.2.1 is not in the adapter's version table (known: 1.3.0rc24; "
-                              "adapters/versions.py)")
+                              "adapters/engines/trtllm/)")

@@ -11,15 +11,16 @@ import pytest
 
 from adapters import registry
 from adapters.base import EngineUnavailable
-from adapters.sglang_settings import VERSIONS as SGLANG
-from adapters.tgi import VERSIONS as TGI
-from adapters.trtllm import VERSIONS as TRTLLM
-from adapters.versions import IMAGES, image_tag_version, parse
-from experiments import engines_here
+from adapters.common.versions import image_tag_version, parse
+from adapters.engines.sglang.settings import VERSIONS as SGLANG
+from adapters.engines.tgi.settings import VERSIONS as TGI
+from adapters.engines.trtllm.adapter import VERSIONS as TRTLLM
+from experiments.commands import list_engines as engines_here
 from tests.adapters.replay import Replay
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = {"sglang": SGLANG, "trtllm": TRTLLM, "tgi": TGI}
+IMAGES = {s.name: s.image for s in registry.specs() if s.image}  # each engine's pinned image, from its spec
 
 
 def test_version_order_and_builds_that_cannot_be_told():
@@ -52,7 +53,7 @@ def test_refusal_is_one_line_naming_what_is_known():
     with pytest.raises(EngineUnavailable) as err:
         SGLANG.row("0.5.8")
     assert str(err.value) == ("sglang 0.5.8 is not in the adapter's version table (known: 0.5.9-0.5.12, 0.5.13, "
-                              "0.5.14-0.5.21, 0.5.22-0.5.23; adapters/versions.py)")
+                              "0.5.14-0.5.21, 0.5.22-0.5.23; adapters/engines/sglang/)")
 
 
 def test_list_engines_says_per_engine_what_runs_here_and_the_command():
@@ -67,7 +68,7 @@ def test_list_engines_says_per_engine_what_runs_here_and_the_command():
 
 
 def test_a_gpu_engine_without_a_gpu_cannot_run_and_its_image_command_is_given():
-    row = engines_here.status("tgi", gpu=None)
+    row = engines_here.status(registry.spec("tgi"), gpu=None)
     assert row["here"].startswith("no: needs a CUDA GPU") and IMAGES["tgi"] in row["command"]
     assert row["gpu"] == "needed; here: none"
 
@@ -77,7 +78,7 @@ def test_sglangs_contract_venv_is_not_a_server_even_with_a_gpu():
         if os.environ.get("CI"):  # .ci/run installs it: its absence there is a failure, not a skip
             pytest.fail(".venv-sglang is absent although .ci/run makes it (make sglang)")
         pytest.skip(".venv-sglang is absent: run scripts/setup_sglang_venv.sh (make sglang)")
-    row = engines_here.status("sglang", gpu="GPU 0: NVIDIA H200")
+    row = engines_here.status(registry.spec("sglang"), gpu="GPU 0: NVIDIA H200")
     assert row["here"].startswith("no: .venv-sglang holds its code only") and row["version"] == "0.5.23"
     assert row["command"].startswith("docker run") and IMAGES["sglang"] in row["command"]
 
@@ -89,8 +90,8 @@ def test_a_server_answering_at_the_usual_address_is_reported_with_its_version():
 
 
 def test_the_pinned_trtllm_tags_reported_version_maps_to_its_row():
-    """What the v1.3.0rc24 server reports at GET /version (adapters/upstream/trtllm.json)."""
-    from adapters.dryrun import facts
+    """What the v1.3.0rc24 server reports at GET /version (adapters/engines/trtllm/upstream.json)."""
+    from adapters.checks.dryrun import facts
 
     said = facts("trtllm")["reported_version"]["value"]
     assert TRTLLM.row(said).covers(image_tag_version(["docker", "run", IMAGES["trtllm"]]))

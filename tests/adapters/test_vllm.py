@@ -12,17 +12,11 @@ import psutil
 import pytest
 
 from adapters.base import EngineUnavailable, GenerationRequest, SamplingConfig
-from adapters.launcher import Launcher
-from adapters.vllm import VLLMEngine, server_env
-from tests.adapters.adapter_util import (
-    check_stream,
-    random_prompts,
-    reference_greedy,
-    run_all,
-    tokens,
-)
+from adapters.engines.vllm.adapter import server_env
+from adapters.registry import create
+from adapters.transport.launcher import Launcher
+from tests.adapters.adapter_util import check_stream, random_prompts, reference_greedy, run_all, tokens
 from tests.adapters.replay import Replay, fixture
-
 from tests.shared_vllm import REPO, VENV, need_vllm_venv  # noqa: F401 (re-exported to the feature tests)
 
 
@@ -35,18 +29,18 @@ def fake_package(tmp_path: Path, monkeypatch, name: str) -> None:
 
 def test_server_argv_and_env(tiny_llama, tmp_path, monkeypatch):
     fake_package(tmp_path, monkeypatch, "vllm")
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "kv_cache_tokens": 4096,
+    e = create("vllm", str(tiny_llama), "float32", {"launcher": sys.executable, "kv_cache_tokens": 4096,
                                                 "enforce_eager": True, "max_num_seqs": 8,
                                                 "enable_prefix_caching": False})
-    s = e._impl.server
+    s = e.server
     s.launcher, s.port = Launcher.parse(sys.executable), 8123
     # tiny preset: 4 layers x 2 KV heads x head_dim 32 x K,V x fp32 = 2048 bytes per token
-    assert e._impl.server_argv() == [
+    assert e.server_argv() == [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_llama), "--host",
         "127.0.0.1", "--port", "8123", "--dtype", "float32", "--disable-uvicorn-access-log", "--max-num-seqs",
         "8", "--no-enable-prefix-caching", "--enforce-eager",
         "--kv-cache-memory-bytes", str(4096 * 2048)]
-    env = server_env(tmp_path, e._impl.args)
+    env = server_env(tmp_path, e.args)
     assert env["VLLM_CACHE_ROOT"].startswith(str(tmp_path)) and env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["VLLM_NO_USAGE_STATS"] == "1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env  # the budget is pinned in bytes
@@ -57,10 +51,10 @@ def test_container_argv_has_no_module(tiny_llama, tmp_path, monkeypatch):
     (tmp_path / "docker").write_text("#!/bin/sh\n")
     (tmp_path / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": "docker run --gpus all --network host vllm/vllm-openai:v0.32.0"})
-    s = e._impl.server
+    e = create("vllm", str(tiny_llama), "float32", {"launcher": "docker run --gpus all --network host vllm/vllm-openai:v0.32.0"})
+    s = e.server
     s.launcher, s.port = Launcher.parse(s.options["launcher"]), 9000
-    argv = e._impl.server_argv()
+    argv = e.server_argv()
     # the model folder is mounted at its own path (issue 38: a container sees what the adapter hands it)
     assert argv[:11] == ["docker", "run", "--name", "inferlab-vllm-9000", "-v", f"{tiny_llama}:{tiny_llama}",
                          "--gpus", "all", "--network", "host", "vllm/vllm-openai:v0.32.0"]
@@ -76,15 +70,15 @@ def test_container_argv_has_no_module(tiny_llama, tmp_path, monkeypatch):
 ])
 def test_bad_options(tiny_llama, options, match):
     with pytest.raises(ValueError, match=match):
-        VLLMEngine(str(tiny_llama), "float32", options)
+        create("vllm", str(tiny_llama), "float32", options)
 
 
 async def test_missing_launcher_or_package_is_engine_unavailable(tiny_llama, tmp_path):
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": str(tmp_path / "no-venv")})
+    e = create("vllm", str(tiny_llama), "float32", {"launcher": str(tmp_path / "no-venv")})
     with pytest.raises(EngineUnavailable, match="setup_vllm_venv.sh"):
         await e.start()
     # this interpreter has no vllm: the module check names what to install
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
+    e = create("vllm", str(tiny_llama), "float32", {"launcher": sys.executable, "work_dir": str(tmp_path)})
     with pytest.raises(EngineUnavailable, match=r"'vllm' is not installed.*inferlab\[vllm\]"):
         await e.start()
 
@@ -92,7 +86,7 @@ async def test_missing_launcher_or_package_is_engine_unavailable(tiny_llama, tmp
 async def test_in_process_without_vllm_is_engine_unavailable(tiny_llama):
     if __import__("importlib").util.find_spec("vllm") is not None:
         pytest.skip("vllm is importable here")
-    e = VLLMEngine(str(tiny_llama), "float32", {"mode": "in_process"})
+    e = create("vllm", str(tiny_llama), "float32", {"mode": "in_process"})
     with pytest.raises(EngineUnavailable, match="inferlab\\[vllm\\]"):
         await e.start()
 
@@ -104,7 +98,7 @@ async def test_recorded_vllm_stream_metrics_and_kv():
               ("GET", "/metrics"): (200, "text/plain; version=0.0.4", fixture("vllm", "metrics.txt")),
               ("POST", "/v1/completions"): (200, "text/event-stream", fixture("vllm", "completions_stream.sse"))}
     with Replay(routes) as srv:
-        e = VLLMEngine("/tmp/probe/tiny", "float32", {"url": srv.url})
+        e = create("vllm", "/tmp/probe/tiny", "float32", {"url": srv.url})
         info = await e.start()
         assert (info.engine, info.version, info.mode) == ("vllm", "0.32.0", "attach")
         assert (info.kv_capacity_tokens, info.block_size) == (512 * 128, 128)  # num_gpu_blocks x block_size
@@ -196,7 +190,7 @@ def test_kv_budget_is_per_gpu_under_tensor_parallelism(tiny_llama):
     """Defect 5: --kv-cache-memory-bytes is what *each* GPU gives its KV cache, and each GPU
     holds only its share of the KV heads, so N-way TP with the whole model's bytes per token
     pinned N times the tokens asked. tiny preset: 2 KV heads x 32 x 4 layers x K,V x fp32."""
-    from adapters.vllm import engine_args
+    from adapters.engines.vllm.adapter import engine_args
 
     one = engine_args(str(tiny_llama), "float32", {"kv_cache_tokens": 4096})
     two = engine_args(str(tiny_llama), "float32", {"kv_cache_tokens": 4096, "tensor_parallel_size": 2})
@@ -211,9 +205,9 @@ def test_capacity_is_per_replica_and_usage_averages_engines():
     engine core, each a replica with its own pool asked the same per-GPU budget. The capacity is one
     replica's (summing them reported "asked N, runs with 2N", a fairness break that was not one);
     KV usage is the mean of the engines (prom.value summed the ratios)."""
-    from adapters import prom
-    from adapters.metric_names import VLLM
-    from adapters.serving import kv_pin_gap
+    from adapters.transport import prom
+    from adapters.transport.metric_names import VLLM
+    from adapters.transport.server import kv_pin_gap
 
     text = fixture("vllm", "metrics.txt").decode()
     second = [ln.replace('engine="0"', 'engine="1"') for ln in text.splitlines()
@@ -232,20 +226,20 @@ def test_features_become_vllms_flags(tiny_llama, tmp_path, monkeypatch):
     """speculative_config renders as --speculative-config '<json>' (completed with vLLM's n-gram
     defaults), enable_prefix_caching as --enable-prefix-caching / --no-enable-prefix-caching."""
     fake_package(tmp_path, monkeypatch, "vllm")
-    e = VLLMEngine(str(tiny_llama), "float32", {"launcher": sys.executable, "enable_prefix_caching": True,
+    e = create("vllm", str(tiny_llama), "float32", {"launcher": sys.executable, "enable_prefix_caching": True,
                                                 "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
-    s = e._impl.server
+    s = e.server
     s.launcher, s.port = Launcher.parse(sys.executable), 8123
-    argv = e._impl.server_argv()
+    argv = e.server_argv()
     i = argv.index("--speculative-config")
     assert json.loads(argv[i + 1]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
                                        "prompt_lookup_max": 5}
     assert "--enable-prefix-caching" in argv and "--no-enable-prefix-caching" not in argv
     with pytest.raises(ValueError, match="method must be one of"):
-        VLLMEngine(str(tiny_llama), "float32", {"speculative_config": {"method": "medusa",
+        create("vllm", str(tiny_llama), "float32", {"speculative_config": {"method": "medusa",
                                                                        "num_speculative_tokens": 2}})
     with pytest.raises(ValueError, match="true or false"):  # checked in attach mode too
-        VLLMEngine(str(tiny_llama), "float32", {"url": "http://x", "enable_prefix_caching": "on"})
+        create("vllm", str(tiny_llama), "float32", {"url": "http://x", "enable_prefix_caching": "on"})
 
 
 def replay_routes(server_info: bool) -> dict:
@@ -262,7 +256,7 @@ async def test_attached_server_reports_its_settings_and_memory():
     """The real server's /server_info and /metrics (fixtures/vllm/SOURCE.md) become EngineInfo."""
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     with Replay(replay_routes(server_info=True)) as srv:
-        e = VLLMEngine("/tmp/probe/tiny", "float32", {"url": srv.url, "speculative_config": ngram,
+        e = create("vllm", "/tmp/probe/tiny", "float32", {"url": srv.url, "speculative_config": ngram,
                                                       "enable_prefix_caching": False})
         info = await e.start()
         await e.stop()
@@ -281,7 +275,7 @@ async def test_without_server_info_the_labels_still_tell_and_silence_is_named():
     """A server without VLLM_SERVER_DEV_MODE has no /server_info: the cache_config_info labels give
     the KV geometry and the prefix switch; speculation is then not reported, and unhonoured says so."""
     with Replay(replay_routes(server_info=False)) as srv:
-        e = VLLMEngine("/tmp/probe/tiny", "float32", {"url": srv.url, "enable_prefix_caching": True,
+        e = create("vllm", "/tmp/probe/tiny", "float32", {"url": srv.url, "enable_prefix_caching": True,
                                                       "speculative_config": {"method": "ngram",
                                                                              "num_speculative_tokens": 3}})
         info = await e.start()

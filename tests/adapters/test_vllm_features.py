@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from adapters.base import GenerationRequest, SamplingConfig
-from adapters.vllm import VLLMEngine
+from adapters.registry import create
 from tests.adapters.adapter_util import collect, reference_greedy, tokens
 from tests.adapters.test_vllm import REPO, VENV, need_vllm_venv
 
@@ -27,10 +27,10 @@ def cycle_prompt(model_dir, length: int) -> list[int]:
 
 
 async def spec_counters(e) -> dict[str, float]:
-    from adapters import prom
-    from adapters.metric_names import VLLM
+    from adapters.transport import prom
+    from adapters.transport.metric_names import VLLM
 
-    async with httpx.AsyncClient(base_url=e._impl.base_url) as c:
+    async with httpx.AsyncClient(base_url=e.base_url) as c:
         m = prom.Metrics.parse((await c.get("/metrics")).text)
     return {k: m.value(*names) for k, names in VLLM.counters().items()}
 
@@ -61,7 +61,7 @@ async def test_real_vllm_draft_model_speculation_with_prefix_caching(cyclic_llam
     need_vllm_venv()
     draft = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(cyclic_draft)}
     prompt = cycle_prompt(cyclic_llama, 137)  # 140 tokens: one full 128-token block to share
-    e = VLLMEngine(str(cyclic_llama), "float32", {
+    e = create("vllm", str(cyclic_llama), "float32", {
         "launcher": str(VENV), "enforce_eager": True, "kv_cache_tokens": 4096, "enable_prefix_caching": True,
         "speculative_config": draft, "log_path": str(tmp_path / "vllm" / "server.log"),
         "env": {"VLLM_CACHE_ROOT": str(vllm_cache), **NO_WORKER_PROCESS}})
@@ -89,11 +89,12 @@ async def test_real_vllm_draft_model_speculation_with_prefix_caching(cyclic_llam
 
 IN_PROCESS = """
 import asyncio, json, sys
-from adapters.vllm import VLLMEngine
+
 from adapters.base import GenerationRequest, SamplingConfig
+from adapters.registry import create
 
 async def main(model):
-    e = VLLMEngine(model, "float32", {"mode": "in_process", "enforce_eager": True, "kv_cache_tokens": 4096,
+    e = create("vllm", model, "float32", {"mode": "in_process", "enforce_eager": True, "kv_cache_tokens": 4096,
                                       "enable_prefix_caching": False,
                                       "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
     info = await e.start()

@@ -137,7 +137,7 @@ def ch14(run, text):
 
 def ch15(run, text):
     # the worked number, computed by the harness's own functions
-    from experiments.metrics import meets_slo, per_request
+    from experiments.measuring.metrics import meets_slo, per_request
 
     ms = 1_000_000
     row = per_request({"request_id": "w", "send_ns": 0, "events": [[100 * ms, 1], [130 * ms, 1], [190 * ms, 2]],

@@ -18,22 +18,30 @@ def exp_model(tmp_path_factory) -> Path:
     return d
 
 
+def plant(monkeypatch, name: str, cls: type) -> None:
+    """Register `cls` as engine `name` for one test (an in-process engine with a spec of defaults)."""
+    entry = registry.Entry(registry.EngineSpec(name, default_mode="in_process"), {"in_process": cls})
+    monkeypatch.setitem(registry.entries(), name, entry)
+
+
 @pytest.fixture
 def paced(monkeypatch) -> list[str]:
     """Registers the paced engine as 'paced' and 'paced2' (two names, same fixture engine)."""
-    for name in ("paced", "paced2"):
-        monkeypatch.setitem(registry.ADAPTERS, name, "tests.experiments.paced_engine:PacedEngine")
-    return ["paced", "paced2"]
+    from tests.experiments.paced_engine import PacedEngine
 
+    for name in ("paced", "paced2"):
+        plant(monkeypatch, name, PacedEngine)
+    return ["paced", "paced2"]
 
 
 @pytest.fixture
 def simulated(monkeypatch) -> list[str]:
     """The same names ('paced', 'paced2', and 'sim') on the simulated engine, run on simulated
-    time (experiments.clock.simulated): the planted delays come out exactly, on any machine."""
-    from experiments import clock
+    time (experiments.running.clock.simulated): the planted delays come out exactly, on any machine."""
+    from experiments.running import clock
+    from tests.experiments.sim_engine import SimEngine
 
     for name in ("paced", "paced2", "sim"):
-        monkeypatch.setitem(registry.ADAPTERS, name, "tests.experiments.sim_engine:SimEngine")
+        plant(monkeypatch, name, SimEngine)
     with clock.simulated():
         yield ["paced", "paced2"]

@@ -1,6 +1,6 @@
 """A simulated engine for the harness's mechanism tests: in-process, on the harness's clock.
 
-Under `experiments.clock.simulated()` its planted delays pass in simulated time, so the
+Under `experiments.running.clock.simulated()` its planted delays pass in simulated time, so the
 times the harness records are exact and the same on any machine, however busy: a test can
 require TTFT == the planted 20 ms to a nanosecond and no wall-clock bound is needed.
 It follows the paced engine's schedule (tests/experiments/paced_engine.py: event k due at
@@ -15,7 +15,7 @@ import os
 from typing import Any, AsyncIterator
 
 from adapters.base import Engine, EngineInfo, GenerationRequest, MemorySnapshot, TokenEvent, check_options
-from experiments import clock
+from experiments.running import clock
 from tests.experiments.paced_engine import schedule, timing, token_ids
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.bandwidth import FORMULA, best_of, decode_estimate, model_shape, peak_copy_gbps
+from experiments.measuring.bandwidth import FORMULA, best_of, decode_estimate, model_shape, peak_copy_gbps
 
 
 def test_model_shape_reads_weights_and_kv_size_from_the_files(exp_model):
     from reference_engine.config import ModelConfig
-    from reference_engine.worker.gpu_memory import bytes_per_token
     from reference_engine.model.loader import load_model
+    from reference_engine.worker.gpu_memory import bytes_per_token
 
     shape = model_shape(exp_model, "float32")
     model, cfg = load_model(exp_model, torch.float32, "cpu", 64)
@@ -49,7 +49,7 @@ def test_best_of_keeps_the_faster_reading_and_every_reading():
 def test_split_copy_copies_every_element():
     import numpy as np
 
-    from experiments.bandwidth import _copy
+    from experiments.measuring.bandwidth import _copy
     src = np.arange(1001, dtype=np.float64)
     for threads in (1, 2, 3):
         dst = np.zeros_like(src)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from experiments import ceilings
+from experiments.measuring import ceilings
 
 
 def test_shapes_and_params_from_the_config(exp_model):

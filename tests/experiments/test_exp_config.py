@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import ConfigError, load
+from experiments.workload.config import ConfigError, load
 from tests.experiments.exp_util import write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def test_list_engines():
 def test_required_engine_unavailable_exits_2_naming_the_install(tmp_path, exp_model, paced, capsys):
     """An adapter whose package is missing raises EngineUnavailable at start: one line, exit 2;
     as an optional engine it is skipped with a note and the run succeeds."""
-    from experiments.commands import run_main
+    from experiments.commands.run import run_main
 
     body = """
         {engines}

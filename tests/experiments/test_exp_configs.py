@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adapters import registry
-from experiments.config import load
+from experiments.workload.config import load
 
 CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 COMPARE = sorted(CONFIGS.glob("compare_*.toml"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.commands import run_main
+from experiments.commands.run import run_main
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments/configs/cpu_vs_vllm.toml"
@@ -95,8 +95,8 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
         assert f"| vllm | {level} | 6 | 1.000 | 1.000 |" in report  # fp32 greedy: identical tokens
     ref = json.loads((run / "reference/manifest.json").read_text())["info"]["effective"]
     assert ref["max_num_seqs"] == 128 and ref["num_threads"] == 2 and ref["dtype"] == "float32"
-    from reference_engine.model import packed_linear
     from reference_engine.attention import cpu_backend
+    from reference_engine.model import packed_linear
     if packed_linear.available():
         assert ref["linear_backend"] == "onednn"
     if cpu_backend.available():

@@ -1,4 +1,4 @@
-"""`inferlab run CONFIG --dry-run` (experiments/dry_run.py): the GPU configs dry-run clean on this
+"""`inferlab run CONFIG --dry-run` (experiments/commands/dry_run.py): the GPU configs dry-run clean on this
 CPU machine, and each of issue 38's defects 1-4, planted back, makes it fail with one line naming
 the engine, the field or flag, and the upstream source. vLLM's and SGLang's checks run their own
 parsers in .venv-vllm / .venv-sglang (made by .ci/run)."""
@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters import launcher, trtllm
-from adapters.openai_compat import OpenAIEngine
-from experiments.commands import run_main
+from adapters.engines.trtllm import adapter as trtllm
+from adapters.transport import launcher
+from adapters.transport.openai import OpenAIEngine
+from experiments.commands.run import run_main
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "experiments" / "configs"
@@ -105,7 +106,7 @@ def one_failure(err: str) -> str:
 def test_defect_1_a_tags_reported_version_left_unmapped_fails(smollm2, tmp_path, capsys, monkeypatch):
     from dataclasses import replace
 
-    from adapters import tgi
+    from adapters.engines.tgi import adapter as tgi
     planted = replace(tgi.VERSIONS, reports={}, commits={})
     monkeypatch.setattr(tgi, "VERSIONS", planted)
     monkeypatch.setattr(tgi.TGIServer, "VERSIONS", planted)
@@ -143,7 +144,7 @@ def test_defect_4_float32_fails_before_launch(smollm2, tmp_path, capsys, monkeyp
 
 
 def test_a_tgi_prefix_caching_switch_its_release_never_reads_fails(smollm2, tmp_path, capsys):
-    """TGI v2.0.3 reads no PREFIX_CACHING (adapters/upstream/tgi.json launcher_env_not_flags): the
+    """TGI v2.0.3 reads no PREFIX_CACHING (adapters/engines/tgi/upstream.json launcher_env_not_flags): the
     uniform prefix-caching setting would be dropped silently there; at 3.3.7 it is the switch."""
     text = peers(smollm2, tmp_path, engines=("tgi",)).read_text()
     text = text.replace("[engine_options.tgi]", "[engine_options.tgi]\nenable_prefix_caching = false")

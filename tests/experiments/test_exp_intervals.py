@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments import intervals
-from experiments.commands import interleaved
+from experiments.commands.run import interleaved
+from experiments.measuring import intervals
 
 
 def test_median_ci_over_repeats():
@@ -67,6 +67,6 @@ def test_engines_are_interleaved():
     (3.0, True, 2.0, 4.0, (3.5, 3.0, 4.0)),
 ])
 def test_search_brackets_then_bisects(rate, passed, lo, hi, want):
-    from experiments.search import next_rate
+    from experiments.running.search import next_rate
 
     assert next_rate(rate, passed, lo, hi) == want

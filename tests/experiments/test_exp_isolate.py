@@ -1,4 +1,4 @@
-"""experiments/isolate.py: an adapter run in a process of its own behaves like itself."""
+"""experiments/running/isolate.py: an adapter run in a process of its own behaves like itself."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from adapters.base import GenerationRequest, SamplingConfig
-from experiments.commands import run_main
-from experiments.isolate import Isolated
+from experiments.commands.run import run_main
+from experiments.running.isolate import Isolated
 from tests.experiments.exp_util import write_config
 from tests.experiments.paced_engine import token_ids
 
@@ -72,8 +72,8 @@ def test_isolate_in_a_config(tmp_path, exp_model, paced):
 
 def test_in_process_engines_leave_the_harness_interpreter_unless_told(tmp_path, exp_model):
     """The light-observer rule: an in-process adapter runs in a child process by default."""
-    from experiments.config import load
-    from experiments.runner import build_engine
+    from experiments.running.runner import build_engine
+    from experiments.workload.config import load
 
     body = """
         engine = "reference"
@@ -85,4 +85,4 @@ def test_in_process_engines_leave_the_harness_interpreter_unless_told(tmp_path, 
     assert type(engine).__name__ == "Isolated"
     cfg = load(write_config(tmp_path / "b.toml", exp_model, 'same_interpreter = ["reference"]\n' + body))
     engine, _, _ = build_engine(cfg, "reference", tmp_path)
-    assert engine.in_process and type(engine).__name__ == "ReferenceEngine"
+    assert engine.in_process and type(engine).__name__ == "ReferenceInProcess"

@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 
-from experiments.load import arrivals, chains
-from experiments.workloads import WorkItem
+from experiments.running.load import arrivals, chains
+from experiments.workload.workloads import WorkItem
 
 
 def test_poisson_schedule_is_seeded_with_the_right_rate():
@@ -35,7 +35,7 @@ def test_chains_keep_turn_order():
 def test_open_loop_multi_turn_sends_each_turn_after_the_previous(tmp_path, exp_model, paced):
     import json
 
-    from experiments.commands import run_main
+    from experiments.commands.run import run_main
     from tests.experiments.exp_util import write_config
 
     cfg = write_config(tmp_path / "c.toml", exp_model, """
@@ -69,7 +69,7 @@ def test_open_loop_multi_turn_sends_each_turn_after_the_previous(tmp_path, exp_m
 def test_open_loop_max_concurrency_caps_requests_in_flight(tmp_path, exp_model, paced):
     import json
 
-    from experiments.commands import run_main
+    from experiments.commands.run import run_main
     from tests.experiments.exp_util import write_config
 
     cfg = write_config(tmp_path / "c.toml", exp_model, """

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from experiments.commands import run_main
-from experiments.config import ConfigError, load
+from experiments.commands.run import run_main
 from experiments.report.matrix import speed_ratio
+from experiments.workload.config import ConfigError, load
 from tests.experiments.exp_util import write_config
 
 MATRIX = """

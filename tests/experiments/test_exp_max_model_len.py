@@ -2,10 +2,10 @@
 rejected before any engine starts (one line, exit code 2)."""
 from __future__ import annotations
 
-from experiments import context
-from experiments.commands import run_main
-from experiments.config import Config
-from experiments.workloads import WorkItem
+from experiments.commands.run import run_main
+from experiments.workload import context
+from experiments.workload.config import Config
+from experiments.workload.workloads import WorkItem
 
 ITEMS = [WorkItem("a", [5] * 128, 32), WorkItem("b", [5] * 100, 32)]
 

@@ -9,8 +9,8 @@ import sys
 import time
 
 from adapters.base import Engine, EngineInfo, MemorySnapshot
-from experiments.memory import MemorySampler, ProcessTree
-from experiments.observer import Timeline
+from experiments.measuring.memory import MemorySampler, ProcessTree
+from experiments.measuring.observer import Timeline
 
 # A parent that starts a child; the child holds ~200 MiB of touched memory until killed.
 TREE = """

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from experiments.commands import run_main
+from experiments.commands.run import run_main
 from tests.experiments.exp_util import write_config
 
 CONCURRENCY, PROMPT, OUTPUT, BLOCK = 4, 64, 8, 16

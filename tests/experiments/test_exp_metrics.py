@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from experiments import metrics
+from experiments.measuring import metrics
 
 MS = 1_000_000
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters import prom
-from adapters.launcher import ServerProcess, free_port
-from adapters.metric_names import VLLM
-from experiments import observer, server_view
-from experiments.commands import run_main
+from adapters.transport import prom
+from adapters.transport.launcher import ServerProcess, free_port
+from adapters.transport.metric_names import VLLM
+from experiments.commands.run import run_main
+from experiments.measuring import observer, server_view
 from tests.experiments.exp_util import write_config
 
 HERE = Path(__file__).parent
@@ -99,7 +99,7 @@ def test_a_burst_counts_against_the_client_only_when_its_loop_was_late():
 def test_loop_watch_sees_a_blocked_loop():
     """On simulated time: the loop is 'blocked' by moving its clock 200 ms without yielding
     (what a descheduled client sees), so the watch must wake exactly that late."""
-    from experiments import clock
+    from experiments.running import clock
 
     async def main():
         watch = observer.LoopWatch(every_s=0.01, late_ms=20.0).start()
@@ -198,7 +198,7 @@ async def test_check_observer_runs_the_three_views(tmp_path, exp_model, slow_ser
     """`inferlab check-observer` runs the level with the harness and with a bare client, each
     bracketed by the server's histograms, and prints the three views and a verdict (whether
     they agree is a wall-clock measurement: `make bench` judges it, docs/perf/)."""
-    from experiments.check_observer import main
+    from experiments.commands.check_observer import main
 
     cfg = write_config(tmp_path / "quiet.toml", exp_model, f"""
         engine = "openai"
@@ -221,7 +221,7 @@ async def test_check_observer_runs_the_three_views(tmp_path, exp_model, slow_ser
 
 
 def test_engine_counters_from_metrics_or_from_snapshots():
-    from experiments.summary import _counters
+    from experiments.report.summary import _counters
 
     view = {"counters": {"prefix_queries": 2000.0, "prefix_hits": 1536.0, "spec_drafts": 10.0,
                          "spec_draft_tokens": 40.0, "spec_accepted_tokens": 30.0}}
@@ -253,7 +253,7 @@ def test_check_observer_verdict_catches_each_kind_of_disturbance():
     """`inferlab check-observer`'s verdict on planted numbers: agreement; a harness slower than
     the bare client (it slows the engine: both it and the server slowed, only the bare run shows
     it); a harness that reads the first token late; a client that disagrees with the server."""
-    from experiments.check_observer import verdict
+    from experiments.commands.check_observer import verdict
 
     same = {"ttft_ms": 30.0, "itl_ms": 6.0, "e2el_ms": 220.0}
     assert verdict(_views(same, same, {"ttft_ms": 25.0, "itl_ms": 6.0})) == (True, [])

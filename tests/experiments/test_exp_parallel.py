@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.commands import run_main
-from experiments.config import ConfigError, load
-from experiments.runner import build_engine
+from adapters.registry import create
+from experiments.commands.run import run_main
+from experiments.running.runner import build_engine
+from experiments.workload.config import ConfigError, load
 from tests.experiments.exp_util import write_config
 
 
@@ -20,12 +21,12 @@ def test_block_reaches_each_adapter_as_its_own_flags(exp_model, tmp_path):
     assert cfg.parallel.model_dump() == {"tensor": 2, "pipeline": 1, "data": 1}
     vllm, opts, _ = build_engine(cfg, "vllm", tmp_path / "vllm")
     assert opts["parallel"] == {"tensor": 2, "pipeline": 1, "data": 1}
-    assert vllm._impl.args["tensor_parallel_size"] == 2 and "pipeline_parallel_size" not in vllm._impl.args
+    assert vllm.args["tensor_parallel_size"] == 2 and "pipeline_parallel_size" not in vllm.args
     ref, _, _ = build_engine(cfg, "reference", tmp_path / "ref")  # in-process: its own process (Isolated)
-    from adapters.reference import ReferenceEngine
 
-    child = ReferenceEngine(ref.model, ref.dtype, ref.options)  # what experiments/isolate.py builds in the child
-    assert child._impl.options["tensor_parallel_size"] == 2
+
+    child = create("reference", ref.model, ref.dtype, ref.options)  # what experiments/running/isolate.py builds in the child
+    assert child.options["tensor_parallel_size"] == 2
 
 
 def test_bad_block_is_one_line(exp_model, tmp_path):

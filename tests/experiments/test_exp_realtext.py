@@ -1,4 +1,4 @@
-"""Real-text workloads (experiments/realtext.py) on SmolLM2's real tokenizer and chat template: seeded,
+"""Real-text workloads (experiments/workload/realtext.py) on SmolLM2's real tokenizer and chat template: seeded,
 templated as transformers templates, lengths from the tokenizer, growing conversations, real stdlib
 code; config errors are one line (exit 2). Only tokenizers here: no forward pass of the real model."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import realtext
-from experiments.commands import run_main
-from experiments.config import ConfigError, Config, Workload, load
-from experiments.workloads import build, describe, load_tokenizer
+from experiments.commands.run import run_main
+from experiments.workload import realtext
+from experiments.workload.config import Config, ConfigError, Workload, load
+from experiments.workload.workloads import build, describe, load_tokenizer
 
 KINDS = {"chat": dict(num_requests=12, output_len=64),
          "summarize": dict(num_requests=6, input_len=[300, 600], output_len=64),
@@ -157,7 +157,7 @@ def test_chat_route_sends_messages_and_the_report_counts_endings(exp_model, tmp_
 
 def test_chat_requests_go_to_the_chat_route_with_the_same_sampling():
     from adapters.base import GenerationRequest, SamplingConfig
-    from adapters.openai_compat import OpenAIEngine
+    from adapters.transport.openai import OpenAIEngine
 
     engine = OpenAIEngine("m", "float32", {"url": "http://x"})
     engine.served_model_name = "m"
@@ -175,7 +175,7 @@ def test_chat_requests_go_to_the_chat_route_with_the_same_sampling():
 
 
 def test_requests_ended_at_eos_are_not_retokenization_mismatches(exp_model):
-    from experiments.metrics import token_checks
+    from experiments.measuring.metrics import token_checks
 
     tok = load_tokenizer(exp_model)
     ids = tok.encode("The cat sat on the mat.", add_special_tokens=False).ids

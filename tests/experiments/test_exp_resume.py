@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.commands import report_main, run_main
-from experiments.workloads import build
+from experiments.commands.report import main as report_main
+from experiments.commands.run import run_main
+from experiments.workload.workloads import build
 from tests.experiments.exp_util import write_config
 
 BODY = """
@@ -88,7 +89,7 @@ def test_killed_engine_keeps_finished_requests_and_resume_completes(tmp_path, ex
     assert len(lines(out / "kill/paced2/requests.jsonl")) == 12
 
     # identical prompt token ids for every engine, equal to the workload's
-    from experiments.config import load
+    from experiments.workload.config import load
 
     c = load(cfg)
     items, _ = build(c.model, c.workload, c.load.warmup)

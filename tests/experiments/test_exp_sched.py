@@ -1,4 +1,4 @@
-"""experiments.sched against real processes: the autogroup verdict and the listener lookup."""
+"""experiments.running.sched against real processes: the autogroup verdict and the listener lookup."""
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-from adapters.launcher import free_port
-from experiments import sched
+from adapters.transport.launcher import free_port
+from experiments.running import sched
 
 SERVE = "import http.server, sys; http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), " \
         "http.server.SimpleHTTPRequestHandler).serve_forever()"

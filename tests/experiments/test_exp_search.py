@@ -1,12 +1,13 @@
-"""The SLO search's levels (experiments/search.py): how many requests a level sends, and that the run's
+"""The SLO search's levels (experiments/running/search.py): how many requests a level sends, and that the run's
 max_model_len holds every one of them (a grown level's prompts can be longer than the workload's own)."""
 from __future__ import annotations
 
 import math
 
-from experiments import context, search, workloads
-from experiments.config import load
-from experiments.runner import Plan
+from experiments.running import search
+from experiments.running.runner import Plan
+from experiments.workload import context, workloads
+from experiments.workload.config import load
 from tests.experiments.exp_util import write_config
 
 BODY = """

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.commands import run_main
+from experiments.commands.run import run_main
 from tests.experiments.exp_util import write_config
 
 N, IN, OUT = 8, 32, 8

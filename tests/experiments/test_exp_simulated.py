@@ -1,4 +1,4 @@
-"""The harness's timing mechanism on simulated time (experiments.clock.simulated): the engine
+"""The harness's timing mechanism on simulated time (experiments.running.clock.simulated): the engine
 sleeps its planted delays on a loop whose clock jumps, so every time the harness records is
 exact on any machine. These replace the wall-clock calibration and SLO-search bounds (those
 now run as benchmarks: `make bench`, docs/perf/)."""
@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from experiments import clock, metrics
-from experiments.commands import run_main
-from experiments.load import LoadGenerator, chains
-from experiments.results import record
-from experiments.workloads import WorkItem
+from experiments.commands.run import run_main
+from experiments.measuring import metrics
+from experiments.running import clock
+from experiments.running.load import LoadGenerator, chains
+from experiments.running.results import record
+from experiments.workload.workloads import WorkItem
 from tests.experiments.exp_util import write_config
 from tests.experiments.sim_engine import SimEngine
 
@@ -196,7 +197,7 @@ def test_search_finds_a_planted_saturation_rate(tmp_path, exp_model, simulated):
 def test_a_search_of_short_levels_passes_a_burst_past_saturation(tmp_path, exp_model, simulated):
     """The same engine with level_s = 0: each level is the workload's 10 requests, a burst. At 44 req/s
     the 10th waits 9 x 1.27 = 11 ms, inside the slack, so the search reports a rate the engine cannot
-    sustain (41.67): why levels last (experiments/search.py)."""
+    sustain (41.67): why levels last (experiments/running/search.py)."""
     found, report = _search(tmp_path, exp_model, 0)
     assert all(p["requests"] == 10 for p in found["points"])
     assert found["best_rate"] >= 44 > 2 / 0.048

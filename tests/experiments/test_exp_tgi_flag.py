@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from experiments.config import Workload
-from experiments.workloads import build
+from experiments.workload.config import Workload
+from experiments.workload.workloads import build
 from tests.adapters.own_server import inferlab_serve
 from tests.experiments.exp_util import write_config
 

@@ -1,10 +1,10 @@
 """Throughput per device and the all-reduce share of a decode step, measured beside its estimate
-(experiments/tp_share.py): the arithmetic on known counters."""
+(experiments/measuring/tp_share.py): the arithmetic on known counters."""
 from __future__ import annotations
 
 import pytest
 
-from experiments.tp_share import summary
+from experiments.measuring.tp_share import summary
 
 
 def test_share_per_device_and_the_ring_estimate():

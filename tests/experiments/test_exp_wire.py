@@ -1,4 +1,4 @@
-"""experiments.wire: the split of the time before the first token, and the words the report
+"""experiments.measuring.wire: the split of the time before the first token, and the words the report
 uses for a client-vs-server TTFT gap; then the stamps of a real burst on `inferlab serve`."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from experiments import wire
-from experiments.commands import run_main
+from experiments.commands.run import run_main
+from experiments.measuring import wire
 from tests.experiments.exp_util import write_config
 
 MS = 1_000_000

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config import Workload
-from experiments.workloads import build, load_tokenizer, normal_ids
+from experiments.workload.config import Workload
+from experiments.workload.workloads import build, load_tokenizer, normal_ids
 
 SHAREGPT = Path(__file__).resolve().parents[2] / "experiments" / "data" / "sharegpt_sample.json"
 
@@ -90,8 +90,8 @@ def test_normal_ids_cover_the_vocab_minus_specials(exp_model):
 
 
 def test_repetitive_prompts_repeat_a_passage_with_few_edits(exp_model):
-    from experiments.config import Workload
-    from experiments.workloads import build
+    from experiments.workload.config import Workload
+    from experiments.workload.workloads import build
 
     w = Workload(kind="repetitive", num_requests=3, input_len=200, output_len=16, period=50, edit_rate=0.04)
     items, _ = build(exp_model, w, 0)

@@ -1,14 +1,14 @@
 """Lab 15 — measuring inference: one variable at a time, with the harness's own pieces, on a real model.
 
-Smallest working piece: the harness's load generator (`experiments/load.py`) sends token-exact prompts
-(`experiments/workloads.py`) to an engine through the `Engine` interface, stamps every event on arrival,
-and `experiments/metrics.py` turns the records into TTFT, TPOT, E2EL and throughput exactly as in a
-report; `experiments/intervals.py` gives each median a 95 % interval (a bootstrap over requests). We
+Smallest working piece: the harness's load generator (`experiments/running/load.py`) sends token-exact prompts
+(`experiments/workload/workloads.py`) to an engine through the `Engine` interface, stamps every event on arrival,
+and `experiments/measuring/metrics.py` turns the records into TTFT, TPOT, E2EL and throughput exactly as in a
+report; `experiments/measuring/intervals.py` gives each median a 95 % interval (a bootstrap over requests). We
 sweep prompt length, then output length, then concurrency, holding the other two fixed, and say from
 the intervals which metric moved: a sentence is printed only where the intervals at the two ends do not
 overlap, "inconclusive on this machine" where they do.
 
-The engine runs in a process of its own (`experiments/isolate.py`, as in every report's latency run),
+The engine runs in a process of its own (`experiments/running/isolate.py`, as in every report's latency run),
 so this client never holds its interpreter lock; `--same-process` runs it in this one instead, to see
 the observer effect. The default run is CI-sized (a few requests per point, SmolLM2-135M-Instruct on
 the CPU); `--full` is the run whose numbers chapter 15 records, written by `--out FILE` as markdown
@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from adapters import registry
-from experiments.config import Workload
-from experiments.intervals import overlap, request_ci
-from experiments.isolate import Isolated
-from experiments.load import LoadGenerator, chains
-from experiments.metrics import summarize
-from experiments.results import record
-from experiments.workloads import load_tokenizer, random_items
+from experiments.measuring.intervals import overlap, request_ci
+from experiments.measuring.metrics import summarize
+from experiments.running.isolate import Isolated
+from experiments.running.load import LoadGenerator, chains
+from experiments.running.results import record
+from experiments.workload.config import Workload
+from experiments.workload.workloads import load_tokenizer, random_items
 from reference_engine.config import ModelConfig
 from reference_engine.engine.trace import resolve_real_model
 
@@ -60,7 +60,7 @@ METRICS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2el_ms": "E2EL"}
 
 def per_request_ms(records, key):
     """One array per request (what request_ci resamples), from the same per-request rows as the report."""
-    from experiments.metrics import per_request
+    from experiments.measuring.metrics import per_request
     return [np.array([v]) if v == v else np.array([]) for v in (per_request(r)[key] for r in records)]
 
 
@@ -165,8 +165,9 @@ async def timed_prefills(model: str, lengths: list[int], repeats: int = 3) -> di
 
 async def main():
     options = {"mode": "in_process", "kv_cache_tokens": 8192}
-    engine = (registry.get("reference")(model, "float32", options) if args.same_process else
-              Isolated(registry.ADAPTERS["reference"], model, "float32", options))
+    engine = registry.create("reference", model, "float32", options)
+    if not args.same_process:  # the same adapter class, built again in a child process of its own
+        engine = Isolated(registry.target(engine), model, "float32", options)
     info = await engine.start()
     tok = load_tokenizer(model)
     print(f"engine {info.engine} {info.version}, model {model}, {N} requests per point (x concurrency), greedy, "

@@ -26,8 +26,8 @@ from transformers import DeepseekV3Config
 from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.sampling_params import SamplingParams
 from reference_engine.engine.trace import resolve_real_model
+from reference_engine.sampling_params import SamplingParams
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/smollm2-135m-instruct, made if absent)")
@@ -93,7 +93,7 @@ def copy_gbps(repeats: int = 5) -> float:
     dst = torch.empty_like(src)
     dst.copy_(src)
     best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
-    return 2 * src.numel() * 4 / best / 1e9  # read + write, as experiments/bandwidth.py counts
+    return 2 * src.numel() * 4 / best / 1e9  # read + write, as experiments/measuring/bandwidth.py counts
 
 
 def _timed(fn) -> float:

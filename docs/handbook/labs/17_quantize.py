@@ -170,7 +170,7 @@ Wb, xb, sb = W.bfloat16(), x.bfloat16(), scale.bfloat16()
 src = torch.ones(32 * 2**20)  # 128 MiB
 dst = torch.empty_like(src)
 copy_t, _ = timed(lambda: dst.copy_(src), args.repeats)
-copy_gbs = 2 * src.numel() * 4 / copy_t / 1e9  # bytes read + bytes written, as experiments/bandwidth.py counts
+copy_gbs = 2 * src.numel() * 4 / copy_t / 1e9  # bytes read + bytes written, as experiments/measuring/bandwidth.py counts
 formats = {"fp32": (lambda: x @ W.T, 4), "bf16": (lambda: xb @ Wb.T, 2),
            "int8 (bf16 activations)": (lambda: torch.ops.aten._weight_int8pack_mm(xb, Wq, sb), 1),
            "int8 (fp32 activations)": (lambda: torch.ops.aten._weight_int8pack_mm(x, Wq, scale), 1)}

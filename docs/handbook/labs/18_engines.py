@@ -11,10 +11,10 @@ import argparse
 import asyncio
 import time
 
-from adapters.base import GenerationRequest, SamplingConfig
 from adapters import registry
-from reference_engine.tokenizer.tokenizer import Tokenizer
+from adapters.base import GenerationRequest, SamplingConfig
 from reference_engine.engine.trace import resolve_model
+from reference_engine.tokenizer.tokenizer import Tokenizer
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")
@@ -23,7 +23,7 @@ model = resolve_model(args.model)
 
 
 async def main():
-    engine = registry.get("reference")(model, "float32", {"mode": "in_process", "kv_cache_tokens": 1024})
+    engine = registry.create("reference", model, "float32", {"mode": "in_process", "kv_cache_tokens": 1024})
     info = await engine.start()
     print(f"EngineInfo: engine={info.engine} version={info.version} dtype={info.dtype} "
           f"KV capacity={info.kv_capacity_tokens} tokens, block size {info.block_size}")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from experiments.config import load
 import numpy as np
 import pytest
 
 from experiments.simulate import bench, calibrate, served_overhead, sweep
 from experiments.simulate.step_model import ModelShape, predict
+from experiments.workload.config import load
 from reference_engine import LLM, SamplingParams
 from tests.experiments.simulate.planted import planted
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from experiments.cli import main
-from experiments.config import load
 from experiments.simulate import capacity
+from experiments.workload.config import load
 from tests.experiments.exp_util import write_config
 from tests.experiments.simulate.planted import planted
 

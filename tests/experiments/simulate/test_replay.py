@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from experiments import metrics
-from experiments.config import load
+from experiments.measuring import metrics
 from experiments.simulate.replay import replay
+from experiments.workload.config import load
 from tests.experiments.exp_util import write_config
 from tests.experiments.simulate.planted import PER_SEQ, PER_STEP, planted
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.config import load
 from experiments.simulate import served_overhead
 from experiments.simulate.replay import replay
+from experiments.workload.config import load
 from tests.experiments.exp_util import write_config
 from tests.experiments.simulate.planted import PER_SEQ, PER_STEP, planted
 from tests.experiments.simulate.test_replay import BODY, rows

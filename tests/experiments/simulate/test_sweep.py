@@ -3,9 +3,9 @@ served runs it predicts are greedy, and greedy fp32 answers do not depend on the
 given must be exactly the answers the engine gives to those prompts."""
 from __future__ import annotations
 
-from experiments import workloads
-from experiments.config import load
 from experiments.simulate import sweep
+from experiments.workload import workloads
+from experiments.workload.config import load
 from reference_engine import LLM, SamplingParams
 from tests.experiments.exp_util import write_config
 
