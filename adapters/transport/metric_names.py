@@ -37,6 +37,7 @@ class MetricNames:
     itl: str | None = None  # gap between tokens (per token or per output, see the engine's docs)
     tpot: str | None = None  # per request: decode time / (output tokens - 1)
     e2e: str | None = None  # request arrival -> finished
+    queue_time: str | None = None  # request arrival -> first scheduled: the engine's own queue (a sweep's stop rule)
     # counters
     prompt_tokens: tuple[str, ...] = ()
     generation_tokens: tuple[str, ...] = ()
@@ -45,6 +46,7 @@ class MetricNames:
     spec_drafts: tuple[str, ...] = ()  # speculation rounds
     spec_draft_tokens: tuple[str, ...] = ()  # tokens proposed
     spec_accepted_tokens: tuple[str, ...] = ()  # tokens accepted
+    preemptions: tuple[str, ...] = ()  # requests preempted (vLLM) or retracted (SGLang): KV ran out (a sweep's stop rule)
     # tensor parallelism: plain decode steps, their seconds, and the all-reduce seconds and bytes inside them
     tp_decode_steps: tuple[str, ...] = ()
     tp_decode_seconds: tuple[str, ...] = ()
@@ -65,11 +67,12 @@ class MetricNames:
     model_info: tuple[str, ...] = ()  # info gauge whose `dtype` label is the dtype the engine was given
 
     def histograms(self) -> dict[str, str]:
-        return {k: v for k, v in (("ttft", self.ttft), ("itl", self.itl), ("tpot", self.tpot), ("e2e", self.e2e)) if v}
+        return {k: v for k, v in (("ttft", self.ttft), ("itl", self.itl), ("tpot", self.tpot), ("e2e", self.e2e),
+                                  ("queue", self.queue_time)) if v}
 
     def counters(self) -> dict[str, tuple[str, ...]]:
         names = ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "spec_drafts",
-                 "spec_draft_tokens", "spec_accepted_tokens", *TP_COUNTERS)
+                 "spec_draft_tokens", "spec_accepted_tokens", "preemptions", *TP_COUNTERS)
         return {k: getattr(self, k) for k in names if getattr(self, k)}
 
     def rates(self) -> dict[str, tuple[str, ...]]:
@@ -99,6 +102,7 @@ VLLM = MetricNames(
     itl="vllm:inter_token_latency_seconds",
     tpot="vllm:request_time_per_output_token_seconds",
     e2e="vllm:e2e_request_latency_seconds",
+    queue_time="vllm:request_queue_time_seconds",
     prompt_tokens=("vllm:prompt_tokens_total",),
     generation_tokens=("vllm:generation_tokens_total",),
     prefix_queries=("vllm:prefix_cache_queries_total",),
@@ -106,5 +110,6 @@ VLLM = MetricNames(
     spec_drafts=("vllm:spec_decode_num_drafts_total",),
     spec_draft_tokens=("vllm:spec_decode_num_draft_tokens_total",),
     spec_accepted_tokens=("vllm:spec_decode_num_accepted_tokens_total",),
+    preemptions=("vllm:num_preemptions_total",),
     cache_info=("vllm:cache_config_info",),
 )

@@ -101,7 +101,7 @@ def run_main(argv: list[str]) -> int:
 
 def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     """Run one config (a plain one, or one cell of a matrix) into out/<cfg.name>/."""
-    from experiments.measuring import bandwidth, ceilings
+    from experiments.measuring import bandwidth, ceilings, energy
     from experiments.report import build
     from experiments.running import search
     from experiments.running.progress import Progress
@@ -134,7 +134,7 @@ def _run(cfg, whole, toml: str, out: Path, a: argparse.Namespace) -> int:
     (run_dir / "workload.json").write_text(json.dumps(workloads.describe(items, cfg.workload), indent=2))
     plan = Plan(cfg, run_dir, items, warm, bandwidth.peak_copy_gbps(), resume=a.resume,
                 compute=ceilings.compute_peak(str(cfg.model), cfg.dtype),
-                progress=Progress(False if a.no_progress else None))
+                progress=Progress(False if a.no_progress else None), meter=energy.meter())
     statuses: dict[str, str] = {}
     ran = False
     # SIGTERM unwinds like Ctrl-C, so every started engine (and its server tree) is stopped

@@ -6,7 +6,8 @@ with a 95 % interval:
 - with N >= 2 repeats: the median of the N per-repeat values, and a percentile bootstrap
   of that median over the repeats (with N = 3 the interval is close to [min, max]);
 - with one run: the statistic itself, and a percentile bootstrap over the requests
-  (latency statistics only: a throughput has one value per run, so it gets no interval).
+  (latency statistics only: a throughput has one value per run, so it gets no interval, except a
+  sustained sweep level's: the bootstrap of the mean over its time windows, `mean_ci`).
 A winner is named only where its interval does not overlap the other's.
 """
 from __future__ import annotations
@@ -31,6 +32,17 @@ def median_ci(values: Iterable[float], b: int = B, seed: int = SEED) -> tuple[fl
     meds = np.median(v[rng.integers(0, v.size, size=(b, v.size))], axis=1)
     lo, hi = np.percentile(meds, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
     return float(np.median(v)), float(lo), float(hi)
+
+
+def mean_ci(values: Iterable[float], b: int = B, seed: int = SEED) -> tuple[float, float, float] | None:
+    """(mean, lo, hi) of values from one run (a level's time windows); bootstrap over them. None for fewer than 3."""
+    v = np.asarray([x for x in values if x is not None and x == x], dtype=float)
+    if v.size < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, size=(b, v.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
+    return float(v.mean()), float(lo), float(hi)
 
 
 def request_ci(groups: list[np.ndarray], stat: Callable[[np.ndarray], float], b: int = 500,

@@ -66,6 +66,29 @@ def wall_seconds(records: list[dict[str, Any]]) -> float:
     return float((g["last"] - g["first"]).sum() / 1e9)
 
 
+def lateness_ms(records: list[dict[str, Any]]) -> list[float]:
+    """Each request's send time after its due time (ms; `due_ns`: its arrival, or in a closed loop the moment its
+    user's previous request finished): the client's own delay, which no engine causes."""
+    return [(r["send_ns"] - r["due_ns"]) / NS_PER_MS for r in records if r.get("due_ns") is not None]
+
+
+def window_throughputs(records: list[dict[str, Any]], n: int = 6) -> list[float]:
+    """Output tok/s in `n` equal windows from the first send to the last send (a sustained level's steady part,
+    before its drain), tokens counted when they arrived: the spread inside one level, for its interval."""
+    if not records:
+        return []
+    t0, t1 = min(r["send_ns"] for r in records), max(r["send_ns"] for r in records)
+    if t1 <= t0:
+        return []
+    width = (t1 - t0) / n
+    counts = [0] * n
+    for r in records:
+        for t, k in r["events"]:
+            if t0 <= t < t1:
+                counts[min(int((t - t0) / width), n - 1)] += k
+    return [c / (width / 1e9) for c in counts]
+
+
 def meets_slo(row: dict[str, Any], slo: dict[str, float | None]) -> bool:
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
         limit = slo.get(key)

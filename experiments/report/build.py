@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments.measuring import bandwidth
-from experiments.report import answers, observer, plots, predicted, sections, settings, verdict, workload
+from experiments.report import answers, frontier, observer, plots, predicted, sections, settings, verdict, workload
 from experiments.report.md import fmt
 from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, group, latency_rows
 from experiments.report.summary import load_runs, same_prompts, summarize
@@ -36,6 +36,11 @@ def ceiling_line(runs) -> str:
             "(a lower bound under concurrency: TTFT includes queueing).")
 
 
+def wants_frontier(cfg: dict) -> bool:
+    """A sweep, or a config that names interactivity targets, gets the frontier section."""
+    return (cfg.get("load") or {}).get("mode") == "sweep" or bool((cfg.get("frontier") or {}).get("interactivity"))
+
+
 def build(dirs: list[Path], out: Path) -> Path:
     """Summarize `dirs`, draw the plots and write `out/report.md`; returns its path."""
     runs = load_runs([Path(d) for d in dirs])
@@ -63,6 +68,8 @@ def build(dirs: list[Path], out: Path) -> Path:
     md += ["", "## Metric definitions", "", DEFINITIONS, ""]
     md += ["## Who is faster", "", verdict.basis(runs), ""] + verdict.lines(runs) + [""]
     md += verdict.search_section(runs)
+    if any(wants_frontier(cfg) for _, cfg, _ in runs.configs):
+        md += frontier.section([(None, runs)], runs.configs[0][1], out)
     md += predicted.section(runs, out / "plots")
     md += ["## Latency", ""] + group(runs, latency_rows()) + [""]
     md += ["## The server's own view", ""] + observer.section(runs) + [""]

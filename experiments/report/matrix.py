@@ -16,6 +16,8 @@ from typing import Any
 
 from adapters import registry
 from experiments.measuring.intervals import get
+from experiments.report import frontier
+from experiments.report.build import wants_frontier
 from experiments.report.md import fmt, table
 from experiments.report.rows import cell
 from experiments.report.summary import agreement, load_runs, summarize
@@ -62,7 +64,7 @@ def build(root: Path, whole, command: str) -> Path:
     names = whole.all_engines()
     # the engine the ratios are about: the first whose spec says so (the reference engine), else the first
     base = next((n for n in names if (s := registry.spec(n)) is not None and s.anchor), names[0])
-    body, links = [], []
+    body, links, cells = [], [], []
     for c in whole.cell_configs():
         d = root / c.name
         if not (d / "config.json").is_file():
@@ -70,6 +72,7 @@ def build(root: Path, whole, command: str) -> Path:
             continue
         runs = load_runs([d])
         summarize(runs)
+        cells.append((c.name, runs))
         own = frozenset(n for n in c.all_engines() if n != base and c.adapter(n) == c.adapter(base))
         body += _rows(c.name, {"dtype": c.dtype}, runs, base, own)
         links.append(f"- `{c.name}`: model `{c.model}`, {c.dtype} — [full report]({c.name}/report.md)")
@@ -83,6 +86,9 @@ def build(root: Path, whole, command: str) -> Path:
           "effective settings, memory and fairness flags.", "",
           *table(["cell", "dtype", "level", "metric", "engines", f"{base} ÷ best other"], body), "",
           "## Cells", "", *links, ""]
+    cfg = whole.model_dump(mode="json")
+    if wants_frontier(cfg):  # the frontier across cells: every cell's levels are one engine's points
+        md[md.index("## Cells"):md.index("## Cells")] = frontier.section(cells, cfg, root)
     path = root / "report.md"
     path.write_text("\n".join(md))
     return path

@@ -28,12 +28,17 @@ LEVEL_STYLES = ("-", "--", ":", "-.")  # several load levels of one engine in on
 
 def colours(runs: Runs) -> dict[str, str]:
     """Engine label -> its colour, the same for every plot of this report."""
+    return colour_map([e.label for e in runs.engines])
+
+
+def colour_map(labels: list[str]) -> dict[str, str]:
+    """Label -> colour: a registered engine's own (its spec's), else the next spare one."""
     out: dict[str, str] = {}
-    spare = iter(SPARE_COLOURS * (1 + len(runs.engines) // len(SPARE_COLOURS)))
-    for e in runs.engines:
-        spec = registry.spec(e.label)
+    spare = iter(SPARE_COLOURS * (1 + len(labels) // len(SPARE_COLOURS)))
+    for label in dict.fromkeys(labels):
+        spec = registry.spec(label)
         fixed = spec.colour if spec is not None else None
-        out[e.label] = fixed if fixed is not None and fixed not in out.values() else next(spare)
+        out[label] = fixed if fixed is not None and fixed not in out.values() else next(spare)
     return out
 
 

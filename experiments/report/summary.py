@@ -14,7 +14,7 @@ import numpy as np
 
 from adapters import registry
 from adapters.base import UNKNOWN_TOKEN_ID
-from experiments.measuring import bandwidth, ceilings, intervals, metrics, observer, tp_share, wire
+from experiments.measuring import bandwidth, ceilings, intervals, metrics, observer, saturation, tp_share, wire
 from experiments.running.results import EngineDir
 
 CPU_SHARE_WARN = 0.10  # of one core: above this the client may perturb an engine on a small machine
@@ -114,13 +114,15 @@ def summarize(runs: Runs) -> None:
                 by_rep.setdefault(r.get("repeat", 1), []).append(r)
             per = {r: _one(e, level, r, rr, cfg, shapes[(model, dtype)], retok[model])
                    for r, rr in sorted(by_rep.items())}
-            if len(per) == 1:  # one run: intervals over its requests (latency only)
+            if len(per) == 1:  # one run: intervals over its requests (latency), a sustained level's over its windows
                 s = next(iter(per.values()))
                 s["ci"], s["ci_basis"] = _request_ci(recs), "requests"
+                if (w := intervals.mean_ci(s.get("throughput_windows") or [])) is not None:
+                    s["ci"]["output_throughput"], s["throughput_ci_basis"] = [w[1], w[2]], "windows"
             else:  # medians over the repeats, intervals over the repeats
                 ci: dict[str, list[float]] = {}
                 s = intervals.merge(list(per.values()), ci)
-                s["ci"], s["ci_basis"] = ci, "repeats"
+                s["ci"], s["ci_basis"], s["throughput_ci_basis"] = ci, "repeats", "repeats"
                 s["per_repeat"] = {str(r): v for r, v in per.items()}
             s["repeats"] = sorted(per)
             e.summary[level] = s
@@ -152,6 +154,13 @@ def _one(e: EngineResult, level: str, repeat: int, recs: list[dict[str, Any]], c
     cost = cfg.get("cost_per_hour")
     if cost and s.get("output_throughput"):  # the machine's price per hour over tokens per hour
         s["cost_per_m_output"] = cost / (s["output_throughput"] * 3600) * 1e6
+    s["client_lateness_ms"] = metrics.stats(metrics.lateness_ms(recs))
+    s["saturation"] = saturation.pressure(s["server_view"], s["observer"], s)
+    s["energy"] = lv.get("energy") or {}
+    if s["energy"].get("joules") is not None and s.get("output_tokens"):
+        s["joules_per_output_token"] = s["energy"]["joules"] / s["output_tokens"]
+    if (cfg.get("load") or {}).get("mode") == "sweep":  # a sustained level: the spread of its windows
+        s["throughput_windows"] = metrics.window_throughputs(recs)
     return s
 
 

@@ -37,6 +37,10 @@ class Outcome:
     completion_tokens: int | None = None
     error: str | None = None
     wire: tuple[int | None, int | None] | None = None  # (sent_ns, headers_ns): TokenEvent.wire
+    # when the load meant to send it: its arrival time (open loop), or the moment its worker's previous request
+    # finished (closed loop). send_ns - due_ns is the client's lateness: a slow client, not a slow engine
+    due_ns: int | None = None
+    finished_ns: int | None = None  # when its finished event arrived (the next request of its worker is due then)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +82,7 @@ def finalize(o: Outcome, evs: list[TokenEvent]) -> Outcome:
         if o.wire is None and ev.wire:
             o.wire = (ev.wire[0], ev.wire[1])
         if ev.finished:
+            o.finished_ns = ev.recv_ns or None
             o.finish_reason = ev.finish_reason
             o.prompt_tokens, o.completion_tokens = ev.prompt_tokens, ev.completion_tokens
     if o.finish_reason is None and o.error is None:
@@ -110,20 +115,22 @@ class LoadGenerator:
                  timeout_s: float | None = None):
         self.engine, self.sampling, self.on_done, self.timeout_s = engine, sampling, on_done, timeout_s
         self.failure: str | None = None
+        self.sent = 0  # requests sent so far (a sustained level sends as many as fit in its time)
         self.first_send_ns: int | None = None
         self.last_done_ns: int | None = None
         self._t0 = 0.0
 
-    async def _one(self, item: WorkItem, arrival_s: float) -> Outcome:
+    async def _one(self, item: WorkItem, arrival_s: float, due_ns: int | None = None) -> Outcome:
         req = GenerationRequest(item.request_id, item.prompt_token_ids,
                                 SamplingConfig(**self.sampling, max_tokens=item.output_len), arrival_s=arrival_s,
                                 messages=item.messages)
         evs: list[TokenEvent] = []
         append = evs.append
         send = clock.now_ns()
+        self.sent += 1
         if self.first_send_ns is None:
             self.first_send_ns = send
-        o = Outcome(item, send)
+        o = Outcome(item, send, due_ns=due_ns)
         try:
             async with asyncio.timeout(self.timeout_s):
                 async for ev in self.engine.generate(req):
@@ -143,22 +150,38 @@ class LoadGenerator:
         self.on_done(o)
         return o
 
-    async def _chain(self, chain: list[WorkItem], arrival_s: float) -> None:
+    async def _chain(self, chain: list[WorkItem], arrival_s: float, due_ns: int | None = None) -> int | None:
+        """Send the chain's turns in order; the first is due at `due_ns`, each later one when the one before it
+        finished. Returns when the last finished (its final event's receive time), for the next chain's due."""
         for it in chain:
             if self.failure is not None:
-                return
-            await self._one(it, arrival_s)
+                return due_ns
+            o = await self._one(it, arrival_s, due_ns)
+            due_ns = o.finished_ns or clock.now_ns()
+        return due_ns
 
-    async def closed(self, work: list[list[WorkItem]], concurrency: int) -> None:
+    async def closed(self, work: list[list[WorkItem]], concurrency: int, until_s: float | None = None,
+                     more: Callable[[int], list[list[WorkItem]]] | None = None) -> None:
+        """At most `concurrency` chains in flight. With `until_s`, no chain starts after that many seconds and
+        `more(n)` supplies n fresh chains whenever `work` runs out before then (a sustained level)."""
         queue = list(reversed(work))
 
+        def take() -> list[WorkItem] | None:
+            if until_s is not None and clock.now_s() - self._t0 >= until_s:
+                return None
+            if not queue and more is not None and until_s is not None:
+                queue.extend(reversed(more(concurrency)))
+            return queue.pop() if queue else None
+
         async def worker() -> None:
-            while queue and self.failure is None:
-                await self._chain(queue.pop(), clock.now_s() - self._t0)
+            due = clock.now_ns()
+            while self.failure is None and (chain := take()) is not None:
+                due = await self._chain(chain, clock.now_s() - self._t0, due)
 
         with frozen_gc():
             self._t0 = clock.now_s()
-            await asyncio.gather(*(worker() for _ in range(min(concurrency, len(work)))))
+            n = concurrency if more is not None and until_s is not None else min(concurrency, len(work))
+            await asyncio.gather(*(worker() for _ in range(n)))
 
     async def open(self, work: list[list[WorkItem]], offsets: list[float], max_concurrency: int | None = None) -> None:
         """Arrivals at `offsets` (s from now); with `max_concurrency`, an arrival waits for one of
@@ -170,14 +193,16 @@ class LoadGenerator:
         self._t0 = clock.now_s()
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
+        t0_ns = clock.now_ns()
+
         async def later(chain: list[WorkItem], at: float) -> None:
             delay = self._t0 + at - clock.now_s()
             if delay > 0:
                 await asyncio.sleep(delay)
             if slots is None:
-                await self._chain(chain, at)
+                await self._chain(chain, at, t0_ns + int(at * 1e9))
                 return
-            async with slots:
-                await self._chain(chain, at)
+            async with slots:  # a capped arrival is due when it gets its slot, as its TTFT counts from then
+                await self._chain(chain, at, max(t0_ns + int(at * 1e9), clock.now_ns()))
 
         await asyncio.gather(*(later(c, t) for c, t in zip(work, offsets)))

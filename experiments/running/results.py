@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from adapters import registry
+from adapters.common import parallel
 from experiments.running.load import Outcome
 
 # the harness's own stack; each engine's spec adds its packages (`versions`)
@@ -30,7 +31,7 @@ PACKAGES = ("inferlab", "torch", "transformers", "tokenizers", "numpy", "pandas"
 def record(o: Outcome, level: str, session: int, repeat: int = 1) -> dict[str, Any]:
     done = o.events[-1][0] if o.events else o.send_ns
     return {"level": level, "request_id": o.item.request_id, "repeat": repeat, "session": session,
-            "send_ns": o.send_ns, "sent_ns": o.wire[0] if o.wire else None,
+            "send_ns": o.send_ns, "due_ns": o.due_ns, "sent_ns": o.wire[0] if o.wire else None,
             "headers_ns": o.wire[1] if o.wire else None,
             "done_ns": done, "events": o.events, "prompt_token_ids": o.item.prompt_token_ids,
             "output_token_ids": o.token_ids, "output_len": o.item.output_len, "text": o.text,
@@ -119,11 +120,32 @@ def _gpus() -> list[dict[str, Any]]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
+            driver = pynvml.nvmlSystemGetDriverVersion()
             out.append({"name": name.decode() if isinstance(name, bytes) else name,
-                        "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)})
+                        "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                        "driver": driver.decode() if isinstance(driver, bytes) else driver})
         return out
     except Exception:  # no NVML / no GPU: an empty list says so
         return []
+
+
+def devices(info: Any, hw: dict[str, Any]) -> dict[str, Any]:
+    """What "per device" means for this engine's throughput: on a GPU host the GPUs it uses (tensor x pipeline
+    x data, as it reports them), else the cores its process may run on (its affinity mask; an attached
+    server's process is not ours, so the machine's)."""
+    eff = info.effective or {}
+    gpus = hw.get("gpus") or []
+    if gpus and not str(eff.get("device") or "").startswith("cpu"):
+        n = parallel.gpus(eff)[0] or 1
+        return {"kind": "gpu", "count": n, "per": "per GPU", "model": gpus[0]["name"], "driver": gpus[0].get("driver")}
+    try:
+        cores = len(psutil.Process(info.pid).cpu_affinity()) if info.pid else None
+    except (psutil.Error, AttributeError):
+        cores = None
+    where = "the engine process's affinity mask" if cores else "this machine (the engine's process is not ours)"
+    cores = cores or psutil.cpu_count()
+    return {"kind": "cpu", "count": cores, "per": f"per core ({where}: {cores} of {psutil.cpu_count()})",
+            "model": hw.get("cpu")}
 
 
 def hardware() -> dict[str, Any]:

@@ -24,11 +24,12 @@ from adapters import registry
 from adapters.base import Engine, EngineInfo, EngineUnavailable
 from experiments.measuring.memory import MemorySampler
 from experiments.measuring.observer import Bracket, LoopWatch, Timeline
-from experiments.running import clock, sched, search
+from experiments.measuring import energy
+from experiments.running import clock, sched, search, sweep
 from experiments.running.isolate import Isolated
 from experiments.running.load import LoadGenerator, Outcome, arrivals, chains
 from experiments.running.progress import Progress
-from experiments.running.results import EngineDir, git_commit, hardware, record, versions
+from experiments.running.results import EngineDir, devices, git_commit, hardware, record, versions
 from experiments.workload.config import Config
 from experiments.workload.workloads import WorkItem
 
@@ -43,6 +44,7 @@ class Plan:
     resume: bool = False
     compute: dict[str, Any] = field(default_factory=dict)  # measured matmul ceiling (experiments/measuring/ceilings.py)
     progress: Progress = field(default_factory=lambda: Progress(False))
+    meter: Any = None  # the device's energy counter (experiments/measuring/energy.py), None where none reads
     _grown: dict[int, list[WorkItem]] = field(default_factory=dict)
 
     def items_for(self, n: int) -> list[WorkItem]:
@@ -149,6 +151,7 @@ class EngineRun:
             why = getattr(e, "headline", None) or f"{type(e).__name__}: {e}"
             return self._end("failed", f"start failed: {why}")
         m["info"] = self.rep["info"] = info.to_dict()
+        m["devices"] = devices(info, m["hardware"])  # what a frontier's "per device" divides by
         # An attached server's process is unknown (pid None) but it is not ours.
         m["same_process"] = info.pid == os.getpid() or (info.pid is None and info.mode == "in_process")
         m["scheduler"] = sched.placement(info.pid, options.get("url") if info.mode == "attach" else None)
@@ -162,8 +165,8 @@ class EngineRun:
             info.metrics_url = None  # the user asked for no scrapes at all
         cpu0 = _cpu_s()
         try:
-            levels = search.levels(self, engine, info, sampler) if cfg.load.mode == "search" else \
-                _fixed(self, engine, info, sampler, cfg.load.levels())
+            mode = {"search": search.levels, "sweep": sweep.levels}.get(cfg.load.mode)
+            levels = mode(self, engine, info, sampler) if mode else _fixed(self, engine, info, sampler, cfg.load.levels())
             async for failure in levels:
                 if failure:
                     return self._end("failed", failure)
@@ -180,9 +183,12 @@ class EngineRun:
             await _quiet_stop(engine)
 
     async def _level(self, engine: Engine, info: EngineInfo, sampler: MemorySampler, kind: str,
-                     value: float, items: list[WorkItem] | None = None) -> str | None:
-        """Warm-up, then the bracket's before-reading, the measured requests (`items`, else the plan's)
-        with nothing else sent to the engine (unless a timeline is configured), and the after-reading."""
+                     value: float, items: list[WorkItem] | None = None, until_s: float | None = None,
+                     more: Any = None) -> str | None:
+        """Warm-up, then the bracket's before-reading, the measured requests (`items`, else the plan's; a closed
+        loop with `until_s` goes on with `more(n)` fresh chains until then) with nothing else sent to the engine
+        (unless a timeline is configured), and the after-reading. The device's energy counter, where there is
+        one, is read just before and just after the measured requests."""
         cfg, plan = self.plan.cfg, self.plan
         level = f"{kind}={value:g}"
         done = self.done.get(level, set())
@@ -219,10 +225,12 @@ class EngineRun:
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
         sent = sum(len(c) for c in todo)
         watch = LoopWatch().start()  # whose stall a burst was (observer.bunched)
+        meter = self.plan.meter
+        e0 = meter.read() if meter else None
         cpu0, loop0, t0 = _cpu_s(), time.thread_time(), clock.now_s()
         try:
             if kind == "concurrency":
-                await gen.closed(todo, int(value))
+                await gen.closed(todo, int(value), until_s, more)
             else:
                 cap = cfg.load.max_concurrency if math.isfinite(value) else None  # "inf": all at once
                 await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed), cap)
@@ -232,6 +240,9 @@ class EngineRun:
                 timeline.close()
             loop = await watch.stop()
         wall, cpu, loop_cpu = clock.now_s() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
+        e1 = meter.read() if meter else None
+        if until_s is not None:  # a sustained level sent as many as fit in its time
+            sent = gen.sent
         sampler.now()
         memory = sampler.summary(start_idx)
         observed = await bracket.close(sent)
@@ -246,6 +257,8 @@ class EngineRun:
                          "snapshot_before": observed.get("snapshot_before"),
                          "snapshot_after": observed.get("snapshot_after")},
             "server_view": observed.get("server_view"),
+            "energy": ({**meter.describe(), "joules": prev.get("energy", {}).get("joules", 0.0) + meter.used(e0, e1)}
+                       if e0 is not None and e1 is not None else {"source": energy.NOT_REPORTED}),
         }
         self._save()
         return gen.failure

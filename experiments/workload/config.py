@@ -115,14 +115,38 @@ class Search(_Strict):
     level_s: float = Field(30.0, ge=0)
 
 
+class Sweep(_Strict):
+    """`load.mode = "sweep"`: closed loop from concurrency `start`, doubling, each level sustained for at least
+    `level_s` seconds on fresh requests (none repeated, so no level gets free prefix-cache hits), until the
+    engine saturates (experiments/running/sweep.py, `stop_reason`):
+    - output throughput grows by less than `min_gain` over a doubling while TPOT p50 rises;
+    - the engine's own counters show preemption, or more than `max_queue_share` of its request time queued;
+    - TTFT p99 passes `max_ttft_p99_ms`, or the next level would pass `max_concurrency`.
+    Then up to `refine` extra levels at geometric midpoints: between the last two levels, and between
+    adjacent levels whose throughputs differ by more than `refine_ratio`. A level whose client sent late
+    (send time against due time, p99) by more than `client_lateness_ms` is flagged client-bound, and a sweep
+    that stops on one says so."""
+
+    start: int = Field(1, ge=1)
+    max_concurrency: int = Field(256, ge=1)
+    level_s: float = Field(30.0, ge=0)
+    min_gain: float = Field(0.10, ge=0)
+    max_queue_share: float = Field(0.10, gt=0, le=1)
+    max_ttft_p99_ms: float | None = Field(None, gt=0)
+    refine: int = Field(2, ge=0, le=10)
+    refine_ratio: float = Field(1.5, gt=1)
+    client_lateness_ms: float = Field(25.0, gt=0)
+
+
 class Load(_Strict):
     """How it is sent. Closed loop: at most `concurrency` in flight. Open loop: arrivals at
     `rate` req/s (Poisson when burstiness = 1, gamma otherwise; "inf" sends all at once), at
     most `max_concurrency` in flight when set (an arrival then waits for a slot).
     A list sweeps; each level reruns the same requests after its own warm-up. Search: open
-    loop at rates the search picks (see `Search`)."""
+    loop at rates the search picks (see `Search`). Sweep: closed loop at concurrencies the sweep
+    picks, until saturation (see `Sweep`)."""
 
-    mode: Literal["closed", "open", "search"] = "closed"
+    mode: Literal["closed", "open", "search", "sweep"] = "closed"
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)
@@ -133,6 +157,7 @@ class Load(_Strict):
     seed: int = 0
     timeout_s: float = Field(600.0, gt=0)  # per request: a stuck engine fails the run instead of hanging it
     search: Search = Search()
+    sweep: Sweep = Sweep()
 
     @field_validator("concurrency", "rate", mode="before")
     @classmethod
@@ -156,8 +181,8 @@ class Load(_Strict):
 
     def levels(self) -> list[tuple[str, float]]:
         """(name, value) per sweep level, e.g. ("concurrency", 4) or ("rate", inf). A search
-        picks its levels as it goes (experiments/running/search.py): none are known in advance."""
-        if self.mode == "search":
+        picks its levels as it goes (experiments/running/search.py), as does a sweep: none are known in advance."""
+        if self.mode in ("search", "sweep"):
             return []
         return [("concurrency", c) for c in self.concurrency] if self.mode == "closed" else [("rate", r) for r in self.rate]
 
@@ -199,6 +224,24 @@ class Parallel(_Strict):
     data: int = Field(1, ge=1)
 
 
+class Frontier(_Strict):
+    """`[frontier]`: each engine's throughput per device against interactivity (output tok/s per user, 1000 /
+    TPOT p50) over every cell and level, read at `interactivity` targets (tok/s per user), with cost at
+    `price_per_device_hour` (dollars for one device, a GPU or a core, for an hour). A config gives either
+    this price or the machine's `cost_per_hour`, never both: the report divides the machine's price over its
+    devices when only that is given, so a price is never counted twice."""
+
+    interactivity: list[float] = []
+    price_per_device_hour: float | None = Field(None, gt=0)
+
+    @field_validator("interactivity")
+    @classmethod
+    def _targets(cls, v: list[float]) -> list[float]:
+        if any(not x > 0 for x in v):
+            raise ValueError("frontier.interactivity: targets are tok/s per user, each > 0")
+        return sorted(v)
+
+
 class KV(_Strict):
     tokens: int | None = Field(None, ge=1)  # the pinned KV budget, passed as option kv_cache_tokens
 
@@ -232,6 +275,7 @@ class Config(_Strict):
     # alike; tables show the median over repeats with a 95 % interval.
     repeats: int = Field(1, ge=1, le=50)
     cost_per_hour: float | None = Field(None, gt=0)  # the machine's price: cost per million output tokens
+    frontier: Frontier = Frontier()
     seed: int = 0
     # A matrix: each cell is a table of overrides of the keys above (model, dtype, load, ...),
     # merged into this config; `inferlab run` runs every cell into results/<name>/<cell name>/
@@ -253,6 +297,9 @@ class Config(_Strict):
             raise ValueError("an engine cannot be in both isolate and same_interpreter")
         if len(set(names)) != len(names):
             raise ValueError(f"engine listed twice in {names}")
+        if self.cost_per_hour is not None and self.frontier.price_per_device_hour is not None:
+            raise ValueError("set cost_per_hour (the machine) or frontier.price_per_device_hour (one device), not both: "
+                             "the report derives one from the other, and a price given twice would count twice")
         if self.load.mode == "search" and not any(v is not None for v in self.slo.model_dump().values()):
             raise ValueError('load.mode = "search" needs at least one SLO ([slo] ttft_ms, tpot_ms or e2el_ms)')
         if self.make_model is None and not Path(self.model).is_dir() and not self.cells:

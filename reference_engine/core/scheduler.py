@@ -55,6 +55,8 @@ class SchedulerStats:
     prefix_caching: bool
     prefix_cache_queries: int
     prefix_cache_hits: int
+    queue_time_s: float = 0.0  # summed over requests: arrival -> first scheduled (vLLM's WAITING phase)
+    num_first_scheduled: int = 0  # requests scheduled for the first time (what queue_time_s sums over)
 
 
 class Scheduler:
@@ -66,6 +68,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.queue_time_s, self.num_first_scheduled = 0.0, 0
         self.kv_peak_blocks = 0
 
     def stats(self) -> SchedulerStats:
@@ -74,7 +77,8 @@ class Scheduler:
             num_running=len(self.running), num_waiting=len(self.waiting), num_preemptions=self.num_preemptions,
             kv_total_blocks=kv.num_blocks, kv_used_blocks=kv.num_used, kv_free_blocks=kv.num_free,
             kv_cached_blocks=kv.num_cached, kv_peak_blocks=self.kv_peak_blocks, block_size=kv.block_size,
-            prefix_caching=kv.enable_caching, prefix_cache_queries=kv.queries, prefix_cache_hits=kv.hits)
+            prefix_caching=kv.enable_caching, prefix_cache_queries=kv.queries, prefix_cache_hits=kv.hits,
+            queue_time_s=self.queue_time_s, num_first_scheduled=self.num_first_scheduled)
 
     def reset_kv_peak(self) -> None:
         self.kv_peak_blocks = self.kv.num_used
@@ -137,6 +141,8 @@ class Scheduler:
             req.status = Status.RUNNING
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.monotonic()
+                self.queue_time_s += req.first_scheduled_time - req.arrival_time
+                self.num_first_scheduled += 1
             self.running.append(req)
             out.scheduled.append((req, n))
             out.prefix_hits[req.request_id] = num_hit

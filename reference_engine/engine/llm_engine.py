@@ -61,6 +61,9 @@ class EngineStats:
     tp_decode_seconds: float = 0.0
     tp_decode_allreduce_seconds: float = 0.0
     tp_decode_allreduce_bytes: int = 0
+    # arrival -> first scheduled, summed over the requests scheduled so far, and their number (vLLM's queue time)
+    request_queue_time_s: float = 0.0
+    request_queue_count: int = 0
 
 
 def kernel_problems(cfg: EngineConfig) -> list[str]:
@@ -334,6 +337,7 @@ class LLMEngine:
             spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
             spec_decode_num_accepted_tokens=self.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos),
+            request_queue_time_s=kv.queue_time_s, request_queue_count=kv.num_first_scheduled,
             **self._tp_counters(),
         )
 

@@ -11,6 +11,7 @@ process (tests) do not share counts.
 | vllm:kv_cache_usage_perc | fraction (0..1) of KV blocks in use (vLLM's name, vLLM's 0..1 value) |
 | vllm:prompt_tokens_total / generation_tokens_total | tokens prefilled / generated, as the engine counts them |
 | vllm:num_preemptions_total | preemptions |
+| vllm:request_queue_time_seconds | arrival -> first scheduled, per request (its sum and count; one +Inf bucket) |
 | vllm:prefix_cache_queries_total / _hits_total | prompt tokens looked up in / found in the prefix cache |
 | vllm:spec_decode_num_drafts_total | requests x steps that had draft tokens verified (only with speculation) |
 | vllm:spec_decode_num_draft_tokens_total / _num_accepted_tokens_total | draft tokens verified / accepted |
@@ -24,7 +25,7 @@ process (tests) do not share counts.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -63,6 +64,11 @@ class _EngineCollector:
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions.", s.num_preemptions_total)
+        # vLLM's queue-time histogram, as a sum and a count (one +Inf bucket): the engine sums each request's wait
+        queue = HistogramMetricFamily("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase "
+                                      "for request.", labels=["model_name"])
+        queue.add_metric(m, [("+Inf", s.request_queue_count)], s.request_queue_time_s)
+        yield queue
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", s.prefix_cache_queries)
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", s.prefix_cache_hits)
         if s.spec_decode_num_accepted_tokens_per_pos:  # exported only with speculation on, as in vLLM

@@ -169,8 +169,10 @@ async def test_in_process_features_effective_memory_and_counters(cyclic_llama):
     assert set(after) == {"num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits",
                           "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
                           "tp_decode_steps", "tp_decode_seconds", "tp_decode_allreduce_seconds",
-                          "tp_decode_allreduce_bytes"}
+                          "tp_decode_allreduce_bytes", "request_queue_time_s", "request_queue_count"}
     assert after["tp_decode_steps"] == 0  # one rank: nothing all-reduced, nothing counted
+    # arrival -> first scheduled, summed (the sweep's queue signal): both requests were scheduled once each
+    assert after["request_queue_count"] - before["request_queue_count"] == 2 and after["request_queue_time_s"] >= 0
     assert all(before[k] == 0 for k in after if k.startswith(("prefix", "spec")))
     assert after["prefix_cache_hits"] >= 32 and after["prefix_cache_queries"] >= 2 * len(prompt) - 1
     assert 0 < after["spec_decode_num_accepted_tokens"] <= after["spec_decode_num_draft_tokens"]

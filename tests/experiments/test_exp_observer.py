@@ -30,9 +30,11 @@ def _scrape_of(text: str) -> server_view.Scrape:
 def test_vllm_text_reduces_to_histograms_counters_and_gauges():
     text = VLLM_METRICS.read_text()
     sc = _scrape_of(text)
-    assert set(sc.histograms) == {"ttft", "itl", "tpot", "e2e"}
+    assert set(sc.histograms) == {"ttft", "itl", "tpot", "e2e", "queue"}
     assert sc.histograms["ttft"]["count"] == 1.0  # the one request the fixture recorded
+    assert sc.histograms["queue"]["count"] == 1.0  # vllm:request_queue_time_seconds: the sweep's queue signal
     assert sc.counters["generation_tokens"] == 5.0 and sc.counters["prefix_queries"] >= 0
+    assert sc.counters["preemptions"] == 0.0  # vllm:num_preemptions_total
     assert 0.0 <= sc.gauges["kv_usage"] <= 1.0
     assert server_view.names_for("openai", text) is VLLM  # a generic adapter in front of vLLM
 

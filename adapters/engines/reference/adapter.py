@@ -36,7 +36,7 @@ SERVER_KNOBS = ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batche
 # EngineStats counters copied into snapshot().extra
 COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts",
             "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "tp_decode_steps", "tp_decode_seconds",
-            "tp_decode_allreduce_seconds", "tp_decode_allreduce_bytes")
+            "tp_decode_allreduce_seconds", "tp_decode_allreduce_bytes", "request_queue_time_s", "request_queue_count")
 
 
 async def read_back(engine) -> tuple[dict, dict[str, int]]:

@@ -31,11 +31,13 @@ SGLANG = MetricNames(
     itl="sglang:inter_token_latency_seconds",
     tpot="sglang:request_time_per_output_token_seconds",
     e2e="sglang:e2e_request_latency_seconds",
+    queue_time="sglang:queue_time_seconds",  # every release of the table registers it (metric_names_by_version.json)
     prompt_tokens=("sglang:prompt_tokens_total",),
     generation_tokens=("sglang:generation_tokens_total",),
     prefix_queries=("sglang:prompt_tokens_total",),  # every prompt token is looked up in the radix cache
     prefix_hits=("sglang:cached_tokens_total",),  # labelled by source (device/host/storage): summed
     spec_drafts=("sglang:spec_verify_calls_total",),  # SGLang counts verify steps, not draft/accepted tokens
+    preemptions=("sglang:num_retracted_requests_total",),  # requests retracted when the KV pool ran out
     kv_capacity=("sglang:max_total_num_tokens",),
     kv_used=("sglang:num_used_tokens",),
     # Rates of the latest window only (scheduler_components/metrics_reporter.py): cache_hit_rate is

@@ -29,6 +29,7 @@ TGI = MetricNames(
     running=("tgi_batch_current_size",),
     waiting=("tgi_queue_size",),
     e2e="tgi_request_duration",
+    queue_time="tgi_request_queue_duration",  # router/src/server.rs @ v3.3.7 (fixtures/tgi/facts.json metrics)
     prompt_tokens=("tgi_request_input_length_sum",),
     generation_tokens=("tgi_request_generated_tokens_sum",),
     spec_accepted_tokens=("tgi_request_skipped_tokens_sum",),

@@ -100,6 +100,7 @@ TRTLLM = MetricNames(
     ttft="trtllm_time_to_first_token_seconds",
     tpot="trtllm_time_per_output_token_seconds",
     e2e="trtllm_e2e_request_latency_seconds",
+    queue_time="trtllm_request_queue_time_seconds",  # metrics/collector.py (fixtures/trtllm/facts.json metrics)
     prompt_tokens=("trtllm_prompt_tokens_total",),
     generation_tokens=("trtllm_generation_tokens_total",),
     prefix_queries=("trtllm_prompt_tokens_total",),
