@@ -2,6 +2,7 @@
 runs into one comparison (experiments/report/build.py)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -15,9 +16,17 @@ def main(argv: list[str]) -> int:
                                  "results/merged for several)")
     a = p.parse_args(argv)
     dirs = [Path(d) for d in a.run_dirs]
+    if len(dirs) == 1 and (dirs[0] / "matrix.json").is_file():  # a matrix's root: its page, from its cells' folders
+        from experiments.report import matrix
+        from experiments.workload.config import Config
+
+        whole = Config.model_validate(json.loads((dirs[0] / "matrix.json").read_text()))
+        page = matrix.build(dirs[0], whole, command="inferlab report " + " ".join(argv))
+        print(f"inferlab: matrix report written to {page}", file=sys.stderr)
+        return 0
     for d in dirs:
         if not (d / "config.json").is_file():
-            return fail(f"{d} is not a run folder (no config.json)")
+            return fail(f"{d} is not a run folder (no config.json; a matrix's root has matrix.json)")
     out = Path(a.out) if a.out else (dirs[0] if len(dirs) == 1 else Path("results/merged"))
     from experiments.report import build
 

@@ -94,7 +94,10 @@ def run_main(argv: list[str]) -> int:
             return 2
     if a.dry_run:  # started nothing, so writes nothing: the page and the cells' summaries stay as they are
         return max(codes)
-    report = matrix.build(Path(a.out) / cfg.name, whole, command=f"inferlab run {a.config}")
+    root = Path(a.out) / cfg.name
+    # the whole matrix, for `inferlab report ROOT` (json.dumps: a rate of inf stays a number, Infinity)
+    (root / "matrix.json").write_text(json.dumps(whole.model_dump(mode="python"), indent=2, default=str))
+    report = matrix.build(root, whole, command=f"inferlab run {a.config}")
     print(f"inferlab: matrix report written to {report}", file=sys.stderr)
     return max(codes)
 

@@ -40,9 +40,10 @@ def points(runs: Any, cell: str | None, price: float | None) -> list[Point]:
                      "devices": n, "per": dev.get("per"), "device_model": dev.get("model"), "driver": dev.get("driver"),
                      "machine": machine(hw, dev), "engine_version": info.get("version"),
                      "launch_command": (info.get("effective") or {}).get("launch_command"),
+                     "env": (e.manifest.get("options") or {}).get("env") or {},
                      "joules_per_output_token": s.get("joules_per_output_token"),
                      "energy_source": (s.get("energy") or {}).get("source"), "client_lateness_p99_ms": late,
-                     "simulated": bool(e.manifest.get("simulated"))}
+                     "simulated": (e.manifest.get("simulated") or {}).get("profile")}
             p = Point(e.label, cell, level, x, out_tps / n,
                       s["total_throughput"] / n if s.get("total_throughput") else None,
                       (ci[0] / n, ci[1] / n) if ci else None, s.get("throughput_ci_basis") if ci else None, extra)
@@ -90,15 +91,20 @@ def stops(runs: Any, cell: str | None) -> list[str]:
     return lines
 
 
-def plot(pts: list[Point], fronts: dict[str, list[Point]], out: Path) -> Path:
+def plot(pts: list[Point], fronts: dict[str, list[Point]], targets: list[float], out: Path) -> Path:
     colour = colour_map(list(fronts))
     fig, ax = plt.subplots(figsize=(8, 5))
+    for t in targets:  # where the engines are read
+        ax.axvline(t, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"{t:g} tok/s/user", (t, 0), xytext=(2, 2), textcoords="offset points", fontsize=7, color="grey",
+                    xycoords=("data", "axes fraction"))
     for eng, front in fronts.items():
         mine = [p for p in pts if p.engine == eng]
         dashed = any(p.extra.get("simulated") for p in mine)
         ax.scatter([p.interactivity for p in mine], [p.output for p in mine], color=colour[eng], alpha=0.35, s=18)
+        profile = next((p.extra["simulated"] for p in mine if p.extra.get("simulated")), None)
         ax.plot([p.interactivity for p in front], [p.output for p in front], marker="o", color=colour[eng],
-                linestyle="--" if dashed else "-", label=eng + (" (predicted)" if dashed else ""))
+                linestyle="--" if dashed else "-", label=eng + (f" (predicted: {profile})" if dashed else ""))
         for p in mine:
             ax.annotate(p.name.replace("concurrency=", "c="), (p.interactivity, p.output), fontsize=6,
                         xytext=(3, 3), textcoords="offset points", color=colour[eng])
@@ -124,8 +130,8 @@ def section(cells: list[tuple[str | None, Any]], cfg: dict[str, Any], out: Path)
         return []
     fronts = frontiers(pts)
     on = {id(p) for f in fronts.values() for p in f}
-    png = plot(pts, fronts, out)
     targets = (cfg.get("frontier") or {}).get("interactivity") or []
+    png = plot(pts, fronts, targets, out)
     reads = {t: {e: read_at(f, t) for e, f in fronts.items()} for t in targets}
     bases = sorted({p.ci_basis for p in pts if p.ci_basis})
     md = ["## The frontier: throughput per device against interactivity", "",
@@ -170,8 +176,10 @@ def section(cells: list[tuple[str | None, Any]], cfg: dict[str, Any], out: Path)
     if why:
         md += ["### Why each sweep stopped", ""] + why + [""]
     md += ["### What each point ran on", ""]
-    md += sorted({f"- {p.engine}: {p.extra['machine']}; {p.extra['devices']} device(s) {p.extra['per']}; "
-                  f"engine {p.extra.get('engine_version') or '?'}; `{p.extra.get('launch_command') or 'in-process'}`"
+    md += sorted({f"- {' / '.join(x for x in (p.engine, p.cell) if x)}: {p.extra['machine']}; {p.extra['devices']} "
+                  f"devices, {p.extra['per']}; engine {p.extra.get('engine_version') or '?'}; "
+                  f"`{p.extra.get('launch_command') or 'in-process'}`"
+                  + "".join(f" with {k}={v}" for k, v in sorted(p.extra["env"].items()))
                   for p in pts}) + [""]
     write(pts, on, reads, pr_said, out)
     md += ["The same points as data: [frontier.csv](frontier.csv), [frontier.json](frontier.json).", ""]

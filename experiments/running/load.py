@@ -14,7 +14,7 @@ import contextlib
 import gc
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -161,21 +161,22 @@ class LoadGenerator:
         return due_ns
 
     async def closed(self, work: list[list[WorkItem]], concurrency: int, until_s: float | None = None,
-                     more: Callable[[int], list[list[WorkItem]]] | None = None) -> None:
+                     more: Callable[[int], Awaitable[list[list[WorkItem]]]] | None = None) -> None:
         """At most `concurrency` chains in flight. With `until_s`, no chain starts after that many seconds and
-        `more(n)` supplies n fresh chains whenever `work` runs out before then (a sustained level)."""
+        `await more(n)` supplies n fresh chains whenever `work` runs out before then (a sustained level; it
+        must not block the event loop, which stamps every token)."""
         queue = list(reversed(work))
 
-        def take() -> list[WorkItem] | None:
+        async def take() -> list[WorkItem] | None:
             if until_s is not None and clock.now_s() - self._t0 >= until_s:
                 return None
             if not queue and more is not None and until_s is not None:
-                queue.extend(reversed(more(concurrency)))
+                queue.extend(reversed(await more(concurrency)))
             return queue.pop() if queue else None
 
         async def worker() -> None:
             due = clock.now_ns()
-            while self.failure is None and (chain := take()) is not None:
+            while self.failure is None and (chain := await take()) is not None:
                 due = await self._chain(chain, clock.now_s() - self._t0, due)
 
         with frozen_gc():

@@ -34,12 +34,14 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
 
-    def level(self, label: str, total: int) -> None:
+    def level(self, label: str, total: int, seconds: float | None = None) -> None:
+        """A level of `total` requests, or (`seconds`) one that sends fresh requests for that long."""
         self._tokens, self._t0 = 0, time.perf_counter()
         if self._bar is not None:
-            self._task = self._bar.add_task(label, total=total, tps=0.0)
+            self._task = self._bar.add_task(label, total=None if seconds else total, tps=0.0)
         else:
-            print(f"inferlab: {label}: {total} requests", file=sys.stderr, flush=True)
+            what = f"fresh requests for {seconds:g} s" if seconds else f"{total} requests"
+            print(f"inferlab: {label}: {what}", file=sys.stderr, flush=True)
 
     def done(self, n_tokens: int) -> None:
         if self._bar is None:

@@ -211,7 +211,7 @@ class EngineRun:
         start_idx = sampler.now()
         sampler.timeline = timeline
         rep = f" (repeat {self.repeat})" if cfg.repeats > 1 else ""
-        plan.progress.level(f"{self.name} {level}{rep}", sum(len(c) for c in todo))
+        plan.progress.level(f"{self.name} {level}{rep}", sum(len(c) for c in todo), until_s)
 
         self.last_records = []
 

@@ -13,6 +13,7 @@ one says so in its reason.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -96,38 +97,71 @@ def point(concurrency: int, records: list[dict[str, Any]], level: dict[str, Any]
 
 class Pool:
     """Fresh requests for a sweep: successive slices of the workload grown as needed (its prompts are a
-    seeded sequence, so a longer build starts with the shorter one's); nothing is handed out twice."""
+    seeded sequence, so a longer build starts with the shorter one's); nothing is handed out twice.
+    Building costs ~0.1 s (the tokenizer), which would stall the client's event loop mid-level and show as
+    lateness and TPOT: `reserve` builds enough before a level, outside its measurement, and a level that
+    still runs short grows the pool in a thread (`grown_mid_level` counts those)."""
 
     def __init__(self, plan: Any):
-        self.plan, self.used = plan, 0
+        self.plan, self.used, self.chains = plan, 0, chains(plan.items)
+        self.grown_mid_level = 0
 
-    def take(self, n: int) -> list[list[Any]]:
-        want = self.used + n
-        size = max(len(chains(self.plan.items)), 1)
+    def _grow(self, want: int) -> None:
+        size = max(len(self.chains), 1)
         while size < want:
             size *= 2
-        out = chains(self.plan.items_for(size))[self.used:want]
-        self.used = want
+        if size > len(self.chains):
+            from experiments.workload import workloads
+
+            w = self.plan.cfg.workload.model_copy(update={"num_requests": size})
+            self.chains = chains(workloads.build(self.plan.cfg.model, w, 0)[0])
+
+    def reserve(self, n: int) -> None:
+        """At least n unused chains, built now (between levels)."""
+        self._grow(self.used + n)
+
+    def take_now(self, n: int) -> list[list[Any]]:
+        self._grow(self.used + n)
+        out, self.used = self.chains[self.used:self.used + n], self.used + n
         return out
+
+    async def take(self, n: int) -> list[list[Any]]:
+        if self.used + n > len(self.chains):
+            self.grown_mid_level += 1
+            await asyncio.to_thread(self._grow, self.used + n)
+        return self.take_now(n)
+
+
+def expected(c: int, rates: dict[int, float], level_s: float) -> int:
+    """Requests a level at concurrency c may send in level_s: the nearest measured level's request rate scaled
+    to c users (an over-estimate past saturation, which only reserves more), with half again for safety."""
+    if not rates:
+        return max(16 * c, 64)
+    near = min(rates, key=lambda k: abs(math.log(k / c)))
+    return math.ceil(rates[near] * c / near * level_s * 1.5) + 2 * c
 
 
 async def levels(er: Any, engine: Any, info: Any, sampler: Any) -> AsyncIterator[str | None]:
     """Run the sweep's levels through `er._level` (an EngineRun); yields each level's failure. The manifest's
     repeat entry gets `sweep`: every level's point, why the sweep stopped, and the refined levels."""
     rule = er.plan.cfg.load.sweep
-    pool, points = Pool(er.plan), []
+    pool, points, rates = Pool(er.plan), [], {}
     rec: dict[str, Any] = {"points": [], "stopped": None, "refined": [], "level_s": rule.level_s}
     er.rep["sweep"] = rec
     er.done = {}  # a sweep never resumes half-way: its levels depend on what came before
 
     async def run(c: int) -> str | None:
-        first = pool.take(c)
+        pool.reserve(expected(c, rates, rule.level_s))
+        grown = pool.grown_mid_level
+        first = pool.take_now(c)
         failure = await er._level(engine, info, sampler, "concurrency", c, [it for ch in first for it in ch],
                                   until_s=rule.level_s, more=pool.take)
         if not failure:
             lv = er.manifest["levels"][f"concurrency={c:g}"][str(er.repeat)]
             points.append(point(c, er.last_records, lv, rule))
-            rec["points"].append({**vars(points[-1]), "level": f"concurrency={c:g}"})
+            rates[c] = len(er.last_records) / max(metrics.wall_seconds(er.last_records), 1e-9)
+            rec["points"].append({**vars(points[-1]), "level": f"concurrency={c:g}",
+                                  "pool_grown_mid_level": pool.grown_mid_level - grown})
         return failure
 
     c = rule.start

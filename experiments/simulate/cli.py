@@ -41,6 +41,7 @@ def parser() -> Parser:
     p.add_argument("--profile", help="profile JSON or a shipped spec sheet (h100, h200, a100, l40s); default: "
                                      "this machine's calibrated one, results/simulate/profiles/ENGINE-HOST.json")
     p.add_argument("--engine", help="simulate only this engine of the config")
+    p.add_argument("--cell", help="a matrix config ([[cells]]): simulate this cell (its settings merged in)")
     p.add_argument("--lengths", help="JSON {request_id: output tokens} (each answer's EOS length) or a measured "
                                      "run's engine folder; without it answers that may stop at EOS run to max_tokens")
     p.add_argument("--settings-from", metavar="RUN_DIR", help="take the engine's scheduler settings as read back "
@@ -88,8 +89,14 @@ def main(argv: list[str]) -> int:
         slo = capacity.parse_slo(a.slo) if a.capacity else None
     except ValueError as e:
         return fail(str(e))
+    toml = Path(a.config).read_text()
     if cfg.cells:
-        return fail(f"{a.config}: a matrix config ([[cells]]): simulate one cell at a time (a plain config)")
+        cells = {c.name: c for c in cfg.cell_configs()}
+        if a.cell not in cells:
+            return fail(f"{a.config}: a matrix config: give --cell NAME to simulate one cell ({', '.join(cells)})")
+        cfg, toml = cells[a.cell], f"# cell {a.cell!r} of the matrix config {a.config}\n" + toml
+    elif a.cell:
+        return fail(f"{a.config}: --cell is for a matrix config ([[cells]]); this one has none")
     engines = [e for e in cfg.engine_list() if a.settings_from or a.calibrate_from or simulated(cfg.adapter(e))]
     if not engines:
         return fail(f"{a.config}: no reference engine to simulate (the simulator runs the reference engine's "
@@ -122,7 +129,7 @@ def main(argv: list[str]) -> int:
     if skipped:
         print(f"inferlab: not simulated (not the reference engine; --settings-from a run of one to replay it with "
               f"its settings): {', '.join(skipped)}", file=sys.stderr)
-    run_dir = replay(cfg, Path(a.config).read_text(), profile, Path(a.out), lengths, a.accept, settings, engines)
+    run_dir = replay(cfg, toml, profile, Path(a.out), lengths, a.accept, settings, engines)
     print(f"inferlab: simulated run ({profile.label}) written to {run_dir}/report.md", file=sys.stderr)
     return 0
 

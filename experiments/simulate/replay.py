@@ -100,4 +100,9 @@ def mark(path: Path, profile: Profile, engine: str, lengths: dict[str, int] | No
     m["simulated"] = {"engine": engine, "profile": profile.label, "calibrated": profile.calibrated,
                       "profile_machine": profile.machine, "profile_date": profile.date,
                       "eos_lengths": given if lengths else "none: every answer runs to max_tokens"}
+    # a frontier's "per device": the profile's device (a GPU spec sheet), else this machine's cores it was fitted on
+    tp = ((m.get("info") or {}).get("effective") or {}).get("tensor_parallel_size") or 1
+    m["devices"] = ({"kind": "gpu", "count": tp, "per": f"per GPU (the profile's {profile.name})", "model": profile.name}
+                    if profile.memory_gb else {**(m.get("devices") or {}), "per": f"per core (the profile's machine, "
+                                                                               f"{profile.machine or '?'})"})
     path.write_text(json.dumps(m, indent=2, default=str))

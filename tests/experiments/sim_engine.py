@@ -5,8 +5,10 @@ times the harness records are exact and the same on any machine, however busy: a
 require TTFT == the planted 20 ms to a nanosecond and no wall-clock bound is needed.
 It follows the paced engine's schedule (tests/experiments/paced_engine.py: event k due at
 start + ttft + k * period, `pattern` tokens per event) and its FIFO queue with `capacity`
-servers (a planted saturation rate of capacity / service time). `sent` counts every request
-the engine was sent, so a test can check that nothing but the workload reached it.
+servers (a planted saturation rate of capacity / service time), whose waits it counts as the
+reference engine does (`snapshot().extra`: request_queue_time_s, arrival -> served, summed; no
+preemptions). `sent` counts every request the engine was sent, so a test can check that nothing
+but the workload reached it.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class SimEngine(Engine):
         self.sent: list[str] = []  # request ids in the order they reached the engine
         self.prompts: list[tuple[int, ...]] = []  # their prompts, in the same order
         self.truth: dict[str, list[tuple[int, int]]] = {}  # request id -> [(due_ns, n_tokens)]
+        self.queued_s = 0.0  # arrival -> served, summed over requests (the engine's own queue counter)
         SimEngine.last = self
 
     async def start(self) -> EngineInfo:
@@ -47,6 +50,7 @@ class SimEngine(Engine):
             return now
         i = min(range(len(self.free_at)), key=self.free_at.__getitem__)
         start = max(now, self.free_at[i])
+        self.queued_s += (start - now) / 1e9
         self.free_at[i] = schedule(start, max_tokens, self.ttft_ms, self.period_ms, self.pattern)[-1][0]
         return start
 
@@ -69,7 +73,8 @@ class SimEngine(Engine):
         pass
 
     async def snapshot(self) -> MemorySnapshot:
-        return MemorySnapshot(clock.now_ns(), kv_capacity_tokens=self.options.get("kv_cache_tokens"))
+        return MemorySnapshot(clock.now_ns(), kv_capacity_tokens=self.options.get("kv_cache_tokens"),
+                              extra={"request_queue_time_s": self.queued_s, "num_preemptions_total": 0})
 
     async def stop(self) -> None:
         pass

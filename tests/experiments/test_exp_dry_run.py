@@ -16,7 +16,7 @@ from experiments.commands.run import run_main
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "experiments" / "configs"
-GPU_CONFIGS = ["gpu_compare", "compare_vllm", "compare_sglang", "compare_trtllm", "compare_tgi", "compare_reference"]
+GPU_CONFIGS = ["gpu_compare", "gpu_frontier", "compare_vllm", "compare_sglang", "compare_trtllm", "compare_tgi", "compare_reference"]
 
 
 def on_model(name: str, model: Path, tmp_path: Path) -> Path:

@@ -16,6 +16,39 @@ from tests.experiments.exp_util import write_config
 LEVEL_S = 3.0
 
 
+def test_the_engines_own_queue_stops_a_sweep_at_its_planted_capacity(tmp_path, exp_model, simulated):
+    """Simulated time, exact on any machine: an engine that serves 4 requests at once (the rest queue, as its own
+    counter says) is swept 1, 2, 4, 8; at 8 half of each request's time is queueing, so the sweep stops there,
+    then refines at the geometric midpoints 6 (the last two levels) and 3 (the largest jump)."""
+    cfg = write_config(tmp_path / "cap.toml", exp_model, """
+        engine = "paced"
+        [engine_options.paced]
+        ttft_ms = 20
+        period_ms = 2
+        capacity = 4
+        [workload]
+        kind = "random"
+        num_requests = 4
+        input_len = 8
+        output_len = 40
+        [load]
+        mode = "sweep"
+        warmup = 0
+        [load.sweep]
+        level_s = 2
+        refine = 2
+    """, name="cap")
+    assert run_main([str(cfg), "--out", str(tmp_path / "results"), "--no-progress"]) == 0
+    sw = json.loads((tmp_path / "results" / "cap" / "paced" / "manifest.json").read_text())["repeats"]["1"]["sweep"]
+    pts = {p["concurrency"]: p for p in sw["points"]}
+    assert list(pts) == [1, 2, 4, 8, 6, 3] and sw["refined"] == [6, 3]
+    assert all(pts[c]["queue_share"] == 0 for c in (1, 2, 3, 4)) and pts[8]["queue_share"] > 0.4
+    assert sw["stopped"].startswith("the engine's own queue held ") and "at concurrency 8" in sw["stopped"]
+    # 4 servers of 98 ms each: 4 / 0.098 s = 40.8 requests/s at most, 40 tokens each
+    assert pts[4]["throughput"] == pytest.approx(pts[8]["throughput"], rel=0.05)
+    assert pts[2]["throughput"] == pytest.approx(2 * pts[1]["throughput"], rel=0.05)
+
+
 @pytest.mark.slow
 def test_a_real_sweep_through_the_server_finds_its_levels_and_draws_the_frontier(tmp_path, tiny_llama):
     cfg = write_config(tmp_path / "sweep.toml", tiny_llama, f"""
