@@ -107,6 +107,19 @@ def test_a_real_sweep_through_the_server_finds_its_levels_and_draws_the_frontier
     assert all(float(r["output_ci_lo"]) <= float(r["output_per_device"]) <= float(r["output_ci_hi"]) for r in rows)
     data = json.loads((run / "frontier.json").read_text())
     assert data["price"].startswith("$0.04") and set(data["targets"]) == {"1.0", "1000000.0"}
+    # predicted first: `inferlab simulate` runs the same sweep in simulated time (a shipped spec profile here),
+    # and `inferlab report MEASURED SIMULATED` draws both frontiers on one page, the prediction labelled
+    from experiments.commands.report import main as report_main
+    from experiments.simulate.cli import main as simulate_main
+
+    assert simulate_main([str(cfg), "--profile", "h200", "--out", str(tmp_path / "sim")]) == 0
+    sim = tmp_path / "sim" / "sweep-simulated"
+    assert json.loads((sim / "reference-simulated" / "manifest.json").read_text())["repeats"]["1"]["sweep"]["stopped"]
+    assert report_main([str(run), str(sim), "--out", str(tmp_path / "overlay")]) == 0
+    both = {r["engine"] for r in csv.DictReader((tmp_path / "overlay" / "frontier.csv").open())}
+    assert both == {"reference", "reference-simulated"}
+    overlay = (tmp_path / "overlay" / "report.md").read_text()
+    assert "**Simulated, not measured: reference-simulated**" in overlay and "(uncalibrated)" in overlay
 
 
 def test_a_slow_client_is_flagged_and_never_passes_for_saturation(tmp_path, exp_model, paced, monkeypatch):
@@ -149,3 +162,52 @@ def test_a_slow_client_is_flagged_and_never_passes_for_saturation(tmp_path, exp_
     assert "client-bound (send lateness p99" in sw["stopped"]
     report = (tmp_path / "results" / "slow" / "report.md").read_text()
     assert "**client-bound levels: concurrency=1, concurrency=2**" in report
+
+
+def test_a_matrix_sweeps_every_cell_into_one_frontier_and_report_rebuilds_it(tmp_path, exp_model, simulated):
+    """Simulated time: cell `fast` decodes at 1 ms a token but stops at 2 users, cell `wide` at 2 ms but goes to 8.
+    One engine, one frontier across both cells: fast's 2 users (the most interactive) and wide's 8 (the most
+    throughput), everything else dominated; read between them at a target; the matrix root rebuilds from its
+    folders (`inferlab report ROOT`)."""
+    from experiments.commands.report import main as report_main
+
+    cfg = write_config(tmp_path / "mx.toml", exp_model, """
+        engine = "paced"
+        [engine_options.paced]
+        ttft_ms = 10
+        [workload]
+        kind = "random"
+        num_requests = 4
+        input_len = 8
+        output_len = 41
+        [load]
+        mode = "sweep"
+        warmup = 0
+        [load.sweep]
+        level_s = 1
+        refine = 0
+        [frontier]
+        interactivity = [750]
+        [[cells]]
+        name = "fast"
+        engine_options = { paced = { period_ms = 1 } }
+        load = { sweep = { max_concurrency = 2 } }
+        [[cells]]
+        name = "wide"
+        engine_options = { paced = { period_ms = 2 } }
+        load = { sweep = { max_concurrency = 8 } }
+    """, name="mx")
+    assert run_main([str(cfg), "--out", str(tmp_path / "results"), "--no-progress"]) == 0
+    root = tmp_path / "results" / "mx"
+    rows = list(csv.DictReader((root / "frontier.csv").open()))
+    on = {(r["cell"], r["level"]) for r in rows if r["on_frontier"] == "True"}
+    assert on == {("fast", "concurrency=2"), ("wide", "concurrency=8")}, rows
+    x = {(r["cell"], r["level"]): float(r["interactivity"]) for r in rows}
+    assert x[("fast", "concurrency=2")] == pytest.approx(1000) and x[("wide", "concurrency=8")] == pytest.approx(500)
+    page = (root / "report.md").read_text()
+    assert "## The frontier: throughput per device against interactivity" in page
+    assert "fast/concurrency=2 .. wide/concurrency=8" not in page  # ascending interactivity: wide, then fast
+    assert "| 750 | paced | " in page and "wide/concurrency=8 .. fast/concurrency=2" in page
+    assert "- paced / fast / repeat 1: levels 1, 2; stopped: the next level (4) would pass max_concurrency = 2" in page
+    (root / "report.md").unlink()
+    assert report_main([str(root)]) == 0 and "`inferlab report " in (root / "report.md").read_text()
