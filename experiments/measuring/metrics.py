@@ -73,18 +73,19 @@ def lateness_ms(records: list[dict[str, Any]]) -> list[float]:
 
 
 def window_throughputs(records: list[dict[str, Any]], n: int = 6) -> list[float]:
-    """Output tok/s in `n` equal windows from the first send to the last send (a sustained level's steady part,
-    before its drain), tokens counted when they arrived: the spread inside one level, for its interval."""
+    """Output tok/s in `n` equal windows from the first send to the last finish, tokens counted when they arrived:
+    the spread inside one sustained level, for its interval. Their mean is the level's output throughput
+    (the same tokens over the same wall time), so the interval is about the number the report shows."""
     if not records:
         return []
-    t0, t1 = min(r["send_ns"] for r in records), max(r["send_ns"] for r in records)
+    t0, t1 = min(r["send_ns"] for r in records), max(r["done_ns"] for r in records)
     if t1 <= t0:
         return []
     width = (t1 - t0) / n
     counts = [0] * n
     for r in records:
         for t, k in r["events"]:
-            if t0 <= t < t1:
+            if t0 <= t <= t1:
                 counts[min(int((t - t0) / width), n - 1)] += k
     return [c / (width / 1e9) for c in counts]
 

@@ -42,7 +42,9 @@ def points(runs: Any, cell: str | None, price: float | None) -> list[Point]:
                      "launch_command": (info.get("effective") or {}).get("launch_command"),
                      "env": (e.manifest.get("options") or {}).get("env") or {},
                      "joules_per_output_token": s.get("joules_per_output_token"),
-                     "energy_source": (s.get("energy") or {}).get("source"), "client_lateness_p99_ms": late,
+                     "energy_source": "; ".join(x for x in ((s.get("energy") or {}).get("source"),
+                                                            (s.get("energy") or {}).get("scope")) if x),
+                     "client_lateness_p99_ms": late,
                      "simulated": (e.manifest.get("simulated") or {}).get("profile")}
             p = Point(e.label, cell, level, x, out_tps / n,
                       s["total_throughput"] / n if s.get("total_throughput") else None,

@@ -97,39 +97,58 @@ def point(concurrency: int, records: list[dict[str, Any]], level: dict[str, Any]
 
 class Pool:
     """Fresh requests for a sweep: successive slices of the workload grown as needed (its prompts are a
-    seeded sequence, so a longer build starts with the shorter one's); nothing is handed out twice.
+    seeded sequence, so a longer build starts with the shorter one's); nothing is handed out twice, and
+    no prompt twice either (real-text questions come from a finite set: a repeat is skipped, so no level
+    gets a free prefix-cache hit; a workload with too few distinct prompts is a ValueError naming it).
     Building costs ~0.1 s (the tokenizer), which would stall the client's event loop mid-level and show as
     lateness and TPOT: `reserve` builds enough before a level, outside its measurement, and a level that
     still runs short grows the pool in a thread (`grown_mid_level` counts those)."""
 
     def __init__(self, plan: Any):
-        self.plan, self.used, self.chains = plan, 0, chains(plan.items)
-        self.grown_mid_level = 0
+        self.plan, self.chains, self.fresh = plan, [], []  # every chain built; those not handed out, not seen
+        self.seen: set[tuple[int, ...]] = set()
+        self.grown_mid_level, self.exhausted = 0, None
+        self._add(chains(plan.items))
 
-    def _grow(self, want: int) -> None:
+    def _add(self, built: list[list[Any]]) -> None:
+        for ch in built[len(self.chains):]:
+            key = tuple(ch[0].prompt_token_ids)
+            if key not in self.seen:
+                self.seen.add(key)
+                self.fresh.append(ch)
+        self.chains = built
+
+    def _grow(self, n: int) -> None:
         size = max(len(self.chains), 1)
-        while size < want:
+        while len(self.fresh) < n:
             size *= 2
-        if size > len(self.chains):
+            if size > 64 * (len(self.seen) + n):
+                raise ValueError(f"the workload has {len(self.seen)} distinct prompts; a sweep level needs {n} more")
             from experiments.workload import workloads
 
             w = self.plan.cfg.workload.model_copy(update={"num_requests": size})
-            self.chains = chains(workloads.build(self.plan.cfg.model, w, 0)[0])
+            self._add(chains(workloads.build(self.plan.cfg.model, w, 0)[0]))
 
     def reserve(self, n: int) -> None:
-        """At least n unused chains, built now (between levels)."""
-        self._grow(self.used + n)
+        """At least n fresh chains, built now (between levels)."""
+        self._grow(n)
 
     def take_now(self, n: int) -> list[list[Any]]:
-        self._grow(self.used + n)
-        out, self.used = self.chains[self.used:self.used + n], self.used + n
+        self._grow(n)
+        out, self.fresh = self.fresh[:n], self.fresh[n:]
         return out
 
     async def take(self, n: int) -> list[list[Any]]:
-        if self.used + n > len(self.chains):
+        """Mid-level: n more fresh chains, built in a thread if needed; fewer (the level ends early, and
+        `exhausted` says why) when the workload has no more distinct prompts."""
+        if len(self.fresh) < n:
             self.grown_mid_level += 1
-            await asyncio.to_thread(self._grow, self.used + n)
-        return self.take_now(n)
+            try:
+                await asyncio.to_thread(self._grow, n)
+            except ValueError as e:
+                self.exhausted = str(e)
+        out, self.fresh = self.fresh[:n], self.fresh[n:]
+        return out
 
 
 def expected(c: int, rates: dict[int, float], level_s: float) -> int:
@@ -151,7 +170,10 @@ async def levels(er: Any, engine: Any, info: Any, sampler: Any) -> AsyncIterator
     er.done = {}  # a sweep never resumes half-way: its levels depend on what came before
 
     async def run(c: int) -> str | None:
-        pool.reserve(expected(c, rates, rule.level_s))
+        try:
+            pool.reserve(expected(c, rates, rule.level_s))
+        except ValueError as e:  # a ShareGPT file with fewer usable conversations than the level needs
+            return f"sweep level at concurrency {c} for {rule.level_s:g} s: {e} (lower load.sweep.level_s)"
         grown = pool.grown_mid_level
         first = pool.take_now(c)
         failure = await er._level(engine, info, sampler, "concurrency", c, [it for ch in first for it in ch],
@@ -161,7 +183,8 @@ async def levels(er: Any, engine: Any, info: Any, sampler: Any) -> AsyncIterator
             points.append(point(c, er.last_records, lv, rule))
             rates[c] = len(er.last_records) / max(metrics.wall_seconds(er.last_records), 1e-9)
             rec["points"].append({**vars(points[-1]), "level": f"concurrency={c:g}",
-                                  "pool_grown_mid_level": pool.grown_mid_level - grown})
+                                  "pool_grown_mid_level": pool.grown_mid_level - grown,
+                                  "ended_early": pool.exhausted})
         return failure
 
     c = rule.start
