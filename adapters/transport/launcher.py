@@ -43,6 +43,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def holds_port(pid: int, port: int) -> bool | None:
+    """Whether process `pid` or one of its children listens on TCP `port`; None where psutil may not
+    look. A port from `free_port()` is free only until somebody binds it: another server started in
+    that gap answers /health on it while ours fails to bind, so health alone does not prove the
+    server is ours."""
+    try:
+        root = psutil.Process(pid)
+        for p in (root, *root.children(recursive=True)):
+            for c in p.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+                    return True
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return None
+    return False
+
+
 class ServerStartError(RuntimeError):
     """The server exited or never became healthy; the message ends with its log tail.
     `headline`: the engine's own one-line error from its log (e.g. vLLM's ValueError), if any."""
@@ -132,7 +150,7 @@ class ServerProcess:
                                            f"({self.health_url}); log {self.log_path}:\n{self.log_tail()}",
                                            engine_error(self.log_text()))
                 try:
-                    if (await client.get(self.health_url)).status_code == 200:
+                    if (await client.get(self.health_url)).status_code == 200 and self._ours():
                         self.start_s = time.monotonic() - t0
                         return
                 except httpx.HTTPError:
@@ -143,6 +161,15 @@ class ServerProcess:
                     raise ServerStartError(f"server not healthy at {self.health_url} after {timeout_s:.0f} s; "
                                            f"log {self.log_path}:\n{tail}", engine_error(self.log_text()))
                 await asyncio.sleep(0.25)
+
+    def _ours(self) -> bool:
+        """The answer came from this server's tree, not from another that took the port first (then
+        ours fails to bind and exits, and the loop above reports its log). A container's port is
+        held by the runtime's proxy, outside the tree: not checked."""
+        port = httpx.URL(self.health_url).port
+        if self.stop_argv or port is None:
+            return True
+        return holds_port(self.proc.pid, port) is not False
 
     def _tree(self) -> list[psutil.Process]:
         try:

@@ -1,6 +1,7 @@
 """ServerProcess against real subprocesses; Launcher command lines."""
 from __future__ import annotations
 
+import asyncio
 import sys
 import textwrap
 from pathlib import Path
@@ -10,7 +11,7 @@ import psutil
 import pytest
 
 from adapters.base import EngineUnavailable
-from adapters.transport.launcher import Launcher, ServerProcess, ServerStartError, free_port
+from adapters.transport.launcher import Launcher, ServerProcess, ServerStartError, free_port, holds_port
 
 # A real HTTP server that forks a grandchild (like an engine's worker) and prints its pid.
 SERVER = textwrap.dedent("""
@@ -67,6 +68,32 @@ async def test_exit_before_healthy_raises_with_log_tail(tmp_path):
                         tmp_path / "s.log", f"http://127.0.0.1:{free_port()}/health")
     with pytest.raises(ServerStartError, match=r"(?s)code 3.*boom: no model"):
         await srv.start(timeout_s=30)
+
+
+async def test_another_server_on_the_port_is_not_taken_for_ours(tmp_path):
+    """Another server took the port first: it answers /health, ours exits on the taken port. start()
+    reports our exit (it used to return, and every later request went to the other server)."""
+    import subprocess
+    port = free_port()
+    other = subprocess.Popen([sys.executable, "-c", STUBBORN, str(port)])
+    try:
+        while not _listening(port):
+            await asyncio.sleep(0.05)
+        late = "import time; time.sleep(1)  # loading a model\n" + STUBBORN
+        srv = ServerProcess([sys.executable, "-c", late, str(port)], None, tmp_path / "s.log",
+                            f"http://127.0.0.1:{port}/health")
+        with pytest.raises(ServerStartError, match="(?s)exited with code 1.*Address already in use"):
+            await srv.start(timeout_s=30)
+        assert holds_port(other.pid, port) is True and holds_port(srv.pid, port) is False
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _listening(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 async def test_timeout_stops_the_process(tmp_path):

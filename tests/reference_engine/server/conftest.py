@@ -3,12 +3,13 @@
 `launch(*flags, api_key=None)` starts `python -m reference_engine.server MODEL --port P ...`,
 waits for GET /health, and stops it with SIGTERM at teardown (SIGKILL only if it hangs).
 `server` is one shared instance for tests that do not count metrics or change settings.
+A failed test that used a server which has exited carries that server's exit code and log tail
+(a session server that dies fails every later test with "connection refused" and nothing else).
 """
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +19,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.transport.launcher import free_port, holds_port
+
 REPO = Path(__file__).resolve().parents[3]
 MAX_MODEL_LEN = 256
 KV_TOKENS = 8192
 # float32, not serve's "auto" (bf16 for these fp32 checkpoints): the tests compare served tokens with the
 # in-process engine's float32 ones; test_cli.py checks the no-flag default.
 BASE_FLAGS = ("--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-tokens", str(KV_TOKENS), "--dtype", "float32")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -46,12 +43,15 @@ class Server:
         self._wait_healthy(timeout=120)
 
     def _wait_healthy(self, timeout: float) -> None:
+        """Until our process answers /health: another server that took the port between free_port()
+        and our bind answers too, while ours exits on the taken port (raised here, with its log)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200 \
+                        and holds_port(self.proc.pid, self.port) is not False:
                     return
             except httpx.TransportError:
                 pass
@@ -98,6 +98,16 @@ class Server:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed:
+        for s in getattr(item, "funcargs", {}).values():
+            if isinstance(s, Server) and s.proc.poll() is not None:
+                tail = "\n".join(s.log().splitlines()[-40:])
+                report.sections.append((f"server {s.url} had exited with {s.proc.returncode}", tail))
 
 
 @pytest.fixture(scope="session")
