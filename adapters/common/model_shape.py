@@ -57,3 +57,11 @@ def model_shape(model_dir: str | Path, dtype: str) -> dict[str, Any]:
     return {"params": params, "weight_bytes": params * b,
             "kv_bytes_per_token": kv_bytes_per_token(model_dir, dtype),
             "layers": a["layers"], "kv_heads": a["kv_heads"], "head_dim": a["head_dim"], "dtype_bytes": b}
+
+
+def context_length(model_dir: str | Path) -> int | None:
+    """The model's own context (config.json max_position_embeddings), None where the folder does not say."""
+    try:
+        return int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None

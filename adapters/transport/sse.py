@@ -116,11 +116,25 @@ class Streamer:
 
     @asynccontextmanager
     async def post(self, path: str, body: dict[str, Any]) -> AsyncIterator[Stream]:
+        """POST and stream the response. A pooled connection the server closed as the request went out
+        ("Can not write request body", or a disconnect before any response) is retried once on a fresh
+        one: the server never had the request (llama.cpp's server closes a kept-alive connection after
+        100 requests or 5 s idle, and not always before our pool reuses it)."""
         if self._session is None:
             raise RuntimeError("Streamer.open() first")
-        trace: dict[str, int] = {}
-        async with self._session.post(self.base_url + path, json=body, trace_request_ctx=trace) as resp:
+        for attempt in (1, 2):
+            trace: dict[str, int] = {}
+            try:
+                resp = await self._session.post(self.base_url + path, json=body, trace_request_ctx=trace)
+                break
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                if attempt == 2:
+                    raise
+        try:
             yield Stream(resp, trace)
+        finally:  # what `async with session.post(...)` does on the way out
+            resp.release()
+            await resp.wait_for_close()
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

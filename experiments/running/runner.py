@@ -80,6 +80,8 @@ def build_engine(cfg: Config, name: str, engine_dir: Path,
         offered["kv_cache_tokens"] = cfg.kv.tokens
     if max_model_len is not None and not {"max_model_len", "max_seq_len", "max_total_tokens"} & set(opts):
         offered["max_model_len"] = max_model_len  # an engine's own length option wins
+    if "max_num_seqs" not in opts:  # the most streams it will see: for an engine sized for them at launch
+        offered["max_concurrency"] = cfg.load.most_streams(max(cfg.workload.num_requests, cfg.load.warmup))
     if opts.get("mode", "server") != "in_process" and "log_path" not in opts:
         offered["log_path"] = str((engine_dir / "server.log").resolve())
     model = str(Path(cfg.model).resolve())  # absolute: a server may run from another working directory

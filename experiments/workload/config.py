@@ -186,6 +186,15 @@ class Load(_Strict):
             return []
         return [("concurrency", c) for c in self.concurrency] if self.mode == "closed" else [("rate", r) for r in self.rate]
 
+    def most_streams(self, requests: int) -> int:
+        """The most requests in flight at once this load can have (of `requests` per level): an engine that
+        must be sized for it in advance (llama.cpp's slots) takes this."""
+        if self.mode == "closed":
+            return min(max(self.concurrency), requests)
+        if self.mode == "sweep":
+            return self.sweep.max_concurrency
+        return self.max_concurrency or requests
+
 
 class Sampling(_Strict):
     temperature: float = Field(0.0, ge=0)

