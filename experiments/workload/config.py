@@ -187,12 +187,9 @@ class Load(_Strict):
         return [("concurrency", c) for c in self.concurrency] if self.mode == "closed" else [("rate", r) for r in self.rate]
 
     def most_streams(self, requests: int) -> int:
-        """The most requests in flight at once this load can have (of `requests` per level): an engine that
-        must be sized for it in advance (llama.cpp's slots) takes this."""
-        if self.mode == "closed":
-            return min(max(self.concurrency), requests)
-        if self.mode == "sweep":
-            return self.sweep.max_concurrency
+        """The most requests in flight at once (of `requests` a level): for engines sized for it at launch."""
+        if self.mode in ("closed", "sweep"):
+            return self.sweep.max_concurrency if self.mode == "sweep" else min(max(self.concurrency), requests)
         return self.max_concurrency or requests
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from adapters import registry
 from adapters.base import Engine
+from adapters.engines.llamacpp import settings as llamacpp_settings
 from adapters.engines.vllm.adapter import VLLMInProcess, VLLMServer
 
 HEAVY = ("torch", "transformers", "vllm", "sglang", "tensorrt_llm")
@@ -85,7 +86,9 @@ def outcomes(tiny_llama, tmp_path_factory):
 @pytest.mark.parametrize("name", registry.names())
 def test_start_works_or_names_what_to_install(outcomes, name):
     kind, message = outcomes[name]
-    expected = {"reference": "started", "openai": "config"}.get(name, "unavailable")
+    # llama.cpp, where make llamacpp built it, starts and refuses the tiny model: its converter knows no such tokenizer
+    built = name == "llamacpp" and llamacpp_settings.binary() is not None
+    expected = {"reference": "started", "openai": "config"}.get(name, "config" if built else "unavailable")
     assert kind == expected, (name, kind, message)
     if kind == "unavailable":
         assert "install" in message and "\n" not in message.strip(), message
@@ -93,6 +96,8 @@ def test_start_works_or_names_what_to_install(outcomes, name):
         assert "pip install 'inferlab[hf]'" in message
     if name == "openai":
         assert "needs option url" in message
+    if built:
+        assert "convert_hf_to_gguf.py could not convert" in message and "pre-tokenizer" in message, message
 
 
 def test_every_adapter_is_an_engine_of_its_own_folder():

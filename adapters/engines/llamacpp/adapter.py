@@ -8,7 +8,7 @@ or attached. The binary is the peer: nothing of it is reimplemented here.
   format is reported as the dtype that ran, with its bytes per weight.
 - Launch, every setting explicit (llama.cpp's automatic ones depend on the machine and the model):
   - `-np N`, N = option max_num_seqs, else the most streams the run sends (the harness's
-    `max_concurrency`): llama.cpp serves at most N requests at once and queues the rest ("deferred");
+    `max_concurrency`), else 4: llama.cpp serves at most N requests at once and queues the rest ("deferred");
   - `-c N x L --no-kv-unified`: every slot holds its own L = max_model_len tokens (the run's one length),
     so the KV pool is N x L, whatever kv_cache_tokens asked (reported when it differs);
   - `-ctk/-ctv` = the weights' dtype (f32, bf16, f16: llama.cpp takes each for its KV);
@@ -126,8 +126,6 @@ class LlamaCppServer(LaunchedServer, Engine):
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
-        if self.server is not None and self.slots() is None:
-            raise ValueError("engine 'llamacpp': set max_num_seqs (its -np: the requests it serves at once)")
         if self.options.get("gguf") is None and dtype not in KV_TYPES:
             raise ValueError(f"engine 'llamacpp': dtype {dtype!r} has no GGUF conversion here; "
                              f"choose one of {sorted(KV_TYPES)} or serve a GGUF file (option gguf)")
@@ -140,9 +138,9 @@ class LlamaCppServer(LaunchedServer, Engine):
         self._gguf: Path | None = None
 
     # ---- the launch ---------------------------------------------------------------------------------
-    def slots(self) -> int | None:
-        n = self.options.get("max_num_seqs") or self.options.get("max_concurrency")
-        return int(n) if n else None
+    def slots(self) -> int:
+        """-np: max_num_seqs, else the most streams the run sends, else 4 (what llama.cpp's "auto" picks)."""
+        return int(self.options.get("max_num_seqs") or self.options.get("max_concurrency") or 4)
 
     def slot_context(self) -> int:
         """Tokens each slot holds: the run's max_model_len, else the model's own context."""
