@@ -56,6 +56,7 @@ class EngineSpec:
     venv: str | None = None
     venv_serves: bool = True
     script: str | None = None
+    locate: Callable[[], tuple[str | None, str | None]] | None = None  # a program the project builds: (where, version)
     gpu: bool = False
     probe: tuple[str, str] | None = None
     install: str = ""  # the one command that installs it (a GPU engine: pulls and starts its image)

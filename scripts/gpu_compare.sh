@@ -13,6 +13,9 @@
 #   sglang  import sglang          | image SGLANG_IMAGE (default lmsysorg/sglang:v0.5.23-cu130)
 #   trtllm  trtllm-serve on PATH   | image TRTLLM_IMAGE (default nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24)
 #   tgi     text-generation-launcher on PATH | image TGI_IMAGE (default ghcr.io/huggingface/text-generation-inference:3.3.7)
+#   llamacpp LLAMACPP_SERVER (a CUDA build of llama-server b11312) | image LLAMACPP_IMAGE (default
+#           ghcr.io/ggml-org/llama.cpp:server-cuda-b11312), every layer offloaded (-ngl 999); optional: the
+#           CPU build `make llamacpp` makes is not what a GPU comparison wants, so it is not used here
 #   hf      import transformers;  reference: always (inferlab's own engine, on CUDA)
 # It prints which engines were found and which were skipped and why, writes them to
 # OUT/engines.txt, then runs `inferlab run` on a copy of the config listing the engines found
@@ -36,6 +39,7 @@ VLLM_IMAGE="${VLLM_IMAGE:-vllm/vllm-openai:v0.32.0}"
 SGLANG_IMAGE="${SGLANG_IMAGE:-lmsysorg/sglang:v0.5.23-cu130}"
 TRTLLM_IMAGE="${TRTLLM_IMAGE:-nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24}"
 TGI_IMAGE="${TGI_IMAGE:-ghcr.io/huggingface/text-generation-inference:3.3.7}"
+LLAMACPP_IMAGE="${LLAMACPP_IMAGE:-ghcr.io/ggml-org/llama.cpp:server-cuda-b11312}"
 image() {  # $1: the pinned (or overridden) image -> itself when it is on this host, else nothing
   command -v docker >/dev/null 2>&1 || return 0
   docker image inspect "$1" >/dev/null 2>&1 && echo "$1" || true
@@ -62,9 +66,15 @@ if command -v text-generation-launcher >/dev/null 2>&1; then found+=(tgi)
 elif img=$(image "$TGI_IMAGE") && [ -n "$img" ]; then found+=(tgi); opts[tgi]="launcher = \"$(docker_launcher --shm-size 1g "$img")\""
 else why[tgi]="text-generation-launcher is not on PATH and $TGI_IMAGE is not on this host (docker pull $TGI_IMAGE)"; fi
 
+if [ -z "${MODEL:-}" ]; then  # llama.cpp's converter refuses a tokenizer it has no hash for: ours
+  why[llamacpp]="it needs MODEL= a real model (llama.cpp's converter does not know the generated model's tokenizer)"
+elif [ -n "${LLAMACPP_SERVER:-}" ]; then found+=(llamacpp)
+elif img=$(image "$LLAMACPP_IMAGE") && [ -n "$img" ]; then found+=(llamacpp); opts[llamacpp]="launcher = \"$(docker_launcher "$img")\""
+else why[llamacpp]="LLAMACPP_SERVER is not set and $LLAMACPP_IMAGE is not on this host (docker pull $LLAMACPP_IMAGE)"; fi
+
 {
   echo "found: ${found[*]}"
-  for e in hf vllm sglang trtllm tgi; do [ -n "${why[$e]:-}" ] && echo "skipped $e: ${why[$e]}"; done
+  for e in hf vllm sglang trtllm tgi llamacpp; do [ -n "${why[$e]:-}" ] && echo "skipped $e: ${why[$e]}"; done
 } | tee "$OUT/engines.txt"
 
 # The config copy: the engines found, each engine's launcher, and MODEL / DTYPE when given.
@@ -72,7 +82,8 @@ SRC="${CONFIG:-experiments/configs/gpu_compare.toml}"
 NAME=$(sed -n 's/^name = "\(.*\)".*/\1/p' "$SRC" | head -1)
 CFG="$OUT/$(basename "$SRC")"
 # an engine the config does not list stays out (gpu_parallel.toml has no hf: it runs on one device)
-keep=$(sed -n 's/^\(optional_\)\?engines = \[\(.*\)\].*/\2/p' "$SRC" | tr -d ' "' | tr ',' '\n' | sort -u)
+keep=$(sed -n 's/^\(optional_\)\?engines = \[\(.*\)\].*/\2/p' "$SRC" | tr -d ' "' | tr ',' '\n' | sort -u
+       [ -n "${MODEL:-}" ] && grep -q "^\[engine_options.llamacpp\]" "$SRC" && echo llamacpp)  # only on a real model
 list=$(printf '"%s", ' $(for e in "${found[@]}"; do grep -qx "$e" <<<"$keep" && echo "$e"; done)); list="[${list%, }]"
 sed -e "s|^engines = .*|engines = $list|" -e 's|^optional_engines = .*|optional_engines = []|' "$SRC" > "$CFG"
 if [ -n "${MODEL:-}" ]; then

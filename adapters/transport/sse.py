@@ -97,8 +97,8 @@ def _wire_trace() -> aiohttp.TraceConfig:
 class Streamer:
     """An aiohttp session bound to one server; open it inside the running event loop."""
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None):
-        self.base_url, self.headers = base_url, dict(headers or {})
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, keepalive: bool = True):
+        self.base_url, self.headers, self.keepalive = base_url, dict(headers or {}), keepalive
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self) -> "Streamer":
@@ -107,10 +107,12 @@ class Streamer:
             # timeout: a queued request may sit silent for minutes before its first token.
             # keepalive_timeout below the servers' own idle limit (uvicorn's, so vLLM's, SGLang's
             # and ours: 5 s): otherwise a pooled connection the server has just closed is reused
-            # and the request dies with "connection reset by peer".
+            # and the request dies with "connection reset by peer". keepalive=False: a connection per
+            # request (llama.cpp's server, whose HTTP threads an idle kept-alive connection holds).
             self._session = aiohttp.ClientSession(
                 headers=self.headers, read_bufsize=READ_BUFSIZE, trust_env=False,
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=KEEPALIVE_S),
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, force_close=not self.keepalive,
+                                               keepalive_timeout=KEEPALIVE_S if self.keepalive else None),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0), trace_configs=[_wire_trace()])
         return self
 

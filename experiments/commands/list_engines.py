@@ -55,6 +55,8 @@ def installed(spec: EngineSpec) -> tuple[str | None, str | None]:
     if python is not None and python.exists():
         versions = (python_package_version(str(python), d) for d in spec.packages)
         return spec.venv, next((v for v in versions if v), None)
+    if spec.locate is not None and spec.locate()[0]:
+        return spec.locate()
     if spec.script and shutil.which(spec.script):
         return shutil.which(spec.script), None
     return None, None

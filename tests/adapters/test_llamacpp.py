@@ -102,6 +102,21 @@ async def test_completion_streams_token_ids_past_eos(served, tok):
 
 
 @module_loop
+async def test_streams_at_once_past_the_slots_all_finish(served, tok):
+    """More streams than slots, back to back: every request finishes (a queued one waits in llama.cpp's
+    own queue). The first real run, over a kept-alive pool, lost a request at 4 streams on a connection the
+    server had closed; the adapter now opens one per request."""
+    import asyncio
+
+    async def one(i: int) -> int:
+        events = await collect(served, request(tok, f"s{i}", f"Request number {i} says", n=4))
+        return events[-1].completion_tokens
+
+    for wave in range(4):
+        assert await asyncio.gather(*(one(wave * 6 + i) for i in range(6))) == [4] * 6
+
+
+@module_loop
 async def test_chat_route_counts_every_token(served):
     req = GenerationRequest("chat1", [1, 2], SamplingConfig(max_tokens=10),
                             messages=[{"role": "user", "content": "Name a colour."}])

@@ -10,7 +10,7 @@ image; launched or attached. The CPU engine people run, measured here for real.
 """
 from adapters.engines.llamacpp import contract
 from adapters.engines.llamacpp.adapter import LlamaCppServer
-from adapters.engines.llamacpp.settings import IMAGE, LLAMACPP
+from adapters.engines.llamacpp.settings import IMAGE, LLAMACPP, locate
 from adapters.registry import EngineSpec, register
 
 SPEC = EngineSpec(
@@ -19,7 +19,7 @@ SPEC = EngineSpec(
     parallel={},
     parallel_why="llama-server runs one model copy per process on CPU here (its -sm/-ts split layers across GPUs)",
     image=IMAGE, container_opts="", container_cmd="",
-    script="llama-server", probe=("http://127.0.0.1:8080", "/props"),
-    install="make llamacpp", colour="tab:brown", metrics=LLAMACPP, reads=contract.READS, contract=contract.check,
+    script="llama-server", locate=locate, probe=("http://127.0.0.1:8080", "/props"),
+    install="make llamacpp", start="inferlab run experiments/configs/cpu_vs_llamacpp.toml", colour="tab:brown", metrics=LLAMACPP, reads=contract.READS, contract=contract.check,
 )
 register(SPEC, LlamaCppServer)

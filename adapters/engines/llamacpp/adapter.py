@@ -16,6 +16,8 @@ or attached. The binary is the peer: nothing of it is reimplemented here.
   - `-t/-tb` = the cores this process may use (option threads overrides): llama.cpp's default is its
     guess at the physical cores;
   - `-fa` = option flash_attn, default "on" (what "auto" picks on CPU, said explicitly); `--metrics`;
+  - option gpu_layers: `-ngl N`, the layers a GPU build offloads (scripts/gpu_compare.sh: all, with its
+    CUDA image);
   - option repack = false: `--no-repack` (b11312's AMX kernels for quantized weights, which repacking
     selects, crash on Q4_1 in ggml_backend_amx_mul_mat on an AMX CPU: the Q4_1 cell turns it off);
   - `-lv 4` (trace): the startup lines read back below are not printed at the default level (it adds
@@ -26,6 +28,8 @@ or attached. The binary is the peer: nothing of it is reimplemented here.
   the longest common prefix of its previous request). Each event's `tokens` are the new ids; the last
   has `stop: true`, `stop_type` (eos | limit | word), `tokens_evaluated`, `tokens_predicted` and
   `timings.cache_n` (prompt tokens reused: summed into snapshot().extra, as /metrics counts none).
+- One TCP connection per request (no keep-alive pool: llama.cpp's server closed pooled connections as
+  requests went out on them, 1 in ~20 at 4 streams).
 - Abort: the stream is closed; llama.cpp cancels a task whose connection went away.
 - Read back: GET /props (build_info, total_slots, the per-slot n_ctx, default sampling) and the startup
   log (threads, batch sizes, per-slot context, KV size and type, model and compute buffers); each row
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -53,7 +58,7 @@ from adapters.transport.server import LaunchedServer, aclose_then, kv_pin_gap
 
 INSTALL = "make llamacpp (builds llama-server from the pinned source), or set LLAMACPP_SERVER=/path/to/llama-server"
 FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
-KNOBS = ("threads", "cache_ram", "flash_attn", "batch_size", "ubatch_size", "repack")
+KNOBS = ("threads", "cache_ram", "flash_attn", "batch_size", "ubatch_size", "repack", "gpu_layers")
 
 
 def completion_body(request: GenerationRequest, cache_prompt: bool = True) -> dict[str, Any]:
@@ -171,12 +176,13 @@ class LlamaCppServer(LaunchedServer, Engine):
                            "--cache-ram", int(self.options.get("cache_ram") or 0), "-t", self.threads(),
                            "-tb", self.threads(), "-fa", self.options.get("flash_attn") or "on", "--metrics",
                            "-a", Path(self.model).name, "-lv", 4]
-        for opt, flag in (("batch_size", "-b"), ("ubatch_size", "-ub")):
+        for opt, flag in (("batch_size", "-b"), ("ubatch_size", "-ub"), ("gpu_layers", "-ngl")):
             if self.options.get(opt) is not None:
                 args += [flag, int(self.options[opt])]
         if self.options.get("repack") is not None:  # weight repacking for its SIMD/AMX kernels (default on)
             args.append("--repack" if self.options["repack"] else "--no-repack")
-        if s.launcher is not None and s.launcher.is_container:
+        if s.launcher is not None and s.launcher.is_container:  # the GGUF goes where the container sees it
+            args[1] = self.into_work_dir(Path(args[1])) if s._installed else args[1]
             return s.argv(script="llama-server", args=args, container_cmd=[])
         path = settings.binary()
         if path is None:
@@ -187,6 +193,16 @@ class LlamaCppServer(LaunchedServer, Engine):
         s._args = [str(a) for a in args]
         return [path, *s._args]
 
+    def into_work_dir(self, gguf: Path) -> str:
+        """The GGUF linked (else copied) into the work dir, which a container launcher mounts at its own path."""
+        dst = self.server.work_dir / gguf.name
+        if not dst.exists():
+            try:
+                os.link(gguf, dst)
+            except OSError:
+                shutil.copy2(gguf, dst)
+        return str(dst)
+
     # ---- start: read back ---------------------------------------------------------------------------
     async def start(self) -> EngineInfo:
         if self.info is not None:
@@ -195,7 +211,9 @@ class LlamaCppServer(LaunchedServer, Engine):
             base = await self.connect()
             self.client = httpx.AsyncClient(base_url=base, trust_env=False, timeout=30.0)
             props = (await self.client.get("/props")).json()
-            self._streamer = await sse.Streamer(base).open()
+            # a connection per request: llama.cpp's server (cpp-httplib) gives each open connection one of its
+            # -np + 2 HTTP threads and closed pooled ones under us ("Can not write request body", 1 in ~20)
+            self._streamer = await sse.Streamer(base, keepalive=False).open()
             metrics = await prom.scrape(self.client, LLAMACPP.path)
             self.info = self._info(base, props, metrics is not None)
         except httpx.HTTPError as e:

@@ -48,6 +48,13 @@ def binary() -> str | None:
     return str(built) if built.is_file() else shutil.which("llama-server")
 
 
+def locate() -> tuple[str | None, str | None]:
+    """(where, version) of the llama-server found (inferlab list-engines), or (None, None)."""
+    path = binary()
+    found = version(path) if path else None
+    return (path, f"b{found[0]} ({found[1]})" if found else None) if path else (None, None)
+
+
 @lru_cache(maxsize=8)
 def _run(path: str, flag: str) -> str:
     try:
