@@ -117,6 +117,17 @@ async def test_streams_at_once_past_the_slots_all_finish(served, tok):
 
 
 @module_loop
+async def test_tokens_that_end_mid_character_are_counted(served, tok):
+    """llama.cpp streams no event for a token whose text ends mid-character, and the next event names only its
+    own token: the adapter counts the gap from tokens_predicted (placeholders), so no token goes missing."""
+    events = await collect(served, request(tok, "u1", "שלום עולם, מה שלומך היום? אני", n=16))
+    ids = [i for e in events for i in e.token_ids]
+    assert len(ids) == 16 == events[-1].completion_tokens
+    assert UNKNOWN_TOKEN_ID in ids  # Hebrew letters are two byte-level tokens each in this vocabulary
+    assert all(i != UNKNOWN_TOKEN_ID for e in events for i in e.token_ids[-1:] if e.token_ids and not e.finished)
+
+
+@module_loop
 async def test_chat_route_counts_every_token(served):
     req = GenerationRequest("chat1", [1, 2], SamplingConfig(max_tokens=10),
                             messages=[{"role": "user", "content": "Name a colour."}])
@@ -234,3 +245,17 @@ def test_gguf_tensors_are_the_safetensors_bytes(smollm2):
             assert (t.tensor_type.name == "F32") == (dtype == "float32" or hf[name].dim() == 1), t.name
             seen.add(name)
         assert seen == set(hf) - {"lm_head.weight"} and cfg["tie_word_embeddings"]
+
+
+def test_the_run_sizes_the_slots_for_its_most_streams(smollm2, tmp_path, capsys):
+    """No max_num_seqs in the config: -np is the most streams the load sends (the harness offers it)."""
+    from experiments.commands.run import run_main
+
+    need_llamacpp()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'name = "np"\nmodel = "{smollm2}"\nengine = "llamacpp"\ndtype = "float32"\n'
+                   '[workload]\nkind = "random"\nnum_requests = 8\ninput_len = 16\noutput_len = 4\n'
+                   '[load]\nmode = "closed"\nconcurrency = [1, 3]\n')
+    assert run_main([str(cfg), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert " -np 3 -c 60 --no-kv-unified " in out  # 3 slots x (16 + 4) tokens, the run's max_model_len and "dry run: 0 failed check(s)" in out, out

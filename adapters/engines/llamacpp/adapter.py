@@ -86,26 +86,32 @@ def chat_body(request: GenerationRequest, cache_prompt: bool = True) -> dict[str
 
 
 class Completion:
-    """/completion's events: `tokens` are the new ids; the last has stop: true and the counts."""
+    """/completion's events. Each carries the id of the token that completed its text and the running count
+    `tokens_predicted`; a token whose text ended mid-character gets no event of its own, and the next event
+    still names only its own token (server-context.cpp @ b11312: no partial while the UTF-8 is incomplete,
+    then `tokens.assign(1, tkn.tok)`). Such gaps, counted from tokens_predicted, are UNKNOWN_TOKEN_IDs before
+    the event's id, so every token is counted; the agreement check skips those requests. The last event
+    has stop: true and the counts (its `tokens` is empty when streaming)."""
 
     def __init__(self) -> None:
         self.reason, self.prompt_tokens, self.completion_tokens, self.cache_n = None, None, None, 0
+        self.counted = 0
 
     def feed(self, obj: dict[str, Any]) -> tuple[list[int], str, bool]:
+        ids = list(obj.get("tokens") or [])
+        n = int(obj.get("tokens_predicted") or 0)
+        ids = [UNKNOWN_TOKEN_ID] * max(0, n - self.counted - len(ids)) + ids
+        self.counted += len(ids)
         if obj.get("stop"):
             self.reason = FINISH.get(obj.get("stop_type"), obj.get("stop_type"))
             self.prompt_tokens, self.completion_tokens = obj.get("tokens_evaluated"), obj.get("tokens_predicted")
             self.cache_n = int((obj.get("timings") or {}).get("cache_n") or 0)
-        return list(obj.get("tokens") or []), obj.get("content") or "", bool(obj.get("stop"))
+        return ids, obj.get("content") or "", bool(obj.get("stop"))
 
 
 class Chat(Completion):
     """The chat route's chunks: text, `timings.predicted_n` (tokens so far: each event gets as many
     UNKNOWN_TOKEN_IDs as it grew), a finish_reason, then a usage chunk, which ends the request."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counted = 0
 
     def feed(self, obj: dict[str, Any]) -> tuple[list[int], str, bool]:
         timings = obj.get("timings") or {}
