@@ -88,7 +88,8 @@ def build(dirs: list[Path], out: Path) -> Path:
     peak = next((e.manifest.get("peak_bandwidth") for e in runs.engines if e.manifest.get("peak_bandwidth")), {})
     md += ["## How far from the hardware (estimate)", "",
            f"Formula: {bandwidth.FORMULA}. Weights and KV bytes come from the model's safetensors headers and "
-           "config.json; activations and overheads are ignored, so this is an estimate.", "",
+           "config.json (an engine that runs another weight format, e.g. a quantized GGUF as shipped: the weight "
+           "bytes it reports); activations and overheads are ignored, so this is an estimate.", "",
            f"Measured peak in this run (copy of {peak.get('size_mb', '?')} MB, read + write, best of "
            f"{peak.get('repeats', 3)} on 1 thread and on {peak.get('cpu_threads', '?')}): "
            f"CPU {fmt(peak.get('cpu_gbps'))} GB/s (1 thread {fmt(peak.get('cpu_gbps_1_thread'))}), "

@@ -141,7 +141,7 @@ def _one(e: EngineResult, level: str, repeat: int, recs: list[dict[str, Any]], c
     s["memory"] = lv.get("memory", {})
     s["harness"] = _harness(lv, e.manifest)
     _observed(s, lv, recs)
-    s["bandwidth"] = _bandwidth(shape, s, level, recs)
+    s["bandwidth"] = _bandwidth(_own_weights(shape, e.manifest.get("info") or {}, cfg["dtype"]), s, level, recs)
     try:
         params = ceilings.non_embedding_params(cfg["model"])
     except (OSError, KeyError, ValueError):
@@ -246,6 +246,15 @@ def _counters(view: dict[str, Any] | None, obs: dict[str, Any]) -> dict[str, Any
     if c.get("spec_drafts"):
         out["spec_mean_accepted"] = c.get("spec_accepted_tokens", 0) / c["spec_drafts"]
     return out
+
+
+def _own_weights(shape: dict[str, Any] | None, info: dict[str, Any], dtype: str) -> dict[str, Any] | None:
+    """The model's shape with the engine's own weight bytes where it runs another weight format than the
+    config's dtype (a quantized GGUF served as shipped): what its decode step reads is its own bytes."""
+    own = (info.get("memory") or {}).get("weights")
+    if shape is None or not own or info.get("dtype") in (None, dtype):
+        return shape
+    return {**shape, "weight_bytes": int(own)}
 
 
 def _bandwidth(shape: dict[str, Any] | None, s: dict[str, Any], level: str, recs: list[dict[str, Any]]) -> dict:

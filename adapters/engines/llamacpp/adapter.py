@@ -245,6 +245,8 @@ class LlamaCppServer(LaunchedServer, Engine):
             rb.put("kv_capacity_tokens", rb.effective["n_ctx"], rb.sources["n_ctx"] + " (llama_context: n_ctx)")
         rb.put("prefix_caching", self.options.get("enable_prefix_caching", True),
                "each request's cache_prompt (this adapter sends it; a slot reuses its previous prompt's prefix)")
+        if self.server is not None and self.options.get("gpu_layers") is None:
+            rb.put("tensor_parallel_size", 1, "one model copy in one process (no layers offloaded, no -sm split)")
         rb.put("launch_command", launch_command(self.launch_argv), "the argv this adapter launched")
         return rb.result()
 
