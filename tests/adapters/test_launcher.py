@@ -76,6 +76,7 @@ async def test_another_server_on_the_port_is_not_taken_for_ours(tmp_path):
     import subprocess
     port = free_port()
     other = subprocess.Popen([sys.executable, "-c", STUBBORN, str(port)])
+    srv = None
     try:
         while not _listening(port):
             await asyncio.sleep(0.05)
@@ -88,6 +89,8 @@ async def test_another_server_on_the_port_is_not_taken_for_ours(tmp_path):
     finally:
         other.kill()
         other.wait()
+        if srv is not None and srv.proc is not None:
+            await srv.stop(timeout_s=1)  # (it has exited; if start() ever returns early, it would not have)
 
 
 def _listening(port: int) -> bool:

@@ -46,7 +46,8 @@ def test_pinned_images_are_versions_the_tables_cover(engine):
 def test_gpu_compare_script_pins_the_same_images():
     text = (REPO / "scripts/gpu_compare.sh").read_text()
     pins = dict(re.findall(r'^(\w+)_IMAGE="\$\{\w+_IMAGE:-([^}]+)\}"', text, re.M))
-    assert pins == {"VLLM": IMAGES["vllm"], "SGLANG": IMAGES["sglang"], "TRTLLM": IMAGES["trtllm"], "TGI": IMAGES["tgi"]}
+    assert pins == {"VLLM": IMAGES["vllm"], "SGLANG": IMAGES["sglang"], "TRTLLM": IMAGES["trtllm"], "TGI": IMAGES["tgi"],
+                    "LLAMACPP": IMAGES["llamacpp"]}
 
 
 def test_refusal_is_one_line_naming_what_is_known():

@@ -56,7 +56,7 @@ from adapters.engines.llamacpp.settings import KV_TYPES, LLAMACPP
 from adapters.transport import prom, sse
 from adapters.transport.server import LaunchedServer, aclose_then, kv_pin_gap
 
-INSTALL = "make llamacpp (builds llama-server from the pinned source), or set LLAMACPP_SERVER=/path/to/llama-server"
+INSTALL = "install it with make llamacpp (builds llama-server from the pinned source), or set LLAMACPP_SERVER=/path/to/llama-server"
 FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 KNOBS = ("threads", "cache_ram", "flash_attn", "batch_size", "ubatch_size", "repack", "gpu_layers")
 
@@ -176,6 +176,9 @@ class LlamaCppServer(LaunchedServer, Engine):
 
     def server_argv(self) -> list[str]:
         s, kv = self.server, KV_TYPES.get(self.dtype, "f16")
+        container = s.launcher is not None and s.launcher.is_container
+        if s._installed and not container and settings.binary() is None:  # before converting anything
+            raise EngineUnavailable(f"engine 'llamacpp': no llama-server here; {INSTALL}")
         n = self.slots()
         args: list[str] = ["-m", str(self.gguf(convert=s._installed)), "--host", s.host, "--port", s.port,
                            "-np", n, "-c", n * self.slot_context(), "--no-kv-unified", "-ctk", kv, "-ctv", kv,
@@ -187,13 +190,11 @@ class LlamaCppServer(LaunchedServer, Engine):
                 args += [flag, int(self.options[opt])]
         if self.options.get("repack") is not None:  # weight repacking for its SIMD/AMX kernels (default on)
             args.append("--repack" if self.options["repack"] else "--no-repack")
-        if s.launcher is not None and s.launcher.is_container:  # the GGUF goes where the container sees it
+        if container:  # the GGUF goes where the container sees it
             args[1] = self.into_work_dir(Path(args[1])) if s._installed else args[1]
             return s.argv(script="llama-server", args=args, container_cmd=[])
         path = settings.binary()
         if path is None:
-            if s._installed:
-                raise EngineUnavailable(f"engine 'llamacpp': no llama-server here; {INSTALL}")
             s._missing = "llama-server is not built here (make llamacpp)"
             return ["llama-server", *[str(a) for a in args]]
         s._args = [str(a) for a in args]
@@ -241,6 +242,8 @@ class LlamaCppServer(LaunchedServer, Engine):
                                      if k in gen.get("params", {})} or None, "GET /props default_generation_settings.params")
         if self.server is not None and self.server.proc is not None:
             settings.log_read_back(rb, self.server.log_text(), f"launch log {self.server.proc.log_path}")
+        if rb.has("n_batch"):
+            rb.put("max_num_batched_tokens", rb.effective["n_batch"], rb.sources["n_batch"] + " (llama_context: n_batch)")
         if rb.has("n_ctx"):
             rb.put("kv_capacity_tokens", rb.effective["n_ctx"], rb.sources["n_ctx"] + " (llama_context: n_ctx)")
         rb.put("prefix_caching", self.options.get("enable_prefix_caching", True),
@@ -255,11 +258,10 @@ class LlamaCppServer(LaunchedServer, Engine):
         if self.server is not None:
             fmt = weights.weight_format(self.gguf())
             effective["weights"] = f"{fmt['main']} GGUF, {fmt['bytes_per_weight']} bytes/weight"
-            effective.setdefault("sources", {})["weights"] = f"the GGUF's tensor table ({self.gguf()})"
-            if weights.OUTTYPES.get(self.dtype, "").upper() != fmt["main"]:
-                ran = fmt["main"].lower()
-            else:
-                ran = self.dtype
+            ran = {v.upper(): k for k, v in weights.OUTTYPES.items()}.get(fmt["main"], fmt["main"].lower())
+            effective.setdefault("dtype", ran)
+            for key in ("weights", "dtype"):
+                effective.setdefault("sources", {})[key] = f"the GGUF's tensor table ({self.gguf()})"
         else:
             ran = self.dtype  # an attached server's weights are whatever it loaded: not checked
         cap = effective.get("kv_capacity_tokens")

@@ -20,7 +20,7 @@ from adapters.transport.metric_names import MetricNames
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD, COMMIT = 11312, "0c1e57098"  # scripts/setup_llamacpp.sh pins both
-IMAGE = f"ghcr.io/ggml-org/llama.cpp:server-b{BUILD}"  # the same release, as its server image
+IMAGE = f"ghcr.io/ggml-org/llama.cpp:server-cuda-b{BUILD}"  # the same release, as its CUDA server image (a GPU host)
 VERSION = re.compile(r"build (\d+), commit ([0-9a-f]+)\)")  # `llama-server --version`: "version: 0.5.0-dev (build 11312, commit 0c1e57098)"
 KV_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # -ctk/-ctv for the weights' dtype
 

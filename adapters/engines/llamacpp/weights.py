@@ -57,8 +57,10 @@ def convert(model_dir: str | Path, dtype: str) -> Path:
     model_dir, kind = Path(model_dir), outtype(dtype)
     script = source() / "convert_hf_to_gguf.py"
     if not script.is_file():
-        raise FileNotFoundError(f"{script} is absent: `make llamacpp` unpacks llama.cpp's source "
-                                f"(or set LLAMACPP_SOURCE)")
+        from adapters.base import EngineUnavailable
+
+        raise EngineUnavailable(f"{script} is absent: make llamacpp (it unpacks llama.cpp's source and its "
+                                f"converter), or set LLAMACPP_SOURCE")
     from reference_engine import cache_dir
 
     entry = cache_dir() / "gguf" / f"{model_dir.name}-{_key(model_dir, kind, script)}.{kind}.gguf"
