@@ -154,7 +154,12 @@ async def test_metrics_count_the_requests(served, tok):
     assert value(after, "llamacpp:tokens_predicted_total") - value(before, "llamacpp:tokens_predicted_total") == 7
     assert value(after, "llamacpp:prompt_tokens_total") > value(before, "llamacpp:prompt_tokens_total")
     snap = await served.snapshot()
-    assert snap.num_running == 0 and snap.num_waiting == 0 and "prompt_cache_hit_tokens" in snap.extra
+    assert snap.num_running == 0 and snap.num_waiting == 0
+    # its prompt cache, from the responses' timings.cache_n: the same request again reuses all but its last token
+    await collect(served, request(tok, "m2", "One two three", n=7))
+    again = await served.snapshot()
+    assert again.extra["prefix_cache_queries"] - snap.extra["prefix_cache_queries"] == len(req.prompt_token_ids)
+    assert again.extra["prefix_cache_hits"] - snap.extra["prefix_cache_hits"] == len(req.prompt_token_ids) - 1
 
 
 @module_loop

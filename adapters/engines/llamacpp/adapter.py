@@ -27,7 +27,8 @@ or attached. The binary is the peer: nothing of it is reimplemented here.
   temperature 0, `cache_prompt` = option enable_prefix_caching (default on, llama.cpp's: a slot reuses
   the longest common prefix of its previous request). Each event's `tokens` are the new ids; the last
   has `stop: true`, `stop_type` (eos | limit | word), `tokens_evaluated`, `tokens_predicted` and
-  `timings.cache_n` (prompt tokens reused: summed into snapshot().extra, as /metrics counts none).
+  `timings.cache_n` (prompt tokens reused: summed, with the prompt tokens, into snapshot().extra as
+  prefix_cache_hits / prefix_cache_queries, since /metrics counts no hits).
 - One TCP connection per request (no keep-alive pool: llama.cpp's server closed pooled connections as
   requests went out on them, 1 in ~20 at 4 streams).
 - Abort: the stream is closed; llama.cpp cancels a task whose connection went away.
@@ -144,7 +145,7 @@ class LlamaCppServer(LaunchedServer, Engine):
         self._streamer: sse.Streamer | None = None
         self._streams: dict[str, sse.Stream] = {}
         self._aborted: set[str] = set()
-        self.cache_n = 0  # prompt tokens the slots reused (timings.cache_n), summed over finished requests
+        self.cache_n = self.prompt_n = 0  # prompt tokens reused from a slot (timings.cache_n) / asked, over finished requests
         self.info: EngineInfo | None = None
         self._gguf: Path | None = None
 
@@ -316,6 +317,7 @@ class LlamaCppServer(LaunchedServer, Engine):
                         ids, text, done = read.feed(obj)
                         if done:
                             self.cache_n += read.cache_n
+                            self.prompt_n += int(read.prompt_tokens or 0)
                             yield TokenEvent(rid, ids, text, recv_ns, True, read.reason, read.prompt_tokens,
                                              read.completion_tokens, resp.wire)
                             return
@@ -351,7 +353,8 @@ class LlamaCppServer(LaunchedServer, Engine):
     async def snapshot(self) -> MemorySnapshot:
         m = await prom.scrape(self.client, LLAMACPP.path, LLAMACPP.prefixes()) if self.client is not None else None
         snap = prom.snapshot(m, LLAMACPP, self.info.kv_capacity_tokens if self.info else None)
-        snap.extra["prompt_cache_hit_tokens"] = self.cache_n
+        # its prompt cache as the report's prefix-cache counters read them (/metrics counts no hits)
+        snap.extra.update(prefix_cache_hits=self.cache_n, prefix_cache_queries=self.prompt_n)
         return snap
 
     async def stop(self) -> None:
