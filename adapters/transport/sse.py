@@ -26,6 +26,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import json
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -71,6 +72,14 @@ class Stream:
                     raise StreamClosed()
                 return
             yield recv_ns, raw.decode("utf-8").rstrip("\r\n")
+
+    async def data(self) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """`(recv_ns, object)` per Server-Sent Event `data:` line, parsed as JSON; blank lines, comments and
+        the closing `[DONE]` are skipped."""
+        async for recv_ns, line in self.lines():
+            body = line[5:].strip() if line.startswith("data:") else ""
+            if body and body != "[DONE]":
+                yield recv_ns, json.loads(body)
 
     def close(self) -> None:
         """Drop the connection: the server sees the client go away and aborts the request."""

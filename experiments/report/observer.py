@@ -50,7 +50,28 @@ def section(runs: Runs) -> list[str]:
              f"more than {observer.ITL_REL:.0%}. The client's TTFT includes the HTTP round trip and the server's "
              "request parsing, so a few milliseconds above the server's is expected.")
     return [intro, ""] + table(["engine", "level", "metric", "client mean (ms)", "server mean (ms)",
-                                "client − server (ms)", "server saw"], rows) + [""] + _wire(runs) + _scrapes(runs)
+                                "client − server (ms)", "server saw"], rows) + [""] + _tokens(runs) + _wire(runs) + \
+        _scrapes(runs)
+
+
+def _tokens(runs: Runs) -> list[str]:
+    """The engine's own prompt and generation token counters over each level against the client's counts
+    (an engine with counters but no latency histograms, e.g. llama.cpp, shows its view here)."""
+    rows = []
+    for e, level, merged in _each(runs):
+        each = merged.get("per_repeat") or {"": merged}  # repeats: each its own scrapes
+        for r, s in each.items():
+            c = ((s.get("server_view") or {}).get("counters")) or {}
+            if "generation_tokens" in c or "prompt_tokens" in c:
+                rows.append([e.label, f"{level} (repeat {r})" if r else level,
+                             *(f"{int(v):,}" if v is not None else "–" for v in (
+                                 c.get("prompt_tokens"), s.get("prompt_tokens"), c.get("generation_tokens"),
+                                 s.get("output_tokens")))])
+    if not rows:
+        return []
+    return ["Tokens the engine's own counters saw over the level, against the client's counts:", ""] + \
+        table(["engine", "level", "prompt tokens (server)", "prompt tokens (client)", "generated (server)",
+               "generated (client)"], rows) + [""]
 
 
 def _wire(runs: Runs) -> list[str]:

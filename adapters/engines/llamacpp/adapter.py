@@ -38,7 +38,6 @@ or attached. The binary is the peer: nothing of it is reimplemented here.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -307,11 +306,7 @@ class LlamaCppServer(LaunchedServer, Engine):
                                        f"{(await resp.text())[:500]}")
                 self._streams[rid] = resp
                 try:
-                    async for recv_ns, line in resp.lines():
-                        data = line[5:].strip() if line.startswith("data:") else ""
-                        if not data or data == "[DONE]":
-                            continue
-                        obj = json.loads(data)
+                    async for recv_ns, obj in resp.data():
                         if "error" in obj:
                             raise RequestError(f"request {rid}: llama.cpp error in stream: {obj['error']}")
                         ids, text, done = read.feed(obj)

@@ -42,7 +42,6 @@ SGLang's recorded ones (tests/adapters/fixtures/sglang/SOURCE.md).
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, AsyncIterator
 
@@ -231,11 +230,7 @@ class SGLangServer(LaunchedServer, Engine):
                 raise RequestError(f"request {rid}: HTTP {resp.status_code} from SGLang: {(await resp.text())[:500]}")
             self._responses[rid] = resp
             try:
-                async for recv_ns, line in resp.lines():
-                    data = line[5:].strip() if line.startswith("data:") else ""
-                    if not data or data == "[DONE]":
-                        continue
-                    obj = json.loads(data)
+                async for recv_ns, obj in resp.data():
                     if "error" in obj:
                         raise RequestError(f"request {rid}: SGLang error in stream: {obj['error']}")
                     ids, text = diff.feed(obj.get("output_ids") or [], obj.get("text") or "")
