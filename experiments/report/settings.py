@@ -167,8 +167,12 @@ def memory_row(e, layouts: list[str]) -> tuple[list[int | None], int | None, str
     """(parts in COLUMNS' order, peak, where the peak was sampled) for one engine; None: not exposed."""
     m = (e.manifest.get("info") or {}).get("memory") or {}
     peak, where = _peak(e)
+    # activations: the peak an engine measured, else the scratch it allocated for them at start (llama.cpp's
+    # compute buffer, sized for its largest graph)
+    act = _after(e, "activation_peak")
     parts = [m.get("weights"), *(m.get("layout_" + n) for n in layouts), m.get("kv_allocated"), _kv_peak_used(e),
-             _after(e, "activation_peak"), m.get("graph_pool"), _runtime(m) if where == "RSS" else None]
+             act if act is not None else m.get("compute_buffer"), m.get("graph_pool"),
+             _runtime(m) if where == "RSS" else None]
     return parts, peak, where
 
 
@@ -199,7 +203,8 @@ def memory_section(runs: Runs) -> list[str]:
             "each weight layout the engine keeps beside them, by name; the KV cache allocated and the most of it "
             "in use (inside the allocation, not added); the activations' peak (CUDA: a profile forward at start; "
             "the reference engine on CPU: its process's RSS high-water since start-up above its RSS then, read "
-            "after the run: activations, whose heap stays resident, plus kernel caches and request state); the "
+            "after the run: activations, whose heap stays resident, plus kernel caches and request state; "
+            "llama.cpp: the compute buffer it allocates for them at start, from its log); the "
             "CUDA graph pool; the interpreter and libraries (CPU only: RSS before any weight, see below); then "
             "the peak as sampled (GPU memory where there is a GPU, else the RSS of the engine's process tree) "
             "and what the parts leave of it, unaccounted (a part shown as a dash is inside it; on CPU also "
