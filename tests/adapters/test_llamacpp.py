@@ -264,3 +264,15 @@ def test_the_run_sizes_the_slots_for_its_most_streams(smollm2, tmp_path, capsys)
     assert run_main([str(cfg), "--dry-run", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert " -np 3 -c 60 --no-kv-unified " in out  # 3 slots x (16 + 4) tokens, the run's max_model_len and "dry run: 0 failed check(s)" in out, out
+
+
+def test_a_users_own_binary_is_launched_and_checked(smollm2, tok, tmp_path, monkeypatch):
+    """LLAMACPP_SERVER: the user's own llama-server (here a link to the built one, under another name)."""
+    own = tmp_path / "bin" / "my-llama-server"
+    own.parent.mkdir()
+    own.symlink_to(need_llamacpp())
+    monkeypatch.setenv("LLAMACPP_SERVER", str(own))
+    eng = create("llamacpp", str(smollm2), "float32", {"max_num_seqs": 2, "max_model_len": 256})
+    d = eng.dry_run([request(tok, "o1", "Hello", n=3)])
+    assert d.launch.argv[0] == str(own) and f"{own} reports b{settings.BUILD} ({settings.COMMIT})" in d.version[0]
+    assert all(c.ok for c in d.checks) and f"{own} --help" in d.checks[0].source
