@@ -247,7 +247,13 @@ class ProcessAsyncEngine(AsyncEngine):
         return self.step_timeout or max(WATCHDOG_FLOOR_S, WATCHDOG_STEPS * self._longest_step)
 
     def _busy(self) -> bool:
-        return bool(self._streams or self._sent or self._pending)
+        """Work the core owes: ops it has not applied, calls it has not answered, or open streams while its
+        last turn still held requests. Open streams alone are not: a stream the core no longer holds a
+        request for (its end never delivered) kept an idle server "busy", and the watchdog killed its core
+        once it had sat idle past the limit (CI: "no step for 237.8 s while 1 requests were open")."""
+        stats = getattr(self.core, "last_stats", None) if self.core is not None else None
+        held = stats is None or stats.num_running + stats.num_waiting > 0
+        return bool(self._sent or self._pending or (self._streams and held))
 
     def _watch(self) -> None:
         if self._dead is not None or self._stop or self._proc is None:

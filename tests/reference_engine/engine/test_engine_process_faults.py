@@ -74,6 +74,28 @@ async def test_the_step_watchdog_declares_a_stopped_core_dead(tiny_llama):
         await engine.shutdown()
 
 
+async def test_an_idle_core_is_not_stuck_whatever_streams_the_front_still_holds(tiny_llama):
+    """The core answered everything and holds no request; a stream the front end still holds (whose end was
+    never delivered) must not make the watchdog call the idle core stuck. CI's session server sat idle past
+    the limit with one such stream and was killed ("no step for 237.8 s while 1 requests were open")."""
+    from reference_engine.engine.async_engine import RequestStream
+
+    deaths = []
+    engine = ProcessAsyncEngine(EngineConfig(str(tiny_llama), kv_cache_tokens=2048), step_timeout=0.5,
+                                on_death=deaths.append)
+    await engine.start()
+    try:
+        async for _ in engine.generate([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)):
+            pass
+        engine._streams["orphan"] = RequestStream("orphan")  # as a lost end would leave it
+        await asyncio.sleep(2.0)  # four times the limit, idle
+        assert engine.is_alive and deaths == []
+        async for _ in engine.generate([8, 9], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)):
+            pass  # and it still serves
+    finally:
+        await engine.shutdown()
+
+
 def fifo_model(tmp_path: Path) -> Path:
     """A model directory whose config.json is a FIFO: the core blocks opening it, as a hung load."""
     d = tmp_path / "hangs"
