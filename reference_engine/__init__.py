@@ -32,7 +32,10 @@ __all__ = ["EngineConfig", "SamplingParams", "LLM", "LLMEngine", "AsyncEngine", 
 
 def __getattr__(name: str):
     # Lazy: importing the package does not load the engine, model or server modules.
-    if name in ("LLM", "LLMEngine", "kernel_problems"):
+    if name == "kernel_problems":  # the kernel settings that cannot hold here, one line each
+        from reference_engine.worker.paths import problems
+        return problems
+    if name in ("LLM", "LLMEngine"):
         from reference_engine.engine import llm_engine as engine
         return getattr(engine, name)
     if name == "AsyncEngine":

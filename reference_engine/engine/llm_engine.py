@@ -20,8 +20,6 @@ from pathlib import Path
 
 import torch
 
-from reference_engine.model import fused_decode, fused_ops, packed_linear
-from reference_engine.attention import cpu_backend
 from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.worker import paths, ram_check
 from reference_engine.worker.gpu_memory import huge_pages
@@ -66,29 +64,12 @@ class EngineStats:
     request_queue_count: int = 0
 
 
-def kernel_problems(cfg: EngineConfig) -> list[str]:
-    """The kernel settings that cannot hold on this machine, one line each: the `INFERLAB_*` pins read
-    where the engine runs on CPU (packed_linear.pin_problems, fused_decode.pin_problems) and a config
-    that names a C++ kernel (attention_backend="cpu", fused_ops=True) that does not build or load here.
-    Each would otherwise fail every step it serves."""
-    if torch.device(cfg.device).type != "cpu":
-        return []
-    problems = fused_decode.pin_problems()
-    if cfg.linear_backend in (None, "onednn"):
-        problems += packed_linear.pin_problems()
-    if cfg.attention_backend == "cpu" and not cpu_backend.available():
-        problems.append("attention_backend='cpu': its C++ kernel does not build or load here; use 'torch'")
-    if cfg.fused_ops and not fused_ops.available():
-        problems.append("fused_ops=True: the C++ element-wise kernels do not build or load here; leave it unset")
-    return problems
-
-
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
         """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold, and
         on CPU for a model and KV budget that would not fit in the memory available (`ram_check.py`)."""
         ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
-        if problems := kernel_problems(cfg):
+        if problems := paths.problems(cfg):
             raise ValueError("; ".join(problems))
         ram_check.refuse(cfg)
         self.step_log = StepLog(cfg.step_log) if cfg.step_log else None  # a path it cannot write fails now

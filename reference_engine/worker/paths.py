@@ -22,6 +22,7 @@ import torch
 
 from reference_engine.attention import cpu_backend
 from reference_engine.kernels import cpp_gemm
+from reference_engine.model import fused_decode, fused_ops, packed_linear
 from reference_engine.model.packed_linear import PackedLinear, linear_kernel
 
 # every environment variable that changes a path, read back as set ("" when unset)
@@ -94,6 +95,23 @@ def routes(runner) -> list[Route]:
         layer, why = layer_path(runner, rows, not prefills)
         out.append(Route(shape, rows, not prefills, layer, lin, attention_path(runner, decodes, prefills), why))
     return out
+
+
+def problems(cfg) -> list[str]:
+    """The kernel settings that cannot hold on this machine, one line each: the `INFERLAB_*` pins read
+    where the engine runs on CPU (packed_linear.pin_problems, fused_decode.pin_problems) and a config
+    that names a C++ kernel (attention_backend="cpu", fused_ops=True) that does not build or load here.
+    Each would otherwise fail every step it serves."""
+    if torch.device(cfg.device).type != "cpu":
+        return []
+    problems = fused_decode.pin_problems()
+    if cfg.linear_backend in (None, "onednn"):
+        problems += packed_linear.pin_problems()
+    if cfg.attention_backend == "cpu" and not cpu_backend.available():
+        problems.append("attention_backend='cpu': its C++ kernel does not build or load here; use 'torch'")
+    if cfg.fused_ops and not fused_ops.available():
+        problems.append("fused_ops=True: the C++ element-wise kernels do not build or load here; leave it unset")
+    return problems
 
 
 def isa() -> str:
