@@ -236,6 +236,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """K and V, every layer, one token, in `dtype`."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
         if not Path(model_dir).is_dir():

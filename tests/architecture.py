@@ -31,6 +31,16 @@ KV_OWNERSHIP = ("reference_engine.core.kv_cache_manager", "reference_engine.core
 LAUNCH = re.compile(r"(^|\s)-m\s+experiments\b|^experiments(\.\w+)+$")
 # One engine, one folder: adapters/engines/<name>/. The harness reads specs and names none of them.
 ENGINES = "adapters.engines"
+# The engine's process boundary: the front ends and the core share only engine/messages.py. A front end
+# names engine_core for the core's entry point alone (what a thread or a child process runs).
+FRONT_ENDS = ("reference_engine.engine.client", "reference_engine.engine.async_engine",
+              "reference_engine.engine.engine_process")
+CORE_SIDE = ("reference_engine.engine.engine_core", "reference_engine.engine.llm_engine")
+CORE_ENTRIES = {"core_main", "thread_main"}
+# What engine/ may import from worker/: the runner's public interface (its class and step output, the
+# dispatch table, the step record), never the memory, kernel or batch internals below it.
+ENGINE_WORKER_API = ("reference_engine.worker.model_runner", "reference_engine.worker.paths",
+                     "reference_engine.worker.step_record")
 # The only modules at the top of each package (everything else lives in a folder named after its stage).
 TOP = {"adapters": {"__init__.py", "base.py", "registry.py"}, "experiments": {"__init__.py", "cli.py"}}
 
@@ -42,6 +52,7 @@ class Module:
     imports: set[str] = field(default_factory=set)  # project modules, resolved
     strings: list[str] = field(default_factory=list)  # string constants that are not docstrings
     private: list[str] = field(default_factory=list)  # "module._name" imported from another module
+    names: dict[str, set[str]] = field(default_factory=dict)  # module -> names taken from it ("*": the module)
 
 
 def _name(root: Path, path: Path) -> str:
@@ -71,6 +82,7 @@ def load(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Module]:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     m.imports.add(a.name)
+                    m.names.setdefault(a.name, set()).add("*")
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:  # relative: from the module's package, up level - 1
@@ -79,9 +91,12 @@ def load(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Module]:
                     base = ".".join(pkg + ([base] if base else []))
                 for a in node.names:  # `from pkg import submodule` imports the submodule
                     sub = f"{base}.{a.name}"
+                    m.names.setdefault(sub if sub in mods else base, set()).add("*" if sub in mods else a.name)
                     m.imports.add(sub if sub in mods else base)
                     if a.name.startswith("_") and not a.name.startswith("__") and base.split(".")[0] in packages:
                         m.private.append(sub)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):  # types.SimpleNamespace
+                m.names.setdefault(node.value.id, set()).add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
                 m.strings.append(node.value)
         m.imports = {_resolve(i, mods) for i in m.imports} - {None, m.name}
@@ -167,6 +182,19 @@ def violations(root: Path) -> list[str]:
                        for s in m.strings if LAUNCH.search(s))
         if _under(m.name, MODEL_LAYERS):
             forbid(SCHEDULING_KV_REQUESTS, "model layers never import scheduling, KV or requests")
+        if m.name in FRONT_ENDS:
+            for i in sorted(m.imports):
+                if i in CORE_SIDE and not (i == CORE_SIDE[0] and m.names.get(i, {"*"}) <= CORE_ENTRIES):
+                    out.append(f"{m.name} imports {i} ({', '.join(sorted(m.names.get(i, ())))}): the front ends and "
+                               "the core share only engine/messages.py (a front end names the core's entry point alone)")
+        if m.name in CORE_SIDE:
+            forbid(FRONT_ENDS, "the core never imports a front end: they share only engine/messages.py")
+        if _under(m.name, ("reference_engine.engine",)):
+            out.extend(f"{m.name} imports {i}: engine/ imports from worker/ only the runner's public interface "
+                       f"({', '.join(n.rsplit('.', 1)[1] for n in ENGINE_WORKER_API)})" for i in sorted(m.imports)
+                       if _under(i, ("reference_engine.worker",)) and not _under(i, ENGINE_WORKER_API))
+            if "SimpleNamespace" in m.names.get("types", ()):
+                out.append(f"{m.name} uses types.SimpleNamespace: the engine passes typed messages and dataclasses")
         if _under(m.name, RUNNER):
             forbid(KV_OWNERSHIP, "the runner never imports the KV-cache manager or the block pool")
         if _under(m.name, ("experiments",)):

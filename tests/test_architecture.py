@@ -38,6 +38,9 @@ def plant(root: Path, files: dict[str, str]) -> Path:
             "reference_engine/core/kv_cache_manager.py": "from reference_engine.core.block_pool import BlockPool\n",
             "reference_engine/core/block_pool.py": "class BlockPool: ...\n",
             "reference_engine/core/request.py": "", "reference_engine/worker/model_runner.py": "from reference_engine import model\n",
+            "reference_engine/worker/ram_check.py": "", "reference_engine/engine/messages.py": "",
+            **{f"reference_engine/engine/{m}.py": "" for m in ("client", "async_engine", "engine_process", "engine_core",
+                                                               "llm_engine", "step_log")},
             "adapters/__init__.py": "", "adapters/base.py": "", "adapters/registry.py": "",
             "adapters/engines/__init__.py": "", "adapters/engines/reference/__init__.py": "",
             "adapters/engines/reference/adapter.py": "from reference_engine import AsyncEngine\n",
@@ -56,6 +59,11 @@ def plant(root: Path, files: dict[str, str]) -> Path:
 
 def test_the_planted_tree_is_clean_without_a_violation(tmp_path):
     assert violations(plant(tmp_path, {})) == []
+    # a front end that names the core's entry point, and the core's use of the runner's public interface, are allowed
+    assert violations(plant(tmp_path, {
+        "reference_engine/engine/engine_process.py": "from reference_engine.engine.engine_core import core_main\n"
+                                                     "from reference_engine.engine.messages import Call\n",
+        "reference_engine/engine/llm_engine.py": "from reference_engine.worker.model_runner import ModelRunner\n"})) == []
 
 
 @pytest.mark.parametrize("files, expected", [
@@ -103,6 +111,20 @@ def test_the_planted_tree_is_clean_without_a_violation(tmp_path):
     ({"experiments/report/__init__.py": "", "experiments/report/md.py": "def group():\n    from .rows import cell\n",
       "experiments/report/rows.py": "from experiments.report.md import fmt\n"},
      "import cycle: experiments.report.md -> experiments.report.rows"),
+    # the engine's process boundary: front ends and the core share only engine/messages.py
+    ({"reference_engine/engine/engine_core.py": "from reference_engine.engine.async_engine import AsyncEngine\n"},
+     "reference_engine.engine.engine_core imports reference_engine.engine.async_engine: the core never imports a front end"),
+    ({"reference_engine/engine/engine_process.py": "from reference_engine.engine.engine_core import Call, core_main\n"},
+     "reference_engine.engine.engine_process imports reference_engine.engine.engine_core (Call, core_main): the front "
+     "ends and the core share only engine/messages.py"),
+    ({"reference_engine/engine/client.py": "def f():\n    from reference_engine.engine import llm_engine\n"},
+     "reference_engine.engine.client imports reference_engine.engine.llm_engine (*): the front ends and the core share"),
+    ({"reference_engine/engine/llm_engine.py": "from reference_engine.worker import ram_check\n"},
+     "reference_engine.engine.llm_engine imports reference_engine.worker.ram_check: engine/ imports from worker/ only"),
+    ({"reference_engine/engine/engine_core.py": "import types\nFACTS = types.SimpleNamespace(pid=1)\n"},
+     "reference_engine.engine.engine_core uses types.SimpleNamespace: the engine passes typed messages"),
+    ({"reference_engine/engine/step_log.py": "from types import SimpleNamespace\n"},
+     "reference_engine.engine.step_log uses types.SimpleNamespace: the engine passes typed messages"),
     ({"scripts/long.py": "x = 1\n" * 401}, "scripts/long.py has 401 lines: no file over 400"),
 ])
 def test_each_rule_fails_on_a_planted_violation(tmp_path, files, expected):

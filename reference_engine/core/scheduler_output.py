@@ -23,6 +23,18 @@ class ScheduledSeq:
     samples: bool  # the step reaches the end of the request's tokens: it samples (verifying drafts)
     drafts: list[int]
 
+    @property
+    def kind(self) -> str:
+        """The one definition of a row's kind, read by the engine, the runner and the step log:
+        "decode": one query token, a generated one fed back;
+        "verify": drafts scheduled after the request's tokens (several rows, verified together);
+        "prefill": prompt tokens, or output recomputed after a preemption. A prompt's one-token last
+        chunk is a prefill: every prompt row takes the prefill kernel however the prompt was chunked or
+        prefix-cached, so its bits do not move (vLLM counts any one-token query as a decode)."""
+        if self.drafts:
+            return "verify"
+        return "decode" if len(self.token_ids) == 1 and self.start >= self.req.num_prompt_tokens else "prefill"
+
 
 @dataclass
 class SchedulerOutput:

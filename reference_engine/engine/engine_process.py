@@ -2,9 +2,11 @@
 
 vLLM serves the same way (vllm/v1/engine/core.py, `EngineCoreProc`: a busy loop in its own process;
 the API server talks to it over ZMQ). Here the channel is two one-way pipes
-(`multiprocessing.Pipe`): the front end sends batches of typed messages (`AddRequest`,
-`AbortRequest`, `Call`); the core (engine_core.py) answers once per loop turn with one `TurnOutput`
-that carries every delta of the step, its counters and any replies. The front end reads it on the
+(`multiprocessing.Pipe`): the front end sends batches of typed messages (messages.py: `AddRequest`,
+`AbortRequest`, `Call`); the core (engine_core.py, the same loop `AsyncEngine` runs in a thread)
+answers once per loop turn with one `TurnOutput` that carries every delta of the step, its counters
+and any replies. What does not depend on the channel (streams, validation, calls, turns, death) is
+`EngineClient`'s (client.py). The front end reads the pipe on the
 event loop (`loop.add_reader`), so no thread of the HTTP process ever competes with the model for
 the GIL; sends go through one sender thread, so the event loop never blocks on a full pipe (two
 processes each writing to a full pipe would deadlock). Control calls (`memory_report`,
@@ -40,24 +42,18 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
-import copy
 import functools
-import itertools
 import multiprocessing
 import os
 import queue
 import threading
 import time
-from types import SimpleNamespace
-from typing import Any, Callable
 
 import reference_engine
-from reference_engine.engine.async_engine import AbortRequest, AddRequest, AsyncEngine, StartAborted
 from reference_engine.config import EngineConfig
-from reference_engine.engine.llm_engine import EngineStats, LLMEngine
-from reference_engine.engine.engine_core import BURST_GAP_S, WAVE_MAX_S, Call, Frames, TurnOutput, core_main
-from reference_engine.outputs import TokenDelta
+from reference_engine.engine.client import EngineClient, StartAborted
+from reference_engine.engine.engine_core import core_main
+from reference_engine.engine.messages import Call, CoreFacts, Frames, TurnOutput
 
 READY_TIMEOUT_S = float(os.environ.get("INFERLAB_ENGINE_READY_TIMEOUT_S", 600))
 WATCHDOG_FLOOR_S, WATCHDOG_STEPS = 60.0, 20  # default step timeout: max(floor, steps x longest step)
@@ -83,51 +79,26 @@ def start_method() -> str:
     return os.environ.get("INFERLAB_ENGINE_START") or ("fork" if safe else "spawn")
 
 
-class CoreFacts:
-    """What `AsyncEngine` reads from its core, answered in the front end: facts the core sent when
-    it started and its counters after its last turn. Calls into the core are the engine's (`call`)."""
-
-    validate = LLMEngine.validate  # the same checks, over the facts below (model_config, max_model_len, runner, cfg)
-
-    def __init__(self, facts: SimpleNamespace, start: str):
-        from reference_engine.tokenizer.tokenizer import Tokenizer
-
-        self.cfg, self.model_config, self.max_model_len = facts.cfg, facts.model_config, facts.max_model_len
-        self.runner = SimpleNamespace(kv_capacity_tokens=facts.kv_capacity_tokens)
-        self.tokenizer = Tokenizer(facts.cfg.model)
-        self.last_stats, self._effective, self.pid, self.start = facts.stats, facts.effective, facts.pid, start
-
-    def effective_config(self) -> dict:
-        return {**self._effective, "engine_process": True, "engine_start": self.start,
-                "burst_wait_ms": BURST_GAP_S * 1e3, "wave_wait_max_ms": WAVE_MAX_S * 1e3}
-
-    def stats(self) -> EngineStats:
-        return copy.copy(self.last_stats)
-
-
-class ProcessAsyncEngine(AsyncEngine):
-    """`AsyncEngine`'s API with the core in a child process (module docstring). `step_timeout`:
+class ProcessAsyncEngine(EngineClient):
+    """The `EngineClient` API with the core in a child process (module docstring). `step_timeout`:
     seconds without a step while work is pending before the core is declared dead (None: adaptive);
     `on_death(why)`: called on the event loop once the core died other than by `shutdown()`."""
 
-    def __init__(self, config: EngineConfig, step_timeout: float | None = None,
-                 on_death: Callable[[str], None] | None = None):
-        super().__init__(config)
+    DEATH = "the engine process died"
+
+    def __init__(self, config: EngineConfig, step_timeout: float | None = None, on_death=None):
+        super().__init__(config, on_death)
         if step_timeout is not None and not step_timeout > 0:
             raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}")
-        self.step_timeout, self.on_death = step_timeout, on_death
+        self.step_timeout = step_timeout
         self._proc = None
-        self._sent: collections.deque = collections.deque()  # ops sent, not yet applied by the core
-        self._pending: dict[int, asyncio.Future] = {}  # control calls awaiting the core's reply
-        self._calls = itertools.count()
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
-        self._dead: str | None = None
-        self._starting = None  # (loop, aborted) while start() waits for the core's facts
         self._longest_step, self._progress = 0.0, time.monotonic()
+        self._method = None
 
     @property
     def core_pid(self) -> int | None:
-        return self.core.pid if self.core is not None else None
+        return self.facts.pid if self.facts is not None else None
 
     # ---- start and stop -------------------------------------------------------------
     async def start(self) -> "ProcessAsyncEngine":
@@ -154,12 +125,11 @@ class ProcessAsyncEngine(AsyncEngine):
             raise
         finally:
             self._starting = None
-        self._proc, self._w, self._r, self._stop, self._dead, self._applied = proc, to_core_w, from_core_r, False, None, 0
+        self._started_with(facts)
+        self._proc, self._w, self._r, self._method = proc, to_core_w, from_core_r, method
         # Runs before multiprocessing's exit hook (registered earlier, so run later), which would wait on a live core.
         self._at_exit = functools.partial(_kill, proc)
         atexit.register(self._at_exit)
-        self.core = CoreFacts(facts, method)
-        self.config = facts.cfg
         self._aloop = loop
         self._frames = Frames(self._r.fileno())
         self._aloop.add_reader(self._r.fileno(), self._on_readable)
@@ -168,7 +138,7 @@ class ProcessAsyncEngine(AsyncEngine):
         self._watch()
         return self
 
-    async def _facts(self, proc, conn, aborted: asyncio.Event) -> SimpleNamespace:
+    async def _facts(self, proc, conn, aborted: asyncio.Event) -> CoreFacts:
         """The core's start-up facts; raises its start-up error, StartAborted or RuntimeError."""
         got = asyncio.ensure_future(asyncio.to_thread(_recv, conn))
         stop = asyncio.ensure_future(aborted.wait())
@@ -199,47 +169,17 @@ class ProcessAsyncEngine(AsyncEngine):
             atexit.unregister(self._at_exit)
             self._close_channel()
             self._proc = None
-        self._fail_calls(RuntimeError("the engine was shut down"))
-        for rid, stream in list(self._streams.items()):
-            stream.queue.put_nowait(TokenDelta(rid, [], "", finished=True, finish_reason="abort"))
-        self._streams.clear()
+        self._end_streams()
 
     @property
     def is_alive(self) -> bool:
         return self._proc is not None and self._dead is None and not self._stop and self._proc.is_alive()
 
-    def stats(self) -> EngineStats:
-        s = self._started().stats()
-        s.num_waiting += sum(1 for op in self._sent if isinstance(op, AddRequest))
-        return s
-
     def effective_config(self) -> dict:
-        return {**self._started().effective_config(), "step_timeout_s": self.step_timeout}
+        return {**super().effective_config(), "engine_start": self._method, "step_timeout_s": self.step_timeout}
 
-    # ---- calls into the core ---------------------------------------------------------
-    async def memory_report(self) -> dict[str, int]:
-        return await self.call("memory_report")
-
-    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        return await self.call("reset_prefix_cache", reset_running_requests)
-
-    async def call(self, name: str, *args) -> Any:
-        """`LLMEngine.<name>(*args)` in the core, between two steps. The event loop keeps serving
-        while it waits; TimeoutError after the step watchdog's limit, RuntimeError once the core is dead."""
-        if not self.is_alive:
-            raise RuntimeError(f"the engine process is not running ({self._dead or 'stopped'})")
-        cid = next(self._calls)
-        self._pending[cid] = fut = self._aloop.create_future()
-        self._send([Call(cid, name, args)])
-        try:
-            value = await asyncio.wait_for(asyncio.shield(fut), self.step_limit() + 1.0)
-        except TimeoutError:
-            raise TimeoutError(f"the engine core did not answer {name} within {self.step_limit():.0f} s") from None
-        finally:
-            self._pending.pop(cid, None)
-        if isinstance(value, BaseException):
-            raise value
-        return value
+    def _call_timeout(self) -> float:
+        return self.step_limit() + 1.0
 
     # ---- the step watchdog ----------------------------------------------------------
     def step_limit(self) -> float:
@@ -251,8 +191,7 @@ class ProcessAsyncEngine(AsyncEngine):
         last turn still held requests. Open streams alone are not: a stream the core no longer holds a
         request for (its end never delivered) kept an idle server "busy", and the watchdog killed its core
         once it had sat idle past the limit (CI: "no step for 237.8 s while 1 requests were open")."""
-        stats = getattr(self.core, "last_stats", None) if self.core is not None else None
-        held = stats is None or stats.num_running + stats.num_waiting > 0
+        held = self.last_stats is None or self.last_stats.num_held > 0
         return bool(self._sent or self._pending or (self._streams and held))
 
     def _watch(self) -> None:
@@ -271,10 +210,6 @@ class ProcessAsyncEngine(AsyncEngine):
         if not self._busy():
             self._progress = time.monotonic()  # idle until now: the watchdog's clock starts here
         self._outq.put(batch)
-
-    def _queue(self, op: AddRequest | AbortRequest) -> None:
-        self._send([op])
-        self._sent.append(op)
 
     def _send_loop(self) -> None:
         """Sender thread: everything queued since the last send goes as one message."""
@@ -306,38 +241,10 @@ class ProcessAsyncEngine(AsyncEngine):
     def _handle(self, out: TurnOutput) -> None:
         self._progress = time.monotonic()
         self._longest_step = max(self._longest_step, out.step_s)
-        for _ in range(out.applied - self._applied):
-            self._sent.popleft()
-        self._applied = out.applied
-        self.core.last_stats = out.stats
-        for cid, value in out.replies.items():
-            fut = self._pending.get(cid)
-            if fut is not None and not fut.done():
-                fut.set_result(value)
-        if out.deltas:
-            self._deliver(out.deltas)
-        if out.failure:
-            self._died(out.failure)
+        super()._handle(out)
 
-    def _fail_calls(self, err: BaseException) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_result(err)
-
-    def _died(self, why: str) -> None:
-        """The core is gone: every open stream and pending call ends with the error; /health turns
-        503; `on_death` runs (unless shut down on purpose)."""
-        if self._dead is not None:
-            return
-        self._dead = why
+    def _on_dead(self) -> None:
         self._aloop.remove_reader(self._r.fileno())
-        if self._stop:
-            return  # shut down on purpose: `shutdown` ends the streams (finish_reason "abort")
-        err = RuntimeError(f"the engine process died ({why})")
-        self._fail_calls(err)
-        self._deliver([(rid, err) for rid in list(self._streams)])
-        if self.on_death is not None:
-            self.on_death(why)
 
     def _close_channel(self) -> None:
         if self._dead is None:

@@ -15,15 +15,15 @@ import itertools
 import json
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from reference_engine.config import EngineConfig, ModelConfig
-from reference_engine.worker import paths, ram_check
-from reference_engine.worker.gpu_memory import huge_pages
+from reference_engine.worker import paths
 from reference_engine.worker.model_runner import ModelRunner
+from reference_engine.engine.input_processor import InputProcessor
+from reference_engine.engine.messages import EngineStats
 from reference_engine.engine.output_processor import OutputProcessor
 from reference_engine.outputs import CompletionOutput, TokenDelta
 from reference_engine.core.request import Request
@@ -34,36 +34,6 @@ from reference_engine.worker.step_record import StepRecord
 from reference_engine.tokenizer.tokenizer import Tokenizer
 
 
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_used_blocks: int
-    kv_total_blocks: int
-    kv_usage: float
-    kv_capacity_tokens: int
-    block_size: int
-    num_preemptions_total: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    num_requests_finished: int
-    prefix_cache_queries: int = 0  # tokens looked up at admission (vLLM's meaning)
-    prefix_cache_hits: int = 0  # of which found cached
-    kv_cached_blocks: int = 0  # blocks indexed in the prefix cache (held or free)
-    spec_decode_num_drafts: int = 0  # requests x steps with draft tokens verified
-    spec_decode_num_draft_tokens: int = 0
-    spec_decode_num_accepted_tokens: int = 0
-    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # index: draft position
-    # tensor parallelism (rank 0's plain decode steps: distributed/group.DecodeShare); 0 without TP
-    tp_decode_steps: int = 0
-    tp_decode_seconds: float = 0.0
-    tp_decode_allreduce_seconds: float = 0.0
-    tp_decode_allreduce_bytes: int = 0
-    # arrival -> first scheduled, summed over the requests scheduled so far, and their number (vLLM's queue time)
-    request_queue_time_s: float = 0.0
-    request_queue_count: int = 0
-
-
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
         """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold, and
@@ -71,7 +41,6 @@ class LLMEngine:
         ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
         if problems := paths.problems(cfg):
             raise ValueError("; ".join(problems))
-        ram_check.refuse(cfg)
         self.step_log = StepLog(cfg.step_log) if cfg.step_log else None  # a path it cannot write fails now
         self.tokenizer = Tokenizer(cfg.model)
         self.runner = ModelRunner(cfg)
@@ -81,6 +50,8 @@ class LLMEngine:
         self.cfg = cfg = self.runner.cfg  # with the backends the runner chose for the device
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
+        self.processor = InputProcessor.of(cfg, self.model_config.vocab_size, self.max_model_len,
+                                           self.runner.kv_capacity_tokens)
         # The runner sized the KV tensors; the scheduler builds the KV-cache manager over their blocks.
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, self.runner.num_lookahead)
         self.requests: dict[str, Request] = {}
@@ -97,44 +68,19 @@ class LLMEngine:
         self.accepted_per_pos = [0] * k
 
     # ---- requests -------------------------------------------------------------------
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError naming what is wrong; nothing is queued on failure. The params' own fields
-        were validated when they were made (sampling_params.py); this checks what depends on the
-        request and the model."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
-        if not prompt_token_ids:
-            raise ValueError("prompt is empty: at least one token is required")
-        vocab = self.model_config.vocab_size
-        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt contains token ids outside the vocabulary [0, {vocab})")
-        if any(t >= vocab for t in params.stop_token_ids or ()):  # banned under min_tokens: an index into the logits
-            raise ValueError(f"stop_token_ids contains ids outside the vocabulary [0, {vocab})")
-        n, m = len(prompt_token_ids), params.max_tokens
-        if n + m > self.max_model_len:
-            raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's "
-                             f"context length of {self.max_model_len} tokens")
-        cap = self.runner.kv_capacity_tokens
-        if n + m > cap:
-            raise ValueError(f"prompt ({n} tokens) + max_tokens ({m}) exceeds the KV cache capacity "
-                             f"of {cap} tokens; raise kv_cache_tokens")
-        if not self.cfg.enable_chunked_prefill and n + m > self.cfg.max_num_batched_tokens:
-            raise ValueError(f"without chunked prefill, prompt + max_tokens must fit max_num_batched_tokens "
-                             f"({self.cfg.max_num_batched_tokens})")
-
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None) -> str:
         """Validate and queue a request. `cache_salt`: only requests with the same salt share prefix-cache
         blocks."""
         prompt_token_ids = list(prompt_token_ids)
-        self.validate(prompt_token_ids, params)
+        self.processor.validate(prompt_token_ids, params)
         return self.enqueue(prompt_token_ids, params, request_id, arrival_time, cache_salt)
 
     def enqueue(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                 arrival_time: float | None = None, cache_salt: str | None = None) -> str:
-        """Queue a request that `validate` has accepted (the boundary validated it: `add_request`,
-        `LLM.generate`'s all-or-nothing check, or `AsyncEngine.add_request` on the event loop)."""
+        """Queue a request that an `InputProcessor` has accepted (the boundary validated it: `add_request`,
+        `LLM.generate`'s all-or-nothing check, or a front end's `add_request` on the event loop)."""
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -181,8 +127,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        kinds = [(r.request_id, n, "decode" if r.output_token_ids and r.num_computed_tokens == r.num_tokens - 1
-                  else "prefill") for r, n in sched.scheduled]
+        kinds = [(r.request_id, n, s.kind) for (r, n), s in zip(sched.scheduled, sched.seqs)]
         out = self.runner.run(sched.seqs)
         deltas = []
         now = time.monotonic()
@@ -227,13 +172,11 @@ class LLMEngine:
         bs = kv.block_size
         n, b = sched.num_tokens, len(sched.scheduled)
         rows = sum(1 + len(sched.spec_tokens.get(r.request_id, ())) for r in out.reqs)
-        one_each = n == b == len(out.reqs)  # every sequence one query token, and every one samples
-        decodes = sum(k == "decode" for _, _, k in kinds)
-        bucket = self.runner.graph_bucket(b, list(range(b)), bool(sched.spec_tokens), decodes) if one_each else None
+        tokens = {k: sum(t for _, t, kind in kinds if kind == k) for k in ("prefill", "decode", "verify")}
         self.step_records.append(StepRecord(
             step=self._steps, duration_s=dt, scheduled=kinds,
-            num_prefill_tokens=sum(n for _, n, k in kinds if k == "prefill"),
-            num_decode_tokens=sum(n for _, n, k in kinds if k == "decode"),
+            num_prefill_tokens=tokens["prefill"], num_decode_tokens=tokens["decode"],
+            num_verify_tokens=tokens["verify"],
             preempted=[r.request_id for r in sched.preempted], finished=finished,
             kv_blocks_used=kv.kv_used_blocks, kv_blocks_free=kv.kv_free_blocks, kv_blocks_cached=kv.kv_cached_blocks,
             num_running=kv.num_running, num_waiting=kv.num_waiting,
@@ -246,10 +189,9 @@ class LLMEngine:
             new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
             spec_tokens={rid: list(d) for rid, d in sched.spec_tokens.items()},
             input_shapes={"input_ids": (n,), "positions": (n,), "slot_mapping": (n,),
-                          "block_tables": (b, self.runner.inputs.max_blocks),
+                          "block_tables": (b, out.block_table_width),
                           "seq_lens": (b,), "logits": (rows, self.model_config.vocab_size)},
-            cuda_graph_bucket=bucket,
-            allreduces=list(self.runner.tp.all_reduce.log or []) if self.runner.tp else [],
+            cuda_graph_bucket=out.graph_bucket, allreduces=out.allreduces,
         ))
 
     # ---- what ran, and its memory (adapters copy these into EngineInfo) --------------
@@ -265,28 +207,25 @@ class LLMEngine:
         (CPU: bytes of the panels' and KV cache's mappings, advised for and resident on 2 MiB pages); paths
         (`worker/paths.settings`: the ISA, the linear kernel, the one-call decode layer and its row limit or why it
         is off, CUDA graph sizes, every pin that changes a path)."""
-        r, cfg, kv = self.runner, self.cfg, self.scheduler.stats()
-        mem = r.memory()
-        layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}
+        cfg, kv = self.cfg, self.scheduler.stats()
         return {
-            "dtype": str(r.dtype).removeprefix("torch."), "kv_capacity_tokens": r.kv_capacity_tokens,
-            "kv_blocks": kv.kv_total_blocks, "block_size": kv.block_size,
+            **self.runner.settings(),  # dtype, device, KV capacity, kernels, layouts, paths: what the runner built
+            "kv_blocks": kv.kv_total_blocks, "block_size": kv.block_size, "prefix_caching": kv.prefix_caching,
             "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
-            "max_model_len": self.max_model_len, "chunked_prefill": cfg.enable_chunked_prefill,
-            "prefix_caching": kv.prefix_caching, "cuda_graphs": r.graphs is not None,
-            "cuda_graph_sizes": list(r.graphs.sizes) if r.graphs is not None else [], "compile": False,
+            "max_model_len": self.max_model_len, "chunked_prefill": cfg.enable_chunked_prefill, "compile": False,
             "speculative": dict(cfg.speculative_config) if cfg.speculative_config else None,
-            "tensor_parallel_size": r.tp.size if r.tp else 1, "pipeline_parallel_size": 1, "data_parallel_size": 1,
-            "attention_backend": cfg.attention_backend, "device": str(r.device),
-            "linear_backend": cfg.linear_backend, "linear_compute_dtype": r.linear_compute_dtype,
-            "linear_kernel": r.linear_kernel,
+            "pipeline_parallel_size": 1, "data_parallel_size": 1,
+            "attention_backend": cfg.attention_backend, "linear_backend": cfg.linear_backend,
             "fused_ops": cfg.fused_ops,
-            "kv_cache_dtype": str(r.dtype).removeprefix("torch."), "num_threads": torch.get_num_threads(),
-            "weights_layouts": layouts,
-            "huge_pages": huge_pages(r.model, r.kv_cache) if r.device.type == "cpu" else None,
-            "paths": paths.settings(r),  # which path runs each step shape, and the inputs that decide it
-            "bytes_per_weight": round((mem["weights"] + sum(layouts.values())) / r.weight_count, 3),
         }
+
+    def explain_paths(self) -> str:
+        """The dispatch table of this engine (`worker/paths.render`): which path runs each step shape, and why."""
+        return paths.render(self.runner)
+
+    def release_idle_memory(self) -> None:
+        """An idle core hands the free pages of its heap back (CPU; `ModelRunner.release_idle_memory`)."""
+        self.runner.release_idle_memory()
 
     def memory_report(self) -> dict[str, int]:
         """Bytes, the keys of the harness's `EngineInfo.memory` where known: weights, kv_allocated,
@@ -371,7 +310,7 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i, p in zip(ids, params):  # all or nothing: reject the batch before queueing any of it
-            self.engine.validate(i, p)
+            self.engine.processor.validate(i, p)
         rids = [self.engine.enqueue(i, p) for i, p in zip(ids, params)]
         results: dict[str, CompletionOutput] = {}
         while self.engine.has_unfinished():

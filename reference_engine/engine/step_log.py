@@ -7,7 +7,7 @@ The log keeps nothing: each step writes the fields a step's shape is rebuilt fro
 (`experiments.simulate.sweep.shapes`) and its wall time, under the `StepRecord` names, then forgets.
 
 A line: {"pid", "t" (time.time() at the step's end), "t0" (time.monotonic() at its start), "step",
-"duration_s", "scheduled": [[request id, tokens, "prefill" | "decode"], ...], "prefix_hits", "arrived"
+"duration_s", "scheduled": [[request id, tokens, "prefill" | "decode" | "verify"], ...], "prefix_hits", "arrived"
 ({request id: time.monotonic() when the core queued it} for those admitted this step: the keys of
 prefix_hits), "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted"}. CLOCK_MONOTONIC is
 one clock for every process of a machine, so "arrived" and "t0" line up with a client's monotonic
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from types import SimpleNamespace
+from dataclasses import dataclass, field, fields
 
 
 class StepLog:
@@ -44,10 +44,31 @@ class StepLog:
         }, separators=(",", ":")) + "\n")
 
 
-def read(path: str) -> dict[int, list[SimpleNamespace]]:
-    """The log's steps per process (pid -> steps in order), each with the `StepRecord` attributes
-    `sweep.shapes` reads. A torn last line (the process killed mid-write) is skipped."""
-    out: dict[int, list[SimpleNamespace]] = {}
+@dataclass
+class LoggedStep:
+    """One line of the log, under the `StepRecord` names that `sweep.shapes` reads."""
+    pid: int
+    step: int
+    duration_s: float
+    scheduled: list[tuple]  # (request id, tokens, ScheduledSeq.kind)
+    t: float = 0.0
+    t0: float = 0.0
+    prefix_hits: dict = field(default_factory=dict)
+    arrived: dict = field(default_factory=dict)
+    preempted: list = field(default_factory=list)
+    finished: list = field(default_factory=list)
+    new_tokens: dict = field(default_factory=dict)
+    spec_proposed: dict = field(default_factory=dict)
+    spec_accepted: dict = field(default_factory=dict)
+
+
+NAMES = {f.name for f in fields(LoggedStep)}
+
+
+def read(path: str) -> dict[int, list[LoggedStep]]:
+    """The log's steps per process (pid -> steps in order). A torn last line (the process killed
+    mid-write) is skipped."""
+    out: dict[int, list[LoggedStep]] = {}
     with open(path) as f:
         for line in f:
             try:
@@ -55,5 +76,5 @@ def read(path: str) -> dict[int, list[SimpleNamespace]]:
             except json.JSONDecodeError:
                 continue
             d["scheduled"] = [tuple(x) for x in d["scheduled"]]
-            out.setdefault(d["pid"], []).append(SimpleNamespace(**d))
+            out.setdefault(d["pid"], []).append(LoggedStep(**{k: v for k, v in d.items() if k in NAMES}))
     return out

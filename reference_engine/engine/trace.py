@@ -31,7 +31,6 @@ from pathlib import Path
 from reference_engine.config import EngineConfig
 from reference_engine.distributed.sharding import rank_shapes
 from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.worker.gpu_memory import bytes_per_token
 from reference_engine.sampling_params import SamplingParams
 
 DEFAULT_MODEL = Path("models/tiny-llama")  # relative to the working directory, as the quickstart's
@@ -120,7 +119,7 @@ def run_trace(args, note=print) -> dict:
 def _run(eng: LLMEngine, args) -> dict:
     tok, mc, kv = eng.tokenizer, eng.model_config, eng.scheduler.stats()
     mem = eng.memory_report()
-    per_tok = bytes_per_token(mc, eng.runner.dtype)
+    per_tok = mc.kv_bytes_per_token(eng.runner.dtype)
     block_bytes = per_tok * kv.block_size
     texts = [args.prompt] if args.requests == 1 else [args.prompt + suffix(i) for i in range(args.requests)]
     prompts = [tok.encode(t) for t in texts]
@@ -170,6 +169,7 @@ def _run(eng: LLMEngine, args) -> dict:
             "scheduled": [{"request": rid, "kind": kind, "tokens": n, "drafts": len(rec.spec_tokens.get(rid, ()))}
                           for rid, n, kind in rec.scheduled],
             "num_prefill_tokens": rec.num_prefill_tokens, "num_decode_tokens": rec.num_decode_tokens,
+            "num_verify_tokens": rec.num_verify_tokens,
             "input_shapes": {k: list(v) for k, v in rec.input_shapes.items()},
             # the widest block table among this step's sequences: the columns the kernels read
             "block_table_width_used": max((len(rec.block_tables[r]) if r in rec.block_tables else  # finished: freed
@@ -221,7 +221,8 @@ def noise(steps: list[dict]) -> dict | None:
     time; if any is more than NOISY x from its group's median, return the spread, else None."""
     groups: dict[tuple, list[float]] = {}
     for s in steps:
-        groups.setdefault((s["num_prefill_tokens"] > 0, s["num_prefill_tokens"] + s["num_decode_tokens"]),
+        groups.setdefault((s["num_prefill_tokens"] > 0,
+                           s["num_prefill_tokens"] + s["num_decode_tokens"] + s["num_verify_tokens"]),
                           []).append(s["duration_ms"])
     ratios = [max(d / statistics.median(g), statistics.median(g) / max(d, 1e-9))
               for g in groups.values() if len(g) >= 3 for d in g]
@@ -278,7 +279,8 @@ def render(doc: dict, console=None) -> None:
         g.add_column()
         g.add_row("scheduled", ", ".join(
             f"req {x['request']} {x['kind']} {x['tokens']}" + (f" (1 + {x['drafts']} drafts)" if x["drafts"] else "")
-            for x in s["scheduled"]) + f"   [prefill {s['num_prefill_tokens']}, decode {s['num_decode_tokens']}]")
+            for x in s["scheduled"]) + f"   [prefill {s['num_prefill_tokens']}, decode {s['num_decode_tokens']}"
+            + (f", verify {s['num_verify_tokens']}]" if s["num_verify_tokens"] else "]"))
         graph = f"  (CUDA graph: replayed at batch {s['cuda_graph_bucket']})" if s["cuda_graph_bucket"] else ""
         g.add_row("inputs", "  ".join(f"{k} {tuple(v)}" for k, v in s["input_shapes"].items()) + graph
                   + f"  (block tables: {s['block_table_width_used']} columns used)")

@@ -217,7 +217,6 @@ def say_dtype(cfg) -> None:
 def explain_paths(args: argparse.Namespace) -> int:
     """`--explain-paths`: the dispatch table of the engine these flags build, printed; no server."""
     from reference_engine import LLMEngine
-    from reference_engine.worker.paths import render
 
     try:
         engine = LLMEngine(engine_config(args))
@@ -225,7 +224,7 @@ def explain_paths(args: argparse.Namespace) -> int:
         _say(str(err))
         return 2
     try:
-        print(render(engine.runner))
+        print(engine.explain_paths())
     finally:
         engine.close()
     return 0
@@ -233,7 +232,7 @@ def explain_paths(args: argparse.Namespace) -> int:
 
 async def _start(engine) -> list[int]:
     """Start the engine; SIGTERM / SIGINT meanwhile abort it. Returns the signals that came."""
-    from reference_engine.engine.async_engine import StartAborted
+    from reference_engine.engine.client import StartAborted
 
     came: list[int] = []
 

@@ -131,8 +131,7 @@ def kv_budget(utilization: float, total: int, free_at_start: int, weights: int, 
 
 def bytes_per_token(model: ModelConfig, dtype: torch.dtype) -> int:
     """K and V, every layer, one token."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * elem
+    return model.kv_bytes_per_token(dtype)
 
 
 def capacity_blocks(cfg: EngineConfig, model: ModelConfig, dtype: torch.dtype, max_model_len: int,

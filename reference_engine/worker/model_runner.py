@@ -41,9 +41,10 @@ from reference_engine.config import EngineConfig, ModelConfig, default_cuda_grap
 from reference_engine.distributed import group as tp_group, layers as tp_layers
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
-from reference_engine.worker import ram_check
+from reference_engine.worker import paths, ram_check
 from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-    keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, release_freed_cpu_memory, reset_peak_rss, rss)
+    huge_pages, keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, release_freed_cpu_memory, reset_peak_rss,
+    rss)
 from reference_engine.worker.input_batch import StepInputs, make_batch
 from reference_engine.model.loader import dummy_model, load_model
 from reference_engine.outputs import TokenLogprob
@@ -63,6 +64,10 @@ class RunnerOutput:
     logprobs: list[list[TokenLogprob] | None] = field(default_factory=list)
     num_accepted: dict[str, int] = field(default_factory=dict)  # per request whose drafts were verified
     drafts: dict[str, Draft] = field(default_factory=dict)  # proposals for the next step
+    # what the step ran on, for the engine's step record (it never reads the runner's internals)
+    block_table_width: int = 0  # columns of the persistent block-table buffer (StepInputs.max_blocks)
+    graph_bucket: int | None = None  # the CUDA graph size replayed; None: eager
+    allreduces: list[dict] = field(default_factory=list)  # TP with record_steps: rank 0's, in order
 
 
 class ModelRunner:
@@ -70,6 +75,8 @@ class ModelRunner:
         """`tp`: a worker's group (`distributed/worker.py`); rank 0 starts its own when the config asks."""
         cfg = self.cfg = with_default_backends(cfg)
         mcfg = ModelConfig.from_dir(cfg.model)
+        if tp is None:  # rank 0 (a worker's rank 0 checked for it): what would not fit RAM fails before loading
+            ram_check.refuse(cfg)
         size = cfg.tensor_parallel_size
         if size > 1 and tp is None:
             ShardPlan(mcfg, 0, size)  # a shape that cannot be split fails here, before any process starts
@@ -270,15 +277,39 @@ class ModelRunner:
         out.update(self.mem.report())
         return out
 
+    def settings(self) -> dict:
+        """The runner's part of `LLMEngine.effective_config()`, read back from what it built: dtype (also
+        the KV cache's), device, KV capacity, CUDA graphs, tensor parallel size, the GEMMs' compute dtype and
+        kernel, torch's intra-op threads, weight layouts ({name: bytes} beside the parameters), bytes per
+        weight (everything held for weights over the weights as loaded; tied weights once), huge pages (CPU)
+        and the dispatch table's settings (`paths.settings`)."""
+        mem = self.memory()
+        layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}
+        dtype = str(self.dtype).removeprefix("torch.")
+        return {
+            "dtype": dtype, "kv_cache_dtype": dtype, "device": str(self.device),
+            "kv_capacity_tokens": self.kv_capacity_tokens, "cuda_graphs": self.graphs is not None,
+            "cuda_graph_sizes": list(self.graphs.sizes) if self.graphs is not None else [],
+            "tensor_parallel_size": self.tp.size if self.tp else 1,
+            "linear_compute_dtype": self.linear_compute_dtype, "linear_kernel": self.linear_kernel,
+            "num_threads": torch.get_num_threads(), "weights_layouts": layouts,
+            "huge_pages": huge_pages(self.model, self.kv_cache) if self.device.type == "cpu" else None,
+            "paths": paths.settings(self),  # which path runs each step shape, and the inputs that decide it
+            "bytes_per_weight": round((mem["weights"] + sum(layouts.values())) / self.weight_count, 3),
+        }
+
+    def release_idle_memory(self) -> None:
+        """CPU: hand the heap's free pages back (the runner keeps freed memory between steps, so RSS would
+        hold the largest batch's activations for good); nothing elsewhere."""
+        if self.device.type == "cpu":
+            release_freed_cpu_memory()
+
     # ---- the step -------------------------------------------------------------------
     def prepare(self, seqs: list[ScheduledSeq]):
         """-> (query tokens, first position, block table) per sequence, decodes first; the logit rows;
-        the sequences that sample (their records), their scheduled drafts; the number of decodes.
-        A decode feeds back a generated token (one query token past the prompt). A prompt's one-token
-        last chunk is not one: it stays with the prefills, so every prompt row takes the prefill
-        kernel however the prompt was chunked or prefix-cached, and its bits do not move (vLLM counts
-        any one-token query as a decode)."""
-        order = sorted(seqs, key=lambda s: not _decodes(s))  # stable: decodes first
+        the sequences that sample (their records), their scheduled drafts; the number of decodes
+        (`ScheduledSeq.kind`: verify and prefill rows take the prefill path)."""
+        order = sorted(seqs, key=lambda s: s.kind != "decode")  # stable: decodes first
         inputs, rows, samplers, drafts = [], [], [], []
         offset = 0
         for s in order:
@@ -288,7 +319,7 @@ class ModelRunner:
                 samplers.append(s)
                 drafts.append(s.drafts)
                 rows.extend(range(offset - 1 - len(s.drafts), offset))
-        return inputs, rows, samplers, drafts, sum(map(_decodes, seqs))
+        return inputs, rows, samplers, drafts, sum(s.kind == "decode" for s in seqs)
 
     def run(self, step: list[ScheduledSeq]) -> RunnerOutput:
         """One target forward for the whole step (+ the proposer's work with speculation on). With TP,
@@ -300,7 +331,8 @@ class ModelRunner:
         if self.cfg.record_steps:  # the step record lists this step's all-reduces (engine._record)
             self.tp.all_reduce.log = []
         out = self._run(step)
-        if all(len(s.token_ids) == 1 for s in step):
+        out.allreduces = list(self.tp.all_reduce.log or [])
+        if all(s.kind == "decode" for s in step):
             self.tp.decode.add(time.perf_counter() - t0, ar.seconds - s0, ar.bytes - b0)
         return out
 
@@ -309,8 +341,8 @@ class ModelRunner:
         seqs, rows, sampling, drafts, nd = self.prepare(step)
         samplers = [s.req for s in sampling]  # the sampling rows' params, generators and histories
         spec = any(s.drafts for s in step)
-        out = RunnerOutput(reqs=samplers)
         bucket = self.graph_bucket(len(seqs), rows, spec, nd)
+        out = RunnerOutput(reqs=samplers, block_table_width=self.inputs.max_blocks, graph_bucket=bucket)
         if bucket is not None:  # every row samples: the graph's rows are the logit rows
             self.inputs.fill(seqs, pad_to=bucket)
             hidden = self.graphs.replay(bucket, len(seqs))  # (n, hidden)
@@ -379,7 +411,3 @@ class ModelRunner:
             row += len(d) + 1
         return out
 
-
-def _decodes(s: ScheduledSeq) -> bool:
-    """Does this sequence decode this step: one query token, a generated one (see `ModelRunner.prepare`)?"""
-    return len(s.token_ids) == 1 and s.start >= s.req.num_prompt_tokens

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 class StepRecord:
     step: int
     duration_s: float
-    scheduled: list[tuple[str, int, str]]  # (request_id, tokens this step incl. drafts, "prefill" | "decode")
+    scheduled: list[tuple[str, int, str]]  # (request_id, tokens this step incl. drafts, ScheduledSeq.kind)
     num_prefill_tokens: int
     num_decode_tokens: int
     preempted: list[str]
@@ -25,6 +25,7 @@ class StepRecord:
     num_waiting: int
     block_tables: dict[str, list[int]] = field(default_factory=dict)  # running requests after the step
     kv_blocks_cached: int = 0
+    num_verify_tokens: int = 0  # a verify row's tokens: the last generated one and its drafts
     # prefix cache: requests admitted this step -> tokens found cached; per running request, how many
     # leading blocks of its table came from prefix-cache hits (at its latest admission)
     prefix_hits: dict[str, int] = field(default_factory=dict)

@@ -92,7 +92,7 @@ def test_ngram_speculation_shows_proposed_and_accepted_tokens(tiny_llama, capsys
     out = run(capsys, monkeypatch, SPEC_PROMPT, "--model", str(tiny_llama), "--speculative", "ngram",
               "--max-tokens", "24")
     assert re.search(r"spec 0\s+proposed \[\d+(, \d+)*\] accepted [1-9]", out)
-    assert re.search(r"req 0 decode \d+ \(1 \+ \d+ drafts\)", out)
+    assert re.search(r"req 0 verify \d+ \(1 \+ \d+ drafts\)", out)  # a verify row, not a decode
 
 
 def test_each_step_reports_shapes_kv_bytes_and_top_k(tiny_llama, capsys, monkeypatch):

@@ -96,20 +96,22 @@ async def test_reset_prefix_cache_and_speculative_streams(tiny_llama):
         await engine.shutdown()
 
 
-async def test_a_failed_step_fails_its_streams_and_the_engine_keeps_serving(tiny_llama):
+async def test_a_failed_step_fails_its_streams_and_the_engine_keeps_serving(tiny_llama, monkeypatch):
     """A step that raises ends every in-flight stream with the error; the engine thread lives on."""
+    from reference_engine.engine.llm_engine import LLMEngine
+
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    real_step, calls = LLMEngine.step, []
+
+    def broken_step(core):  # fails once, on the first step that holds all three requests
+        if not calls and len(core.requests) == 3:
+            calls.append(1)
+            raise RuntimeError("planted")
+        return real_step(core)
+
+    monkeypatch.setattr(LLMEngine, "step", broken_step)  # the core runs in this process's engine thread
     engine = await AsyncEngine(EngineConfig(str(tiny_llama))).start()
     try:
-        real_step, calls = engine.core.step, []
-
-        def broken_step():  # fails once, on the first step that holds all three requests
-            if not calls and len(engine.core.requests) == 3:
-                calls.append(1)
-                raise RuntimeError("planted")
-            return real_step()
-
-        engine.core.step = broken_step
         streams = [engine.add_request([5, 6, 7, i], params) for i in range(3)]
         for s in streams:
             try:

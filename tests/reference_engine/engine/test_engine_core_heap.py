@@ -69,7 +69,7 @@ def heap(model, mode: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not packed_linear.available(),
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not packed_linear.onednn_available(),
                     reason="mallinfo2 is glibc's; the caches are oneDNN's")
 def test_new_prefill_lengths_stop_growing_the_heap(tiny_llama):
     default = heap(tiny_llama, "default")

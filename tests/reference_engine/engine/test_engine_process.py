@@ -96,7 +96,7 @@ def test_an_idle_core_waits_for_as_many_requests_as_just_finished(monkeypatch):
     import time
 
     from reference_engine.engine import engine_core
-    from reference_engine.engine.async_engine import AddRequest
+    from reference_engine.engine.messages import AddRequest
     monkeypatch.setattr(engine_core, "WAVE_MAX_S", 600.0)
     adds = [AddRequest([1, 2], SamplingParams(max_tokens=1), f"r{i}") for i in range(3)]
     r, w = multiprocessing.Pipe(duplex=False)

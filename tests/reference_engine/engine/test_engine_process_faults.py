@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from reference_engine import EngineConfig, SamplingParams
-from reference_engine.engine.async_engine import StartAborted
+from reference_engine.engine.client import StartAborted
 from reference_engine.engine.engine_process import ProcessAsyncEngine
 from tests.reference_engine.engine.test_engine_process import GENERATE
 
@@ -78,7 +78,7 @@ async def test_an_idle_core_is_not_stuck_whatever_streams_the_front_still_holds(
     """The core answered everything and holds no request; a stream the front end still holds (whose end was
     never delivered) must not make the watchdog call the idle core stuck. CI's session server sat idle past
     the limit with one such stream and was killed ("no step for 237.8 s while 1 requests were open")."""
-    from reference_engine.engine.async_engine import RequestStream
+    from reference_engine.engine.client import RequestStream
 
     deaths = []
     engine = ProcessAsyncEngine(EngineConfig(str(tiny_llama), kv_cache_tokens=2048), step_timeout=0.5,
@@ -176,7 +176,7 @@ def test_half_a_message_never_blocks_the_reader(size):
     import pickle
     import struct
 
-    from reference_engine.engine.engine_core import Frames
+    from reference_engine.engine.messages import Frames
 
     r, w = multiprocessing.Pipe(duplex=False)
     body = pickle.dumps({"deltas": "x" * size})

@@ -32,6 +32,25 @@ def test_log_holds_the_recorded_steps(tiny_llama, tmp_path):
     assert all(a.t0 < b.t0 for a, b in zip(steps, steps[1:]))
 
 
+def test_a_verify_step_is_logged_as_a_verify_step(tiny_llama, tmp_path):
+    """Drafts scheduled after a request's token make a verify row (several rows, the prefill path), never a
+    "decode" (one generated token): the engine's records, the step log and the runner share one definition
+    (`ScheduledSeq.kind`), and a verify row's tokens are counted apart."""
+    path = tmp_path / "steps.jsonl"
+    spec = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}
+    llm = LLM(str(tiny_llama), speculative_config=spec, record_steps=True, step_log=str(path))
+    llm.generate([[10, 11, 12] * 4], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    recs, [steps] = llm.engine.step_records, read(str(path)).values()
+    kinds = [k for r in recs for _, _, k in r.scheduled]
+    assert kinds[0] == "prefill" and "verify" in kinds
+    for r, s in zip(recs, steps):
+        for rid, n, kind in r.scheduled:
+            assert (kind == "verify") == (rid in r.spec_proposed)  # drafts verified: exactly the verify rows
+            if kind == "verify":
+                assert n == r.spec_proposed[rid] + 1 and r.num_verify_tokens >= n and r.num_decode_tokens == 0
+        assert s.scheduled == r.scheduled
+
+
 def test_a_torn_line_is_skipped_and_processes_kept_apart(tmp_path):
     path = tmp_path / "steps.jsonl"
     line = '{"pid":%d,"t":1.0,"step":%d,"duration_s":0.01,"scheduled":[["a",3,"prefill"]],"prefix_hits":{},' \

@@ -70,7 +70,8 @@ def test_greedy_output_identical_with_speculation(family, make_tiny):
             assert st.spec_decode_num_accepted_tokens == st.spec_decode_num_draft_tokens  # the same model agrees
         if kw:
             assert st.num_preemptions_total > 0
-            assert max(r.num_prefill_tokens + r.num_decode_tokens for r in llm.engine.step_records) <= 16
+            assert max(r.num_prefill_tokens + r.num_decode_tokens + r.num_verify_tokens
+                       for r in llm.engine.step_records) <= 16
 
 
 def test_step_records_show_proposed_and_accepted_tokens(tiny_llama):
@@ -81,7 +82,7 @@ def test_step_records_show_proposed_and_accepted_tokens(tiny_llama):
     for r in spec_steps:
         for rid, k in r.spec_proposed.items():
             assert r.spec_accepted[rid] <= k and r.new_tokens[rid] == r.spec_accepted[rid] + 1
-            assert ("decode" in [kind for i, n, kind in r.scheduled if i == rid])
+            assert [kind for i, n, kind in r.scheduled if i == rid] == ["verify"]  # not "decode": it runs the prefill path
             assert [n for i, n, _ in r.scheduled if i == rid] == [k + 1]
     assert sum(sum(r.new_tokens.values()) for r in recs) == GREEDY.max_tokens
     assert len(recs) < GREEDY.max_tokens // 2  # the same model as draft: ~k+1 tokens per step
