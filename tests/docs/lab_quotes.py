@@ -34,8 +34,12 @@ def ch01(run, text):
 
 
 def ch02(run, text):
-    flops = num(r"params x tokens = ([\d,]+)", run("python docs/handbook/labs/02_prefill.py"))
+    out = run("python docs/handbook/labs/02_prefill.py")
+    flops = num(r"params x tokens = ([\d,]+)", out)
     quoted(text, f"is {round(flops / 1e6)} MFLOPs of layer matmuls")
+    diff = num(r"max \|logit diff\| ([\d.e+-]+);", out, float)
+    assert diff < 1e-4 and "same next token: True" in out, diff  # what the chapter says to expect
+    quoted(text, "should be float32 rounding (the tests allow 1e-4)")
 
 
 def ch04(run, text):
@@ -121,6 +125,12 @@ def ch12(run, text):
 
 def ch13(run, text):
     out = run("python docs/handbook/labs/13_speculative.py")
+    target, emitted, acc, toks = re.search(r"target argmax at the 1 \+ 3 rows (\[[\d, ]+\]) -> emit (\[[\d, ]+\]) \((\d+) "
+                                           r"drafts? accepted, then the target's own token: (\d+) tokens? from one pass",
+                                           out).groups()
+    assert int(toks) == len(emitted.split(",")) and int(acc) == int(toks) - 1
+    quoted(text, f"against the target's argmax {target}", f"{acc} drafts accepted, then the target's own token: "
+                 f"{toks} tokens from one pass")
     steps, n, drafts, acc = re.search(r"(\d+) steps for (\d+) tokens; drafts verified (\d+), accepted (\d+)", out).groups()
     quoted(text, f"{n} tokens take {steps} steps instead of {n}: {drafts} drafts verified, {acc} accepted")
     (q_steps, q_d, q_a, q_rate), (f_steps, f_d, f_a, _) = re.findall(
@@ -297,10 +307,19 @@ def ch16(run, text):
                                                   r"bytes alone ([\d.]+) us each, ([\d.]+) ms per step, against ([\d.]+) ms", out):
         quoted(text, f"{nbytes} B", f"{us} us", f"**{read} ms**" if batch == "1" else f"**{ms} ms**")
     pp = num(r"PP=2: one send of ([\d,]+) B per token", out)
-    e, k, layers, per_layer, mb = re.search(r"EP=8: (\d+) routed experts, top-(\d+), (\d+) MoE layers.*?([\d,]+) B per MoE "
-                                            r"layer, ([\d.]+) MB per token", out).groups()
-    quoted(text, f"sends {pp:,} B per token once per step", f"({e} routed experts, top-{k}, {layers} MoE layers",
-           f"moves {per_layer} B per token per MoE layer, **{mb} MB per token**")
+    e, k, g, layers, per_layer, mb, per_exp, mb_exp = re.search(
+        r"EP=8: (\d+) routed experts in \d+ groups, top-(\d+) within at most (\d+) groups, (\d+) MoE layers.*?at most "
+        r"([\d,]+) B per MoE layer, at most ([\d.]+) MB per token \(counted once per expert it would be ([\d,]+) B, "
+        r"([\d.]+) MB\)", out).groups()
+    quoted(text, f"sends {pp:,} B per token once per step", f"({e} routed experts, top-{k} within at most {g} groups, "
+           f"{layers} MoE layers", f"sends each token to at most {g} devices: at most {per_layer} B per token per MoE "
+           f"layer, **at most {mb} MB per token**", f"would say {per_exp} B and {mb_exp} MB")
+    # KV bytes per token per rank: replicated KV heads past TP = KV heads, the whole MLA latent on every rank
+    rank16, even16 = re.search(r"KV at TP=16: 1 KV head per rank, ([\d,]+) B per token on each rank \(8 KV heads split "
+                               r"evenly would be ([\d,]+) B", out).groups()
+    mla = num(r"\(MLA\) KV at TP=8: 1 latent per rank, ([\d,]+) B per token on every rank", out)
+    quoted(text, f"at TP=16 still cost each rank {rank16} B per token, where an even split would be {even16} B",
+           f"at TP=8 stores all {mla:,} B per token on every rank")
 
 
 CHECKS = {f"{int(name[2:]):02d}": fn for name, fn in dict(globals()).items() if re.fullmatch(r"ch\d\d", name)}

@@ -59,6 +59,32 @@ def test_links_resolve(page):
     assert not problems, problems
 
 
+RECORD = re.compile(r"((?:docs/perf|results)/[\w./-]+\.md)")
+MEASURED = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s?(?:ms|µs|us|s|×|x|%|req/s|GB/s|tok/s|tokens/s|MiB|GiB|MB|GB)(?!\w)")
+# numbers beside a record that are not measurements: (chapter, number) -> why
+NOT_MEASURED = {("09-scheduling.md", "150"): "arithmetic: 1.5e14 FLOPs at the H200's ~989 TFLOPS, in the worked number"}
+
+
+@pytest.mark.parametrize("chapter", hb.CHAPTERS, ids=lambda p: p.stem)
+def test_a_paragraph_that_cites_a_record_quotes_it(chapter):
+    """A paragraph naming a saved record (docs/perf/*.md, results/*/report.md) states only numbers that record
+    holds, or the chapter's own tables (which build_tables.py checks against their sources): a measurement
+    described in prose is a quote of a saved output, never a memory of a run."""
+    text = chapter.read_text()
+    tables = " ".join(re.findall(r"<!-- table: .*?<!-- /table: [\w-]+ -->", text, re.S))
+    prose = re.sub(r"<!-- table: .*?<!-- /table: [\w-]+ -->", "", text, flags=re.S)
+    problems = []
+    for para in re.split(r"\n\s*\n", prose):
+        refs = set(RECORD.findall(para))
+        if not refs:
+            continue
+        held = tables + " ".join((hb.REPO / r).read_text() for r in refs if (hb.REPO / r).is_file())
+        for n in MEASURED.findall(" ".join(para.split())):
+            if n not in held and (chapter.name, n) not in NOT_MEASURED:
+                problems.append(f"{n} (beside {sorted(refs)})")
+    assert not problems, problems
+
+
 def test_readme_links_the_first_chapter():
     assert "docs/handbook/01-tokenization.md" in hb.links(hb.REPO / "README.md")
 

@@ -178,3 +178,12 @@ def test_lab_04_decode_reads_its_timing_ratios():
                                                            "recompute / decode = 2.35x median")
     assert "inconclusive on this machine" in f.verdict([2.0, 0.9, 3.0, 2.2], 24)  # planted: one step the other way
     assert f.verdict([0.5, 0.6, 0.7], 24).startswith("the full recompute was faster")
+
+
+def test_lab_13_says_what_greedy_verify_returned():
+    f = lab_functions("13_speculative.py", "verified")
+    assert f.verified([4, 9, 7, 5], [4, 9, 9], [4, 9, 7]).endswith(
+        "(2 drafts accepted, then the target's own token: 3 tokens from one pass)")
+    rejected = f.verified([4, 9, 7, 5], [1, 9, 9], [4])  # planted: the first draft is wrong
+    assert rejected.endswith("(0 drafts accepted, then the target's own token: 1 token from one pass)")
+    assert "(3 drafts accepted, then the target's own token: 4 tokens" in f.verified([4, 9, 7, 5], [4, 9, 7], [4, 9, 7, 5])

@@ -209,7 +209,7 @@ def test_every_request_has_a_state_each_step_with_counts_width_and_memory(tiny_l
 
 def test_noise_note_only_when_same_shape_steps_vary():
     def step(ms, prefill=0, decode=1):
-        return {"duration_ms": ms, "num_prefill_tokens": prefill, "num_decode_tokens": decode}
+        return {"duration_ms": ms, "num_prefill_tokens": prefill, "num_decode_tokens": decode, "num_verify_tokens": 0}
 
     quiet = [step(30, 10, 0)] + [step(m) for m in (5, 6, 5, 7)]  # the prefill step is its own group
     assert trace.noise(quiet) is None

@@ -184,5 +184,8 @@ def test_tensor_parallel_facts():
                         "`ModelConfig.get_num_kv_heads` in `vllm/config/model.py`, vLLM 0.32.0")
     assert "if total_num_attention_heads % tensor_parallel_size != 0:" in segment(
         "config/model.py", "ModelConfig.verify_with_parallel_config")
-    assert "max(1, total_num_kv_heads // parallel_config.tensor_parallel_size)" in segment(
-        "config/model.py", "ModelConfig.get_num_kv_heads")
+    said("parallelism", "vLLM gives each rank max(1, KV heads ÷ ranks) of them, and exactly one for an MLA model, "
+                        "whose latent has no heads to split (`if self.use_mla: return 1`)")
+    kv = segment("config/model.py", "ModelConfig.get_num_kv_heads")
+    assert "max(1, total_num_kv_heads // parallel_config.tensor_parallel_size)" in kv
+    in_order(kv, "if self.use_mla:", "return 1", "max(1, total_num_kv_heads")

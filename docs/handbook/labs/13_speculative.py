@@ -22,8 +22,18 @@ args = ap.parse_args()
 
 ctx = [1, 2, 3, 4, 9, 9, 1, 2, 3]
 print(f"context {ctx}: tail [1, 2, 3] appeared at 0, followed by {find_ngram(ctx, 1, 3, 3)} -> the drafts")
-print(f"target argmax at the 1 + 3 rows [4, 9, 7, 5] -> emit {greedy_verify([4, 9, 7, 5], [4, 9, 9])} "
-      "(2 drafts accepted, then the target's own token: 3 tokens from one pass)")
+
+
+def verified(target: list[int], drafts: list[int], emitted: list[int]) -> str:
+    """What one verification pass did, read from what `greedy_verify` returned (never assumed)."""
+    accepted = len(emitted) - 1
+    assert emitted[:accepted] == drafts[:accepted] and accepted <= len(drafts)
+    s = "s" * (accepted != 1)
+    return (f"target argmax at the 1 + {len(drafts)} rows {target} -> emit {emitted} ({accepted} draft{s} "
+            f"accepted, then the target's own token: {len(emitted)} token{'s' * (len(emitted) != 1)} from one pass)")
+
+
+print(verified([4, 9, 7, 5], [4, 9, 9], greedy_verify([4, 9, 7, 5], [4, 9, 9])))
 
 # Sampling: a point-mass draft d is accepted with probability p(d); on rejection the token comes from p
 # with d removed. The emitted token is then distributed exactly as p.

@@ -165,8 +165,30 @@ print(f"Llama-3.1-8B, PP=2: one send of {h * 2:,} B per token between the stages
       f"still passes through all {layers} layers one stage after the other")
 ds = DeepseekV3Config()
 moe_layers = ds.num_hidden_layers - ds.first_k_dense_replace
-per_tok = 2 * ds.num_experts_per_tok * ds.hidden_size * 2  # dispatch + combine, bf16
-print(f"DeepSeek-V3 (DeepseekV3Config defaults), EP=8: {ds.n_routed_experts} routed experts, top-{ds.num_experts_per_tok}, "
-      f"{moe_layers} MoE layers: each token sends its hidden state to {ds.num_experts_per_tok} experts and gets "
-      f"{ds.num_experts_per_tok} results back, {per_tok:,} B per MoE layer, {per_tok * moe_layers / 1e6:.1f} MB per "
-      f"token, 7/8 of it to other GPUs when routing is even")
+k, groups, hid = ds.num_experts_per_tok, ds.topk_group, ds.hidden_size
+# Group-limited routing: a token's k experts lie in at most topk_group of the n_group groups; at EP=8 with experts
+# placed in order, group g is device g, so a token's hidden state is sent once to each of at most topk_group devices.
+per_device = 2 * min(k, groups) * hid * 2  # dispatch + combine, bf16, once per device
+per_expert = 2 * k * hid * 2  # the same counted once per expert (an overcount: several experts share a device)
+print(f"DeepSeek-V3 (DeepseekV3Config defaults), EP=8: {ds.n_routed_experts} routed experts in {ds.n_group} groups, "
+      f"top-{k} within at most {groups} groups, {moe_layers} MoE layers: each token's hidden state goes once to each of "
+      f"at most {groups} devices and comes back once from each, at most {per_device:,} B per MoE layer, at most "
+      f"{per_device * moe_layers / 1e6:.1f} MB per token (counted once per expert it would be {per_expert:,} B, "
+      f"{per_expert * moe_layers / 1e6:.1f} MB)")
+
+
+# 5. KV bytes per token on each rank: vLLM gives a rank max(1, KV heads // N) KV heads, and an MLA model's whole latent.
+def kv_heads_per_rank(kv_heads: int, n: int, mla: bool = False) -> int:
+    """vLLM's ModelConfig.get_num_kv_heads: 1 for MLA (every rank holds the latent), else max(1, kv_heads // n)."""
+    return 1 if mla else max(1, kv_heads // n)
+
+
+head = 2 * layers * 128 * 2  # Llama-3.1-8B: K and V of one KV head (128 dims), 32 layers, bf16
+for n in (8, 16):
+    h = kv_heads_per_rank(8, n)
+    print(f"Llama-3.1-8B KV at TP={n}: {h} KV head per rank, {h * head:,} B per token on each rank "
+          f"(8 KV heads split evenly would be {8 * head // n:,} B; each KV head is held by {max(1, n // 8)} "
+          f"rank{'s' * (n > 8)})")
+latent = (ds.kv_lora_rank + ds.qk_rope_head_dim) * ds.num_hidden_layers * 2
+print(f"DeepSeek-V3 (MLA) KV at TP=8: {kv_heads_per_rank(1, 8, mla=True)} latent per rank, {latent:,} B per token on "
+      f"every rank (split 8 ways it would be {latent // 8:,} B): TP does not shrink an MLA cache")
