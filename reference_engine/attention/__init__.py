@@ -4,8 +4,8 @@
   the runner's `input_batch.py` once per step) and `AttentionBackend` (write this step's K/V into
   their slots, attend each query token to its context).
 - `torch_backend.py`: the reference, SDPA over gathered blocks; runs anywhere.
-- `cpu_backend.py` + `cpp_kernel.py` (decode) + `cpp_prefill.py`: C++ kernels reading K/V in place
-  through the block table.
+- `cpu_backend.py`: the C++ kernels (`kernels/ops.py`: decode, prefill, prefill_amx, kv_write) reading
+  K/V in place through the block table.
 - `triton_backend.py` + `triton_kernels.py`: the GPU kernels.
 - `registry.py`: backends by name, and the default for a device.
 

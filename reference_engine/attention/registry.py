@@ -11,6 +11,7 @@ import torch
 
 from reference_engine.attention.interface import AttentionBackend
 from reference_engine.attention.torch_backend import TorchBackend
+from reference_engine.kernels import ops
 
 BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchBackend}
 # Backends that need an optional package, imported only when chosen so that the engine imports
@@ -29,8 +30,8 @@ def get_backend(name: str) -> type[AttentionBackend]:
 
 
 def default_attention_backend(device: str | torch.device | None = None) -> str:
-    """"triton" when the engine runs on CUDA and triton imports, "cpu" on CPU when its C++ decode
-    kernel builds (`cpu_backend.py`), else "torch".
+    """"triton" when the engine runs on CUDA and triton imports, "cpu" on CPU where the C++ kernels
+    build (`cpu_backend.py`, `kernels/ops.available`), else "torch".
 
     `device` is the engine's device; None means CUDA if torch sees one."""
     if device is None:
@@ -41,6 +42,5 @@ def default_attention_backend(device: str | torch.device | None = None) -> str:
         from reference_engine.attention import triton_backend
         return "triton" if triton_backend.triton_available() else "torch"
     if dev.type == "cpu":
-        from reference_engine.attention import cpu_backend
-        return "cpu" if cpu_backend.available() else "torch"
+        return "cpu" if ops.available() else "torch"
     return "torch"

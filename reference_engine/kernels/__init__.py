@@ -1,9 +1,8 @@
-"""The C++ CPU kernels: their sources in `csrc/` (.cpp and .h files, one shared header `common.h`), built
-into one extension by `cpu_build.py` (at `make setup` or on first use, cached in
-~/.cache/inferlab/kernels), and a Python module per kernel that documents its layout and rounding:
-`cpp_gemm.py` (every linear, on one layout), `cpp_fused_ops.py` (RMSNorm, rotary, SiLU-and-multiply),
-`cpp_decode_layer.py` (one decoder layer). The attention kernels' modules live beside their backend in
-`reference_engine/attention/` (their sources are csrc/attention*).
+"""The C++ CPU kernels: their sources in `csrc/` (.cpp and .h files: `common.h` what every kernel shares,
+`simd.h` the vector lanes, `amx.h` the AMX tile configuration, `kernels.h` the entry points), built into
+one extension by `cpu_build.py` (at `make setup` or on first use, cached in ~/.cache/inferlab/kernels);
+`ops.py`, the one Python surface: a typed wrapper per entry point and `available()`; `cpp_gemm.py`, the
+panels every linear layer's weight is held in, and which bf16 path a product takes.
 
 Owns: kernel sources and their compilation. Never touches: requests, scheduling, KV blocks,
 the model's modules or configs; it sees tensors and integers only. See docs/architecture.md."""

@@ -1,5 +1,6 @@
-"""The C++ CPU GEMM of every fp32 linear layer, on W's one resident copy: 32-column k-major panels.
-AVX-512, AVX2 + FMA or scalar (cpu_build picks the build from torch's CPU capability).
+"""The panels, every linear layer's one resident copy (32-column k-major), and the C++ GEMM that reads them
+(ops.linear, ops.linear_bf16, ops.linear_silu): AVX-512, AVX2 + FMA or scalar (cpu_build picks the build
+from torch's CPU capability).
 
 One kernel for every row count: a decode step (1-12 rows; the dot-product GEMV on W as stored it
 replaces read the same bytes), a decode batch (13-128; oneDNN's packed kernel reads W and multiplies
@@ -27,7 +28,7 @@ build rounds with std::fma, once per step, as the vector FMAs do), so rows are b
 three builds give the same bits.
 
     pack(W (N, K) fp32[, out]) -> (P, K, NR)
-    gemm(x (M, K) fp32 rows, packed, N, bias (N,) or empty) -> y (M, N)
+    ops.linear(x (M, K) fp32 rows, packed, N, bias (N,) or None) -> y (M, N)
 
 bf16 weights (csrc/linear_bf16.cpp): the same panels over k pairs, (P, K/2, NR, 2), one bf16 copy,
 
@@ -47,22 +48,17 @@ they lie. Where the CPU has AMX-BF16 (and Linux grants the tile state), every bf
 0 takes it, at every row count: batch-invariant, but with AMX's own sums inside a tile step, so not the
 pair order's bits. `bf16_path(k)` says which path a product takes; INFERLAB_AMX=0 turns AMX off.
 
-Source: csrc/linear.cpp. `unpack` is pack's inverse (PackedLinear.weight, read on demand).
+Source: csrc/linear.cpp. `unpack` is pack's inverse (PackedLinear.weight, read on demand); `rows` gathers
+W's rows from the panels (a tied embedding).
 """
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from reference_engine.kernels import cpu_build
+from reference_engine.kernels import ops
 
 NR = 32  # output columns per panel: two AVX-512 vectors, four AVX2 ones
-
-def module():
-    """The kernels' extension (cpu_build.module: one build of csrc/, cached on disk)."""
-    return cpu_build.module()
 
 
 def shape(n: int, k: int, dtype: torch.dtype) -> tuple[int, ...]:
@@ -99,54 +95,17 @@ def unpack(packed: torch.Tensor, n: int, k: int | None = None) -> torch.Tensor:
 def rows(packed: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
     """W[ids] (len(ids), k) gathered from the panels, exact copies (a tied embedding's lookup)."""
     out = packed.new_empty(len(ids), packed.shape[1] * (2 if packed.dim() == 4 else 1))  # (n, K), bf16 K even
-    module().panel_rows(packed, ids.long().contiguous(), out)
+    ops.panel_rows(packed, ids.long().contiguous(), out)
     return out if out.shape[1] == k else out[:, :k]
-
-
-def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x @ W.T (+ bias) for x (M, K) rows and `packed` = pack(W) of W (n, K): fp32, or bf16 x on
-    bf16 pair panels (vdpbf16ps where the CPU has it)."""
-    return module().linear(x, packed, n, bias if bias is not None else x.new_empty(0))
-
-
-PATHS = {"amx": 2, "vdpbf16ps": 1, "fma": 0}  # the bf16 paths, best first (csrc/linear_bf16.cpp)
-
-
-def gemm_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, path: str = "amx"):
-    """`gemm` on bf16 pair panels on the best path here up to `path`: "amx" (where AMX runs and K % 32 ==
-    0: its own sums), "vdpbf16ps" (where AVX512_BF16 runs) or "fma" (the widening FMAs: vdpbf16ps' bits)."""
-    return module().linear_bf16(x, packed, n, bias if bias is not None else x.new_empty(0), PATHS[path])
-
-
-def bf16_native() -> bool:
-    """Does the bf16 kernel run vdpbf16ps here (an AVX-512 build on a CPU with AVX512_BF16)?"""
-    return module().bf16_native()
-
-
-def amx() -> bool:
-    """Does the bf16 GEMM run on AMX here (an AVX-512 build, a CPU with AMX-BF16, Linux's permission,
-    INFERLAB_AMX not 0)? Then every bf16 product with K % 32 == 0 takes it, at any row count."""
-    return module().amx_ready()
 
 
 def bf16_path(k: int) -> str:
     """Which path a bf16 product of inner size k takes here: "amx", "vdpbf16ps" or "fma"."""
-    return "amx" if k % 32 == 0 and amx() else "vdpbf16ps" if bf16_native() else "fma"
-
-
-def silu_gemm(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    """silu(x @ Wg.T) * (x @ Wu.T) (M, n / 2) from the panels of W = [Wg; Wu] (n, K), on AMX: the GEMM's epilogue
-    does SiLU-and-multiply, so the (M, n) product is never written. The same bits as `gemm` then the fused
-    silu_mul. Only where `silu_fuses(k, n)`."""
-    return module().linear_silu(x, packed, n)
+    return "amx" if k % 32 == 0 and ops.amx_ready() else "vdpbf16ps" if ops.bf16_native() else "fma"
 
 
 def silu_fuses(k: int, n: int) -> bool:
-    """Does a stacked gate_up of inner size k and n = 2 I outputs take `silu_gemm` here (AMX, k and I multiples of 32)?"""
-    return k % 32 == 0 and n % 64 == 0 and amx()
+    """Does a stacked gate_up of inner size k and n = 2 I outputs take `ops.linear_silu` here (AMX, k and I
+    multiples of 32)?"""
+    return k % 32 == 0 and n % 64 == 0 and ops.amx_ready()
 
-
-@functools.cache
-def available() -> bool:
-    """Does the kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
-    return cpu_build.builds(module)

@@ -1,9 +1,10 @@
 """The build of the project's C++ CPU kernels: one extension from the files in `csrc/`.
 
 The sources are C++ files (csrc/*.cpp, *.h): `common.h` holds what every kernel shares, each once (the
-8-lane vector helpers `load8` / `store8` / `reduce8` / `exp8`, the bf16 rounding `round_bf16`, the
-work-sharing loop `share`, the profiler region `PROFILE`); `kernels.h` declares each kernel's entry
-point; `bindings.cpp` exposes them to Python. `module()` builds them all into one extension
+work-sharing loop `share`, the profiler region `PROFILE`), `simd.h` the vector lanes (the 8- and 16-lane
+helpers `load8` / `store8` / `exp8` ..., the bf16 rounding `round_bf16`, `Vec<W>`, the bf16 pair step),
+`amx.h` the AMX tile configuration; `kernels.h` declares each kernel's entry point; `bindings.cpp` exposes
+them to Python and `ops.py` wraps each. `module()` builds them all into one extension
 (`torch.utils.cpp_extension.load` with `sources=`, -Wall -Wextra, one object per file, a C++ compiler
 and OpenMP needed) and keeps the library in $INFERLAB_CACHE/kernels (default ~/.cache/inferlab/kernels),
 keyed on everything it depends on: Python's version and ABI, torch's version, the compiler's path and
@@ -79,12 +80,6 @@ def sources(where: Path = CSRC) -> list[Path]:
     return sorted(p for p in where.iterdir() if p.suffix in (".cpp", ".h"))
 
 
-@functools.cache
-def available() -> bool:
-    """Does the kernels' extension build and load here? (`make setup` calls this to prebuild it)"""
-    return builds(module)
-
-
 def key_parts(files: list[Path], flags: list[str], cxx: str) -> dict[str, str]:
     """Everything the built library depends on: Python's version and ABI (the extension's C API),
     torch's version (its C++ ABI), the compiler (path and `--version`), every source file's name and
@@ -114,7 +109,7 @@ def flags(isa_: str | None = None) -> list[str]:
 
 def module():
     """The kernels' extension for this ISA (built once per process; the build itself is cached on disk).
-    A build that failed raises the same error again at once: five kernels ask, one compile is tried."""
+    A build that failed raises the same error again at once: every call asks, one compile is tried."""
     built, error = _module()
     if error is not None:
         raise error
@@ -132,7 +127,7 @@ def _module():
 def load(name: str, files: list[Path], isa_: str | None = None):
     """Build (or load from the disk cache) the .cpp files among `files` as extension `<name>_<isa>`
     (the .h files are read through #include: they are part of the key). `isa_` builds for another ISA
-    than torch's (an A/B of two builds in one process: scripts/isa_ab.py); the CPU must run it."""
+    than torch's (an A/B of two builds in one process); the CPU must run it."""
     from torch.utils.cpp_extension import load as build
 
     isa_ = isa_ or isa()

@@ -6,29 +6,29 @@ rows the call takes the panel GEMM (kernels/cpp_gemm.py) on each projection's on
 (bf16 pair panels). On the oneDNN fallback (INFERLAB_LINEAR=onednn) bf16 weights multiplied natively take
 it too, every product then oneDNN's packed linear called from C++ as PackedLinear calls it from Python. `FusedDecode.forward` runs the
 embedding and the final norm as the model does and every layer through
-`kernels/cpp_decode_layer.py`: the same kernels in the same order as `DecoderLayer.forward` with the
+`kernels/ops.decode_layer`: the same kernels in the same order as `DecoderLayer.forward` with the
 fused modules, PackedLinear's products and the CPU attention backend, so the hidden states are
 bit-identical (tests/reference_engine/model/test_fused_decode.py). The model's modules stay the readable
 reference and serve every other step (prefill, mixed, larger batches, spec verification).
 
 Taken when (`FusedDecode.build` returns None otherwise): CPU, the fused element-wise modules
 (`fused_ops`), every projection a `PackedLinear` (on the panels, fp32 or bf16; on oneDNN: bf16
-multiplied in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernel
-builds; per step (`takes`): every row is one decoding sequence and there are at most `MID_M` of them. Module hooks do not fire on it:
+multiplied in bf16), the CPU attention backend, no q/k norm (Qwen3), no tensor parallelism, and the kernels
+build (`ops.available`); per step (`takes`): every row is one decoding sequence and there are at most
+`MID_M` of them. Module hooks do not fire on it:
 `INFERLAB_FUSED_DECODE=0` turns it off for a session that hooks the layers (scripts/stage_times.py,
 removed after commit f9c2189); `1` (the default) leaves it where it applies; anything else is refused
 at start (`pin_problems`).
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
 from reference_engine.model import fused_ops
 from reference_engine.attention.cpu_backend import CpuBackend
-from reference_engine.kernels import cpp_decode_layer, cpu_build
+from reference_engine.kernels import ops
 from reference_engine.model.llama import CausalLM
 from reference_engine.model.packed_linear import PackedLinear
 
@@ -64,7 +64,7 @@ class FusedDecode:
     def refusal(cls, model: CausalLM, backend, tp) -> str | None:
         """Why the fast path does not apply to this model and backend, in words naming the input; None
         where it does. What it supports: CPU attention backend, fp32 (panels) or natively multiplied bf16
-        weights, the fused element-wise modules, the `SUPPORTS` model features, one rank, a kernel that builds."""
+        weights, the fused element-wise modules, the `SUPPORTS` model features, one rank, kernels that build."""
         if os.environ.get("INFERLAB_FUSED_DECODE", "1") == "0":
             return "INFERLAB_FUSED_DECODE=0"
         if tp:
@@ -88,8 +88,8 @@ class FusedDecode:
             return "bf16 weights multiplied in fp32 (no native bf16 here): the modules' casts stay in Python"
         if not all(isinstance(layer.input_layernorm, fused_ops.FusedRMSNorm) for layer in layers):
             return "fused element-wise ops off"
-        if not available():
-            return "the layer kernel does not build here"
+        if not ops.available():
+            return "the C++ kernels do not build here"
         return None
 
     @classmethod
@@ -105,7 +105,7 @@ class FusedDecode:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         """(N,) ids of N decoding sequences -> final hidden states (N, hidden), as `CausalLM.forward`."""
-        model, run = self.model, cpp_decode_layer.module().decode_layer
+        model = self.model
         x = model.model.embed_tokens(input_ids)  # (N, hidden)
         cos, sin = model.rope(positions, x.dtype)  # (N, 1, D) each
         tables, lens, _ = self.backend._step_plan(meta)
@@ -113,7 +113,8 @@ class FusedDecode:
         tables, lens, slots = tables[:n], lens[:n], meta.slot_mapping
         for i, args in enumerate(self.args):
             k_cache, v_cache = self.backend.kv[i]
-            x = run(x, *args, self.heads, self.kv_heads, self.scale, cos, sin, k_cache, v_cache, slots, tables, lens)
+            x = ops.decode_layer(x, *args, self.heads, self.kv_heads, self.scale, cos, sin, k_cache, v_cache, slots,
+                                 tables, lens)
         return model.model.norm(x)
 
 
@@ -122,9 +123,3 @@ def pin_problems() -> list[str]:
     "false", would otherwise leave the path on without a word)."""
     v = os.environ.get("INFERLAB_FUSED_DECODE", "1")
     return [] if v in ("0", "1") else [f"INFERLAB_FUSED_DECODE={v!r}: expected '0' (off) or '1' (where it applies)"]
-
-
-@functools.cache
-def available() -> bool:
-    """Does the layer kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
-    return cpu_build.builds(cpp_decode_layer.module)

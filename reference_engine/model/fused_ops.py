@@ -3,9 +3,9 @@ norm of a layer, `RMSNorm.add`), rotary embedding, SiLU-and-multiply (inside the
 bf16 panels run on AMX: `FusedMLP`).
 
 `fuse(model)` swaps the model's `RMSNorm`, `Rotary`, `SiluAndMul` and `MLP` modules for ones that call
-the one-pass C++ kernels of `kernels/cpp_fused_ops.py` (vLLM's CPU backend has the same three as custom
-ops). The PyTorch modules stay the readable reference: `fused_ops=False` in the engine config keeps
-them, and the fused modules fall back to them for what the kernels do not take (other dtypes,
+the one-pass C++ kernels (`kernels/ops.py`: rms_norm, add_rms_norm, rope_, silu_mul; vLLM's CPU backend
+has the same three as custom ops). The PyTorch modules stay the readable reference: `fused_ops=False` in
+the engine config keeps them, and the fused modules fall back to them for what the kernels do not take (other dtypes,
 non-CPU tensors, RMSNorm over a 3-d per-head view as Qwen3's q/k norm).
 
 Invariant: float32 outputs equal the PyTorch modules' up to summation order (RMSNorm's mean) and
@@ -14,13 +14,10 @@ in place, into the qkv projection's output they are views of; nothing else reads
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
-from reference_engine.kernels import cpu_build
-from reference_engine.kernels import cpp_fused_ops as kernel
+from reference_engine.kernels import ops
 from reference_engine.model.llama import MLP, RMSNorm, Rotary, SiluAndMul
 from reference_engine.model.packed_linear import PackedLinear
 
@@ -36,16 +33,15 @@ class FusedRMSNorm(RMSNorm):
         if x.dim() != 2 or x.stride(1) != 1 or not _takes(x, self.weight):
             return super().forward(x)
         out = torch.empty(x.shape, dtype=x.dtype)
-        kernel.module().rms_norm(x, self.weight, self.eps, out)
+        ops.rms_norm(x, self.weight, self.eps, out)
         return out
-
 
     def add(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 2 or x.stride(1) != 1 or not a.is_contiguous() or a.shape != x.shape \
                 or not _takes(x, a, self.weight):
             return super().add(x, a)
         total, out = torch.empty(x.shape, dtype=x.dtype), torch.empty(x.shape, dtype=x.dtype)
-        kernel.module().add_rms_norm(x, a, self.weight, self.eps, total, out)
+        ops.add_rms_norm(x, a, self.weight, self.eps, total, out)
         return total, out
 
 
@@ -55,9 +51,8 @@ class FusedRotary(Rotary):
         if not _takes(q, k, cos, sin) or q.stride(2) != 1 or k.stride(2) != 1 \
                 or not (cos.is_contiguous() and sin.is_contiguous()):
             return super().forward(q, k, rope)
-        m = kernel.module()
-        m.rope_(q, cos, sin)
-        m.rope_(k, cos, sin)
+        ops.rope_(q, cos, sin)
+        ops.rope_(k, cos, sin)
         return q, k
 
 
@@ -66,7 +61,7 @@ class FusedSiluAndMul(SiluAndMul):
         if gate_up.dim() != 2 or gate_up.stride(1) != 1 or not _takes(gate_up):
             return super().forward(gate_up)
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-        kernel.module().silu_mul(gate_up, out)
+        ops.silu_mul(gate_up, out)
         return out
 
 
@@ -110,12 +105,6 @@ def fuse(model: nn.Module) -> nn.Module:
     return model
 
 
-@functools.cache
-def available() -> bool:
-    """Does the kernel build and load here? (cpu_build.builds: a C++ compiler with OpenMP is needed)"""
-    return cpu_build.builds(kernel.module)
-
-
 def default_on(device: str | torch.device) -> bool:
     """`fused_ops` when the config leaves it None: on, on CPU, where the kernels build."""
-    return torch.device(device).type == "cpu" and available()
+    return torch.device(device).type == "cpu" and ops.available()

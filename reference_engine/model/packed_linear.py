@@ -55,17 +55,18 @@ import os
 import torch
 from torch import nn
 
-from reference_engine.kernels import cpp_gemm, cpu_build
+from reference_engine.kernels import cpp_gemm, cpu_build, ops
 from reference_engine.model import hugepages
 
 
-def available() -> bool:
+def onednn_available() -> bool:
+    """Does this torch have oneDNN's packed linear (the fallback's kernel)?"""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def default_backend(device: str | torch.device) -> str:
     """`linear_backend` when the config leaves it None: "onednn" on CPU where torch has it, else "torch"."""
-    return "onednn" if torch.device(device).type == "cpu" and available() else "torch"
+    return "onednn" if torch.device(device).type == "cpu" and onednn_available() else "torch"
 
 
 def native_bf16() -> bool:
@@ -89,7 +90,7 @@ def pin_problem(var: str, value: str, cxx: str | None | object = _MACHINE) -> st
     choices = PINS[var]
     if value not in choices:
         return f"{var}={value!r}: expected " + " or ".join(repr(c) for c in choices)
-    if value == "onednn" and not available():
+    if value == "onednn" and not onednn_available():
         return f"{var}=onednn needs torch with oneDNN (torch.backends.mkldnn is off here); unset it"
     if value != "inferlab":
         return None
@@ -97,8 +98,8 @@ def pin_problem(var: str, value: str, cxx: str | None | object = _MACHINE) -> st
     if cxx is None:
         return (f"{var}=inferlab needs a C++ compiler to build its kernel (CXX="
                 f"{os.environ.get('CXX') or 'c++'} is not on PATH); unset it or pick onednn")
-    if not cpp_gemm.available():
-        return f"{var}=inferlab: its kernel ({cpp_gemm.__name__}) does not build or load here; unset it or pick onednn"
+    if not ops.available():
+        return f"{var}=inferlab: the C++ kernels (kernels/ops.py) do not build or load here; unset it or pick onednn"
     return None
 
 
@@ -125,7 +126,7 @@ def linear_kernel() -> str:
     the parameter): who multiplies fp32 and bf16 projections alike (bf16 stayed on oneDNN by default until
     2026-12-05). The panels wherever the kernel builds, unless
     `INFERLAB_LINEAR` names one."""
-    return _pinned("INFERLAB_LINEAR") or ("inferlab" if cpp_gemm.available() else "onednn")
+    return _pinned("INFERLAB_LINEAR") or ("inferlab" if ops.available() else "onednn")
 
 
 class PackedLinear(nn.Module):
@@ -164,19 +165,19 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None:
             rows = x.reshape(-1, x.shape[-1]).to(self.compute_dtype)  # (..., in) -> (M, in); a bf16 model's x is bf16
-            y = cpp_gemm.gemm(rows if rows.stride(1) == 1 else rows.contiguous(), self.panels, self.out_features,
-                              self.bias)
+            rows = rows if rows.stride(1) == 1 else rows.contiguous()
+            y = ops.linear(rows, self.panels, self.out_features, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.compute_dtype), self.packed, self.bias, "none", [], "")
         return y.to(self.out_dtype)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
         """For a stacked gate_up projection: silu(gate) * up of x (M, in) in one pass where the bf16 panels run
-        on AMX (`cpp_gemm.silu_gemm`, the same bits as forward then SiLU-and-multiply); None elsewhere."""
+        on AMX (`ops.linear_silu`, the same bits as forward then SiLU-and-multiply); None elsewhere."""
         if self.panels is None or x.dtype != torch.bfloat16 or self.compute_dtype != torch.bfloat16 or x.dim() != 2 \
                 or x.stride(1) != 1 or self.bias is not None or not cpp_gemm.silu_fuses(self.in_features, self.out_features):
             return None
-        return cpp_gemm.silu_gemm(x, self.panels, self.out_features)
+        return ops.linear_silu(x, self.panels, self.out_features)
 
     def packed_bytes(self) -> int:
         held = self.panels if self.panels is not None else self.packed

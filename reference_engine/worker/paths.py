@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from reference_engine.attention import cpu_backend
-from reference_engine.kernels import cpp_gemm
-from reference_engine.model import fused_decode, fused_ops, packed_linear
+from reference_engine.kernels import cpp_gemm, ops
+from reference_engine.model import fused_decode, packed_linear
 from reference_engine.model.packed_linear import PackedLinear, linear_kernel
 
 # every environment variable that changes a path, read back as set ("" when unset)
@@ -107,9 +107,9 @@ def problems(cfg) -> list[str]:
     problems = fused_decode.pin_problems()
     if cfg.linear_backend in (None, "onednn"):
         problems += packed_linear.pin_problems()
-    if cfg.attention_backend == "cpu" and not cpu_backend.available():
+    if cfg.attention_backend == "cpu" and not ops.available():
         problems.append("attention_backend='cpu': its C++ kernel does not build or load here; use 'torch'")
-    if cfg.fused_ops and not fused_ops.available():
+    if cfg.fused_ops and not ops.available():
         problems.append("fused_ops=True: the C++ element-wise kernels do not build or load here; leave it unset")
     return problems
 

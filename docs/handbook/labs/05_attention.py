@@ -3,7 +3,7 @@
 Smallest working piece: softmax over a row computed one tile at a time, keeping only a running max `m` and a
 running sum `l` (online softmax). Attention built on it never holds a whole row of scores: each tile of keys
 rescales what was summed so far by e^(m_old - m_new). That is FlashAttention's inner loop, and the loop of
-the engine's C++ decode kernel (`attention/cpp_kernel.py`), which walks a request's KV blocks through its
+the engine's C++ decode kernel (`kernels/ops.py`'s `decode`), which walks a request's KV blocks through its
 block table in place. The lab checks each step in fp64 against the plain formula, then runs the C++ kernel
 on one request and checks it against the PyTorch backend, then sizes the KV cache under GQA, MLA and a
 sliding window from the models' own configuration classes.
@@ -19,6 +19,7 @@ from transformers import DeepseekV3Config, LlamaConfig, MistralConfig
 from reference_engine.attention import cpu_backend
 from reference_engine.attention.torch_backend import TorchBackend
 from reference_engine.config import ModelConfig
+from reference_engine.kernels import ops
 from reference_engine.worker.gpu_memory import allocate_kv_cache
 from reference_engine.worker.input_batch import make_batch
 from reference_engine.engine.trace import resolve_model
@@ -103,7 +104,7 @@ scores = torch.einsum("hd,thd->ht", qd[0].double(), keys[:, heads]) * scale
 by_hand = torch.einsum("ht,thd->hd", torch.softmax(scores, -1), vals[:, heads])
 FP32 = 1e-5  # float32 caches and scores: sums of 11 terms agree far inside this
 print(agreement("PyTorch backend (fp32) and the gathered blocks by hand (fp64)", (ref[0].double() - by_hand).abs().max().item(), FP32))
-if cpu_backend.available():
+if ops.available():
     out = cpu_backend.CpuBackend(caches["cpu"], BS).forward(0, qd, kd, vd, step.meta, scale)
     same_kv = torch.equal(caches["cpu"][0][0], caches["torch"][0][0]) and torch.equal(caches["cpu"][0][1], caches["torch"][0][1])
     print(agreement(f"C++ decode kernel and PyTorch backend ({out.numel()} outputs)", (out - ref).abs().max().item(), FP32)

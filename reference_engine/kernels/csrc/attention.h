@@ -1,5 +1,5 @@
 // What decode (attention_decode.cpp) and prefill (attention_prefill.cpp, attention_amx.cpp) attention share: the weighted
-// sum of value rows, register-blocked over query rows, and the prefill kernels' task split (reference_engine/attention/cpp_kernel.py).
+// sum of value rows, register-blocked over query rows, and the prefill kernels' task split (reference_engine/kernels/ops.py).
 #pragma once
 
 #include "common.h"

@@ -1,5 +1,5 @@
 // Paged causal prefill attention for bf16 on AMX (the tile unit of Xeon 4th generation on): the contract of
-// attention_prefill.cpp's `prefill`, with both products on tiles (layout: reference_engine/attention/cpp_prefill.py).
+// attention_prefill.cpp's `prefill`, with both products on tiles (layout: reference_engine/kernels/ops.py's prefill_amx).
 //
 // A task is (sequence, kv head, QC query tokens); its R = tokens x G query rows (G query heads share the kv
 // head) go in tiles of 16 rows. The task first lays out, once, every key its last row sees:
@@ -16,30 +16,15 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "attention.h"
 #include "kernels.h"
 
 namespace inferlab {
 
 #if defined(__AVX512F__)
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-
 static constexpr int64_t QC = 32;   // query tokens per task
 static constexpr int64_t KC = 256;  // keys per softmax chunk: S and P of a 16-row tile stay in L1
-
-struct alignas(64) TileConfig {  // ldtilecfg's operand, palette 1: all 8 tiles 16 rows x 64 bytes
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-AMX_TARGET static void configure16() {  // as linear_amx.cpp: loaded only if another kernel changed it
-  TileConfig c, now;
-  for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-  _tile_storeconfig(&now);
-  asm volatile("" : : "r"(&c), "r"(&now) : "memory");  // GCC 12 drops stores a tile op reads: keep them
-  if (std::memcmp(&c, &now, sizeof c) != 0) _tile_loadconfig(&c);
-}
 
 // kt, vp (above) for keys [0, len) of kv head h through the block table; L32 = len rounded up to 32. K^T
 // 16 keys at a time, one gather per pair column (32-bit offsets: a layer's cache under 8 GB, checked below); V two keys at a time, their rows interleaved by one permute per 32 columns.
@@ -209,7 +194,7 @@ void prefill_amx(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tenso
                 *starts = query_start.data_ptr<int64_t>();
   // tasks (sequence, first token, kv head), each thread a contiguous run of equal work (attention.h)
   split_prefill(lens, starts, B, Hkv, QC, [&](const std::vector<PrefillTask>& tasks, int64_t w0, int64_t w1) {
-    configure16();
+    configure(16);
     std::vector<uint32_t> kt, vp;
     std::vector<at::BFloat16> qt(16 * D), pb(16 * KC);
     std::vector<float> s(16 * KC), part(16 * 64), o(16 * D);

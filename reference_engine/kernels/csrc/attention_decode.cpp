@@ -1,4 +1,4 @@
-// Paged attention for one query token per sequence (layout and blocking: reference_engine/attention/cpp_kernel.py).
+// Paged attention for one query token per sequence (layout and blocking: reference_engine/kernels/ops.py's decode).
 #include "attention.h"
 #include "kernels.h"
 

@@ -1,4 +1,4 @@
-// Paged causal attention for chunks of query tokens (layout and tiling: reference_engine/attention/cpp_prefill.py).
+// Paged causal attention for chunks of query tokens (layout and tiling: reference_engine/kernels/ops.py's prefill).
 #include "attention.h"
 #include "kernels.h"
 
@@ -6,62 +6,42 @@
 
 namespace inferlab {
 
-#ifdef VEC8
-// The lane widths the scores run at: 8 (AVX2) and, in the AVX-512 build, 16; per lane the same operations
-struct Lanes8 {
-  using V = __m256;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-};
-#ifdef VEC16
-struct Lanes16 {
-  using V = __m512;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-};
-#endif
-
-// s[t * R8 + i] = q_i . k_t for IV vectors of W's lanes of query rows from qt and RK keys from k (summed
+#ifdef VEC8  // the scores on 8 lanes (AVX2) and, in the AVX-512 build, 16 (simd.h's Vec): the same per lane
+// s[t * R8 + i] = q_i . k_t for IV vectors of V's lanes of query rows from qt and RK keys from k (summed
 // over d in order)
-template <class W, int IV, int RK, typename T>
+template <class V, int IV, int RK, typename T>
 static inline void scores_tile(const float* qt, int64_t R8, const T* k, int64_t stride, float* s, int64_t D) {
-  constexpr int L = sizeof(typename W::V) / 4;
-  typename W::V a[RK][IV];
+  constexpr int L = V::W;
+  typename V::T a[RK][IV];
   for (int t = 0; t < RK; ++t)
-    for (int v = 0; v < IV; ++v) a[t][v] = W::zero();
+    for (int v = 0; v < IV; ++v) a[t][v] = V::zero();
   for (int64_t d = 0; d < D; ++d) {
-    typename W::V qv[IV];
-    for (int v = 0; v < IV; ++v) qv[v] = W::load(qt + d * R8 + L * v);
+    typename V::T qv[IV];
+    for (int v = 0; v < IV; ++v) qv[v] = V::load(qt + d * R8 + L * v);
     for (int t = 0; t < RK; ++t) {
-      const typename W::V kb = W::set1(static_cast<float>(k[t * stride + d]));
-      for (int v = 0; v < IV; ++v) a[t][v] = W::fma(kb, qv[v], a[t][v]);
+      const typename V::T kb = V::set1(static_cast<float>(k[t * stride + d]));
+      for (int v = 0; v < IV; ++v) a[t][v] = V::fma(kb, qv[v], a[t][v]);
     }
   }
   for (int t = 0; t < RK; ++t)
-    for (int v = 0; v < IV; ++v) W::store(s + t * R8 + L * v, a[t][v]);
+    for (int v = 0; v < IV; ++v) V::store(s + t * R8 + L * v, a[t][v]);
 }
 
-template <class W, int IV, int RK, typename T>  // the last r < 6 keys: the tile picked at run time
+template <class V, int IV, int RK, typename T>  // the last r < 6 keys: the tile picked at run time
 static inline void scores_tail(int64_t r, const float* qt, int64_t R8, const T* k, int64_t stride, float* s,
                                int64_t D) {
   if constexpr (RK > 0) {
-    if (r != RK) return scores_tail<W, IV, RK - 1>(r, qt, R8, k, stride, s, D);
-    scores_tile<W, IV, RK>(qt, R8, k, stride, s, D);
+    if (r != RK) return scores_tail<V, IV, RK - 1>(r, qt, R8, k, stride, s, D);
+    scores_tile<V, IV, RK>(qt, R8, k, stride, s, D);
   }
 }
 
-template <class W, int IV, typename T>
+template <class V, int IV, typename T>
 static inline void scores_keys(const float* qt, int64_t R8, const T* k, int64_t stride, int64_t n, float* s,
                                int64_t D) {
   int64_t t = 0;
-  for (; t + 6 <= n; t += 6) scores_tile<W, IV, 6>(qt, R8, k + t * stride, stride, s + t * R8, D);
-  if (t < n) scores_tail<W, IV, 5>(n - t, qt, R8, k + t * stride, stride, s + t * R8, D);
+  for (; t + 6 <= n; t += 6) scores_tile<V, IV, 6>(qt, R8, k + t * stride, stride, s + t * R8, D);
+  if (t < n) scores_tail<V, IV, 5>(n - t, qt, R8, k + t * stride, stride, s + t * R8, D);
 }
 #endif
 
@@ -71,11 +51,11 @@ static void scores_t(const float* qt, int64_t R8, const T* k, int64_t stride, in
 #ifdef VEC8
   int64_t i = 0;
 #ifdef VEC16
-  for (; i + 48 <= R8; i += 48) scores_keys<Lanes16, 3>(qt + i, R8, k, stride, n, s + i, D);
-  for (; i + 16 <= R8; i += 16) scores_keys<Lanes16, 1>(qt + i, R8, k, stride, n, s + i, D);
+  for (; i + 48 <= R8; i += 48) scores_keys<Vec<16>, 3>(qt + i, R8, k, stride, n, s + i, D);
+  for (; i + 16 <= R8; i += 16) scores_keys<Vec<16>, 1>(qt + i, R8, k, stride, n, s + i, D);
 #endif
-  for (; i + 16 <= R8; i += 16) scores_keys<Lanes8, 2>(qt + i, R8, k, stride, n, s + i, D);
-  if (i < R8) scores_keys<Lanes8, 1>(qt + i, R8, k, stride, n, s + i, D);
+  for (; i + 16 <= R8; i += 16) scores_keys<Vec<8>, 2>(qt + i, R8, k, stride, n, s + i, D);
+  if (i < R8) scores_keys<Vec<8>, 1>(qt + i, R8, k, stride, n, s + i, D);
 #else
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < R8; ++i) {

@@ -1,5 +1,5 @@
 // One decoder layer for an all-decode batch: the same kernels, in the same order, as the module path
-// (reference_engine/kernels/cpp_decode_layer.py).
+// (reference_engine/kernels/ops.py's decode_layer).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_like.h>
 

@@ -1,4 +1,4 @@
-// RMSNorm (with the residual add before it, or without), SiLU-and-multiply and rotary, one pass each (rounding: reference_engine/kernels/cpp_fused_ops.py).
+// RMSNorm (with the residual add before it, or without), SiLU-and-multiply and rotary, one pass each (rounding: reference_engine/kernels/ops.py).
 #include "common.h"
 #include "kernels.h"
 
@@ -109,7 +109,7 @@ static void rope_impl(T* x, int64_t xs, int64_t hs, const T* cos, const T* sin, 
       for (int64_t h = 0; h < heads; ++h) {
         T* r = x + n * xs + h * hs;
         int64_t i = 0;
-        const T* t = nullptr;  // picks rnd's rounding for T
+        [[maybe_unused]] const T* t = nullptr;  // picks rnd's rounding for T (the vector loops only)
 #ifdef VEC16
         for (; i + 16 <= half; i += 16) {  // the scalar loop's steps, 16 lanes at a time: the same bits
           const __m512 x1 = load16(r + i), x2 = load16(r + i + half);

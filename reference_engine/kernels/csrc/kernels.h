@@ -1,5 +1,6 @@
-// The kernels' entry points, one per exported function (bindings.cpp exposes them to Python; the
-// decoder layer, decode_layer.cpp, calls them directly). Each is a named torch.profiler region.
+// The kernels' entry points, one per exported function (bindings.cpp exposes them to Python, and
+// reference_engine/kernels/ops.py wraps each; the decoder layer, decode_layer.cpp, calls them directly).
+// Each is a named torch.profiler region.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,10 +17,8 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bi
 bool bf16_native();
 // linear.cpp: rows ids of W read from its panels (fp32 or bf16), exact: a tied embedding's lookup
 void panel_rows(at::Tensor packed, at::Tensor ids, at::Tensor out);
-// linear_amx.cpp: the AMX path (its own sums, batch-invariant); amx_ready(): CPU, OS and INFERLAB_AMX
+// linear_amx.cpp: does the bf16 GEMM run on AMX here? (CPU, OS and INFERLAB_AMX; its path: amx.h)
 bool amx_ready();
-void linear_amx(const at::BFloat16* x, int64_t ldx, int64_t M, const at::BFloat16* packed, int64_t K2, int64_t N,
-                const at::BFloat16* bias, at::BFloat16* y, bool silu);
 // linear_bf16.cpp: silu(gate) * up straight from the stacked gate_up panels on AMX (N = 2 I)
 at::Tensor linear_silu(at::Tensor x, at::Tensor packed, int64_t N);
 // fused_ops.cpp: RMSNorm, SiLU-and-multiply, rotary in place (fp32 or bf16)

@@ -13,39 +13,9 @@ namespace inferlab {
 static constexpr int64_t NR = 32;   // output columns per panel
 static constexpr int64_t XB = 1 << 17;  // floats of packed x per pass over W (512 KB): they stay in L2
 
-// NR columns of one row as NV vectors of W lanes: zero, load, broadcast, fma, store
-#if defined(__AVX512F__)
-struct Lanes {
-  static constexpr int W = 16, MR = 12;  // 24 accumulators + 2 panel vectors + a broadcast: 27 of 32
-  using T = __m512;
-  static T zero() { return _mm512_setzero_ps(); }
-  static T load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-  static T bcast(float v) { return _mm512_set1_ps(v); }
-  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-};
-#elif defined(VEC8)
-struct Lanes {
-  static constexpr int W = 8, MR = 3;  // 12 accumulators + 1 panel vector + 3 broadcasts: 16 of 16
-  using T = __m256;
-  static T zero() { return _mm256_setzero_ps(); }
-  static T load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-  static T bcast(float v) { return _mm256_set1_ps(v); }
-  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-};
-#else
-struct Lanes {  // scalar: std::fma rounds once, as the vector FMAs do
-  static constexpr int W = 1, MR = 4;
-  using T = float;
-  static T zero() { return 0.f; }
-  static T load(const float* p) { return *p; }
-  static void store(float* p, T v) { *p = v; }
-  static T bcast(float v) { return v; }
-  static T fma(T a, T b, T c) { return std::fma(a, b, c); }
-};
-#endif
-static constexpr int NV = NR / Lanes::W, MR = Lanes::MR;
+// NR columns of one row as NV vectors of the widest lanes (simd.h); rows per register tile: AVX-512 12 (24
+// accumulators + 2 panel vectors + a broadcast: 27 of 32 registers), AVX2 3 (12 + 1 + 3: 16 of 16), scalar 4
+static constexpr int NV = NR / Widest::W, MR = Widest::W == 16 ? 12 : Widest::W == 8 ? 3 : 4;
 
 // one k step of NP adjacent panels (NP x 128 bytes, contiguous: panels are adjacent in memory)
 template <int NP>
@@ -68,7 +38,7 @@ struct Prefetch {
 // (docs/perf/2026-12-05-prefill-gemm.md).
 template <int NP, int R>
 static inline void tile(const float* x, const float* p, int64_t K, float* c, int64_t ldc, Prefetch f) {
-  using L = Lanes;
+  using L = Widest;
   constexpr int V = NP * NV;
   typename L::T a[R][V];
   for (int m = 0; m < R; ++m)
@@ -84,12 +54,12 @@ static inline void tile(const float* x, const float* p, int64_t K, float* c, int
       for (int n = 0; n < NP; ++n)
         for (int j = 0; j < NV; ++j) w[n * NV + j] = L::load(p + n * K * NR + k * NR + j * L::W);
       for (int m = 0; m < R; ++m) {
-        const typename L::T b = L::bcast(x[m]);
+        const typename L::T b = L::set1(x[m]);
         for (int j = 0; j < V; ++j) a[m][j] = L::fma(b, w[j], a[m][j]);
       }
     } else {  // the rows' broadcasts in registers, each panel vector used R times
       typename L::T b[R];
-      for (int m = 0; m < R; ++m) b[m] = L::bcast(x[m]);
+      for (int m = 0; m < R; ++m) b[m] = L::set1(x[m]);
       for (int j = 0; j < V; ++j) {
         const typename L::T w = L::load(p + (j / NV) * K * NR + k * NR + (j % NV) * L::W);
         for (int m = 0; m < R; ++m) a[m][j] = L::fma(b[m], w, a[m][j]);

@@ -21,36 +21,18 @@
 #include <cstring>
 #include <memory>
 
-#include "common.h"
+#include "amx.h"
 #include "kernels.h"
 
 namespace inferlab {
 
 #if defined(__AVX512F__)
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-
 static constexpr int64_t NR = 32;   // columns per panel (cpp_gemm.NR)
 static constexpr int64_t RB = 32;   // rows per block: two A tiles
 static constexpr int64_t GP = 8;   // panels per work item (prefill): read from L2 across its rows
 static constexpr int64_t RI = 64;  // rows per work item
-
-struct alignas(64) TileConfig {  // ldtilecfg's 64-byte operand, palette 1
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles: 0-3 the sums (rows 0-15 / 16-31 x columns 0-15 / 16-31 of the panel), 4 and 5 the two A tiles,
-// 6 and 7 the panel's halves, 64 bytes a row; rows: of x and of the sums (B tiles: always 16 pairs). Tile
-// state is per thread and stays configured after a call (no tilerelease: loading a configuration costs as
-// much as a decode step's small product); what another library left there is read back and replaced.
-AMX_TARGET static void configure(int rows) {
-  TileConfig c, now;
-  for (int t = 0; t < 8; ++t) c.rows[t] = t < 6 ? rows : 16, c.colsb[t] = 64;
-  _tile_storeconfig(&now);
-  asm volatile("" : : "r"(&c), "r"(&now) : "memory");  // GCC 12 drops stores a tile op reads: keep them
-  if (std::memcmp(&c, &now, sizeof c) != 0) _tile_loadconfig(&c);
-}
+// Tiles (amx.h's configure): 0-3 the sums (rows 0-15 / 16-31 x columns 0-15 / 16-31 of the panel), 4 and 5
+// the two A tiles, 6 and 7 the panel's halves; rows: of x and of the sums.
 
 // One block's sums waiting to be finished (+ bias, rounded to bf16, written to y): done a few rows at a time
 // from inside the next block's k loop, so the vector unit rounds while the tile unit multiplies. At the

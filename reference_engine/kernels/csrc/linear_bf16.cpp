@@ -13,7 +13,7 @@
 
 #include <ATen/ops/constant_pad_nd.h>
 
-#include "common.h"
+#include "amx.h"
 #include "kernels.h"
 
 namespace inferlab {
@@ -27,72 +27,18 @@ static inline uint32_t pair_at(const uint32_t* p) {  // x's rows may start on an
   std::memcpy(&v, p, 4);
   return v;
 }
-static inline float hi(uint32_t v) { float f; v &= 0xffff0000u; std::memcpy(&f, &v, 4); return f; }  // x[2i+1]
-static inline float lo(uint32_t v) { float f; v <<= 16; std::memcpy(&f, &v, 4); return f; }           // x[2i]
 
-// The pair step on NR / L lanes at a time. Ops: Acc (accumulator), Wv (a loaded weight vector), Xb (a
-// broadcast pair of x), zero/load/store of Acc, loadw, bcast, step(acc, xb, wv) = the two roundings above.
+// The pair step (simd.h) with its register tile: NP adjacent panels x MR rows of accumulators
+template <class S, int NP_, int MR_>
+struct Tiled : S {
+  static constexpr int NP = NP_, MR = MR_;
+};
 #if defined(__AVX512F__)
-#define BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
-struct Dp {  // vdpbf16ps: 32 products per instruction; two panels per tile, 6 rows: 24 accumulators,
-  static constexpr int L = 16, NP = 2, MR = 6;  // 4 panel vectors, a broadcast (one per 4 products)
-  using Acc = __m512;
-  using Wv = __m512i;
-  using Xb = __m512i;
-  BF16_TARGET static Acc zero() { return _mm512_setzero_ps(); }
-  BF16_TARGET static Acc load(const float* p) { return _mm512_loadu_ps(p); }
-  BF16_TARGET static void store(float* p, Acc v) { _mm512_storeu_ps(p, v); }
-  BF16_TARGET static Wv loadw(const uint32_t* q) { return _mm512_loadu_si512(q); }
-  BF16_TARGET static Xb bcast(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
-  BF16_TARGET static Acc step(Acc a, Xb x, Wv w) { return _mm512_dpbf16_ps(a, (__m512bh)x, (__m512bh)w); }
-};
-struct Widen {  // AVX-512 without AVX512_BF16
-  static constexpr int L = 16, NP = 1, MR = 6;
-  using Acc = __m512;
-  struct Wv { __m512 h, l; };
-  struct Xb { __m512 h, l; };
-  static Acc zero() { return _mm512_setzero_ps(); }
-  static Acc load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, Acc v) { _mm512_storeu_ps(p, v); }
-  static Wv loadw(const uint32_t* q) {
-    const __m512i v = _mm512_loadu_si512(q);
-    return {_mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u)))),
-            _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))};
-  }
-  static Xb bcast(uint32_t v) { return {_mm512_set1_ps(hi(v)), _mm512_set1_ps(lo(v))}; }
-  static Acc step(Acc a, const Xb& x, const Wv& w) { return _mm512_fmadd_ps(x.l, w.l, _mm512_fmadd_ps(x.h, w.h, a)); }
-};
-#elif defined(VEC8)
-struct Widen {
-  static constexpr int L = 8, NP = 1, MR = 2;  // 8 accumulators + 2 broadcast pairs + a widened weight pair
-  using Acc = __m256;
-  struct Wv { __m256 h, l; };
-  struct Xb { __m256 h, l; };
-  static Acc zero() { return _mm256_setzero_ps(); }
-  static Acc load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, Acc v) { _mm256_storeu_ps(p, v); }
-  static Wv loadw(const uint32_t* q) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    return {_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))),
-            _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))};
-  }
-  static Xb bcast(uint32_t v) { return {_mm256_set1_ps(hi(v)), _mm256_set1_ps(lo(v))}; }
-  static Acc step(Acc a, const Xb& x, const Wv& w) { return _mm256_fmadd_ps(x.l, w.l, _mm256_fmadd_ps(x.h, w.h, a)); }
-};
-#else
-struct Widen {  // scalar: std::fma rounds once, as the vector FMAs do
-  static constexpr int L = 1, NP = 1, MR = 4;
-  using Acc = float;
-  struct Wv { float h, l; };
-  struct Xb { float h, l; };
-  static Acc zero() { return 0.f; }
-  static Acc load(const float* p) { return *p; }
-  static void store(float* p, Acc v) { *p = v; }
-  static Wv loadw(const uint32_t* q) { return {hi(*q), lo(*q)}; }
-  static Xb bcast(uint32_t v) { return {hi(v), lo(v)}; }
-  static Acc step(Acc a, const Xb& x, const Wv& w) { return std::fma(x.l, w.l, std::fma(x.h, w.h, a)); }
-};
+using Native = Tiled<Dp, 2, 6>;  // vdpbf16ps, two panels, 6 rows: 24 accumulators, 4 panel vectors, a broadcast
 #endif
+// widening FMAs: AVX-512 6 rows of one panel; AVX2 2 (8 accumulators + 2 broadcast pairs + a widened weight
+// pair); scalar 4
+using Wide = Tiled<Widen<Widest>, 1, Widest::W == 16 ? 6 : Widest::W == 8 ? 2 : 4>;
 
 // R rows of packed x (K2, R) against all K2 pairs of NP adjacent panels (p, p + ps, ...) in one pass, into
 // c (R, NP * NR); with PF, prefetch the panels at pf (and pf + ps, ...) as it goes. x packed k-major (as the
@@ -102,7 +48,7 @@ template <class O, int NP, int R, bool PF>
 BF16_TARGET  // O's functions are inlined into this one
 #endif
 static void tile(const uint32_t* x, const uint32_t* p, int64_t ps, int64_t K2, float* c, const uint32_t* pf) {
-  constexpr int NV = NR / O::L, V = NP * NV, CW = NP * NR;
+  constexpr int NV = NR / O::W, V = NP * NV, CW = NP * NR;
   typename O::Acc a[R][V];
   for (int m = 0; m < R; ++m)
     for (int j = 0; j < V; ++j) a[m][j] = O::zero();
@@ -116,7 +62,7 @@ static void tile(const uint32_t* x, const uint32_t* p, int64_t ps, int64_t K2, f
     }
     if constexpr (V <= 4) {  // the panels' vectors in registers, each row's broadcast used V times
       typename O::Wv w[V];
-      for (int j = 0; j < V; ++j) w[j] = O::loadw(q + (j / NV) * ps + (j % NV) * O::L);
+      for (int j = 0; j < V; ++j) w[j] = O::loadw(q + (j / NV) * ps + (j % NV) * O::W);
       for (int m = 0; m < R; ++m) {
         const typename O::Xb b = O::bcast(x[m]);
         for (int j = 0; j < V; ++j) a[m][j] = O::step(a[m][j], b, w[j]);
@@ -125,13 +71,13 @@ static void tile(const uint32_t* x, const uint32_t* p, int64_t ps, int64_t K2, f
       typename O::Xb b[R];
       for (int m = 0; m < R; ++m) b[m] = O::bcast(x[m]);
       for (int j = 0; j < V; ++j) {
-        const typename O::Wv w = O::loadw(q + (j / NV) * ps + (j % NV) * O::L);
+        const typename O::Wv w = O::loadw(q + (j / NV) * ps + (j % NV) * O::W);
         for (int m = 0; m < R; ++m) a[m][j] = O::step(a[m][j], b[m], w);
       }
     }
   }
   for (int m = 0; m < R; ++m)
-    for (int j = 0; j < V; ++j) O::store(c + m * CW + j * O::L, a[m][j]);
+    for (int j = 0; j < V; ++j) O::store(c + m * CW + j * O::W, a[m][j]);
 }
 
 template <class O, int NP, int R>  // the last r < MR rows: the tile size picked at run time
@@ -270,11 +216,11 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor packed, int64_t N, at::Tensor bi
   const int64_t ldx = x.stride(0) / 2;
 #if defined(__AVX512F__)
   if (path >= 1 && bf16_native()) {
-    run<Dp>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
+    run<Native>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
     return y;
   }
 #endif
-  run<Widen>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
+  run<Wide>(xp, ldx, M, pp, K2, N, bp, y.data_ptr<at::BFloat16>());
   return y;
 }
 

@@ -15,13 +15,13 @@ from tests.reference_engine.attention.test_triton_backend import against_torch, 
 from tests.reference_engine.attention.test_triton_backend import assert_close
 
 ca = pytest.importorskip("reference_engine.attention.cpu_backend")
-from reference_engine.kernels import cpp_gemm  # noqa: E402
+from reference_engine.kernels import ops  # noqa: E402
 
-if not ca.available():
+if not ops.available():
     if os.environ.get("CI"):  # `make setup` builds it there: its absence is a failure, not a skip
         pytest.fail("the CPU attention kernel did not build although `make setup` builds it", pytrace=False)
     pytest.skip("the CPU attention kernel does not build here (no C++ compiler with OpenMP)", allow_module_level=True)
-on_amx = pytest.mark.skipif(not cpp_gemm.amx(), reason="AMX does not run here (or INFERLAB_AMX=0)")
+on_amx = pytest.mark.skipif(not ops.amx_ready(), reason="AMX does not run here (or INFERLAB_AMX=0)")
 BF16 = {torch.bfloat16: 1e-2}
 
 
@@ -40,7 +40,7 @@ def test_bf16_prefills_on_amx_match_torch(head_dim, group, block_size):
 def prefill(q, case, lens, starts, tables):
     k, v = case.kv[0]
     out = torch.empty_like(q)
-    ca.kernel.module().prefill_amx(q, k, v, tables, lens, starts, q.shape[-1] ** -0.5, out)
+    ops.prefill_amx(q, k, v, tables, lens, starts, q.shape[-1] ** -0.5, out)
     return out
 
 

@@ -216,8 +216,8 @@ def test_num_splits_heuristic(monkeypatch):
 
 def test_registered_and_default_picker():
     assert attention.get_backend("triton") is ta.TritonBackend
-    from reference_engine.attention import cpu_backend
-    assert attention.default_attention_backend("cpu") == ("cpu" if cpu_backend.available() else "torch")
+    from reference_engine.kernels import ops
+    assert attention.default_attention_backend("cpu") == ("cpu" if ops.available() else "torch")
     assert attention.default_attention_backend("cuda:0") == "triton"  # triton imports here
 
 

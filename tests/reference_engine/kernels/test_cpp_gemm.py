@@ -1,15 +1,15 @@
-"""kernels/cpp_gemm.py: the fp32 GEMM on 32-column panels, W's one resident copy, that PackedLinear takes
-for every row count (AVX-512, AVX2 + FMA or scalar: tests/reference_engine/kernels/test_isa.py runs these
-on each build this CPU executes)."""
+"""kernels/cpp_gemm.py's 32-column panels, W's one resident copy, and the fp32 GEMM on them (ops.linear)
+that PackedLinear takes for every row count (AVX-512, AVX2 + FMA or scalar: tests/reference_engine/kernels/
+test_isa.py runs these on each build this CPU executes)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_engine.kernels import cpp_gemm
+from reference_engine.kernels import cpp_gemm, ops
 
-pytestmark = pytest.mark.skipif(not cpp_gemm.available(), reason="the C++ GEMM needs a C++ compiler")
+pytestmark = pytest.mark.skipif(not ops.available(), reason="the C++ GEMM needs a C++ compiler")
 
 
 def test_pack_lays_w_out_in_k_major_panels_zero_past_n():
@@ -37,7 +37,7 @@ def test_gemm_agrees_with_a_float64_product_for_every_row_count(n, k):
     for rows in (1, 11, 12, 13, 25, 64, 128, 300):  # every tail of the 12-row tile; row blocks at K = 1536 (84 rows)
         x = torch.randn(rows, k)
         for bias in (None, b):
-            got = cpp_gemm.gemm(x, p, n, bias)
+            got = ops.linear(x, p, n, bias)
             want = F.linear(x.double(), w.double(), None if bias is None else bias.double())
             assert got.shape == (rows, n) and got.dtype == torch.float32
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * k ** 0.5)
@@ -53,7 +53,7 @@ def test_gemm_is_the_k_ordered_fma_chain_bit_for_bit():
     for k in range(300):  # a float64 product of two float32 values is exact: one rounding per step
         acc = (acc + x[:, k:k + 1].double() * w[:, k].double()).float().double()
     for rows in (1, 14, 200, 450):  # the 12-row tiles (decode), the 6-row 2-panel tiles (>= 192 rows)
-        assert torch.equal(cpp_gemm.gemm(x[:rows], cpp_gemm.pack(w), 100, None), acc[:rows].float()), rows
+        assert torch.equal(ops.linear(x[:rows], cpp_gemm.pack(w), 100, None), acc[:rows].float()), rows
 
 
 def test_gemm_rows_do_not_depend_on_the_batch_nor_the_thread_count():
@@ -63,11 +63,11 @@ def test_gemm_rows_do_not_depend_on_the_batch_nor_the_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = cpp_gemm.gemm(x[:1], p, 3000, None)
+        alone = ops.linear(x[:1], p, 3000, None)
         torch.set_num_threads(max(2, threads))
         for rows in (13, 40, 128, 300):
-            assert torch.equal(cpp_gemm.gemm(x[:rows], p, 3000, None)[:1], alone), rows
-        assert torch.equal(cpp_gemm.gemm(x[200:213], p, 3000, None), cpp_gemm.gemm(x, p, 3000, None)[200:213])
+            assert torch.equal(ops.linear(x[:rows], p, 3000, None)[:1], alone), rows
+        assert torch.equal(ops.linear(x[200:213], p, 3000, None), ops.linear(x, p, 3000, None)[200:213])
     finally:
         torch.set_num_threads(threads)
 
@@ -76,11 +76,11 @@ def test_gemm_takes_a_strided_x_and_rejects_what_it_cannot_read():
     torch.manual_seed(5)
     w, x = torch.randn(64, 96), torch.randn(20, 200)
     p = cpp_gemm.pack(w)
-    torch.testing.assert_close(cpp_gemm.gemm(x[:, :96], p, 64, None), F.linear(x[:, :96], w), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ops.linear(x[:, :96], p, 64, None), F.linear(x[:, :96], w), rtol=1e-5, atol=1e-4)
     with pytest.raises(RuntimeError, match="packed \\(P, K, 32\\)"):
-        cpp_gemm.gemm(x[:, :96], p, 65, None)  # more columns than the panels hold
+        ops.linear(x[:, :96], p, 65, None)  # more columns than the panels hold
     with pytest.raises(RuntimeError, match="float32 rows"):
-        cpp_gemm.gemm(x[:, :96].double(), p, 64, None)
+        ops.linear(x[:, :96].double(), p, 64, None)
 
 
 def test_unpack_is_packs_inverse():

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_engine.kernels import cpp_gemm, cpu_build
+from reference_engine.kernels import cpp_gemm, ops
 
-pytestmark = pytest.mark.skipif(not cpp_gemm.available(), reason="the C++ GEMM does not build here")
+pytestmark = pytest.mark.skipif(not ops.available(), reason="the C++ GEMM does not build here")
 MODES = ["fma", "vdpbf16ps"]  # the pair order: vdpbf16ps where the CPU has it, else the same widening FMAs
-amx_only = pytest.mark.skipif(not cpp_gemm.available() or not cpp_gemm.amx(), reason="no AMX on this CPU or build")
+amx_only = pytest.mark.skipif(not ops.available() or not ops.amx_ready(), reason="no AMX on this CPU or build")
 
 
 def pair_order(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -48,7 +48,7 @@ def test_the_pair_order_bit_for_bit_in_every_row_regime(path, n, k):
     for rows in (1, 5, 6, 7, 13, 49, 250):  # one row, tiles of 6 rows and their tails, 48-row items
         x = bf16(rows, k, g=g)
         for bias in (None, b):
-            got = cpp_gemm.gemm_bf16(x, p, n, bias, path)
+            got = ops.linear_bf16(x, p, n, bias, path)
             assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
             assert torch.equal(got, pair_order(x, w, bias)), (rows, bias is None)
         want = x.double() @ w.double().T  # and close to the exact product: one bf16 rounding at the end
@@ -59,9 +59,9 @@ def test_vdpbf16ps_and_the_widening_fmas_agree():
     g = torch.Generator().manual_seed(1)
     w, x = bf16(300, 576, g=g), bf16(20, 576, g=g)
     p = cpp_gemm.pack(w)
-    assert torch.equal(cpp_gemm.gemm_bf16(x, p, 300, None, "vdpbf16ps"), cpp_gemm.gemm_bf16(x, p, 300, None, "fma"))
-    # gemm dispatches: AMX where it runs (K = 576 is a multiple of 32), else the pair order
-    assert torch.equal(cpp_gemm.gemm(x, p, 300, None), cpp_gemm.gemm_bf16(x, p, 300, None, cpp_gemm.bf16_path(576)))
+    assert torch.equal(ops.linear_bf16(x, p, 300, None, "vdpbf16ps"), ops.linear_bf16(x, p, 300, None, "fma"))
+    # linear dispatches: AMX where it runs (K = 576 is a multiple of 32), else the pair order
+    assert torch.equal(ops.linear(x, p, 300, None), ops.linear_bf16(x, p, 300, None, cpp_gemm.bf16_path(576)))
 
 
 @amx_only
@@ -74,7 +74,7 @@ def test_amx_is_the_exact_product_rounded_once_more_or_less_in_every_row_regime(
     # up to 16 rows: tiles of that many rows; then 32-row blocks, a zero-padded last one; 64-row items
     for rows in (1, 5, 16, 17, 31, 32, 33, 64, 65, 250):
         x = bf16(rows, k, g=g)
-        got = cpp_gemm.gemm_bf16(x, p, n, b, "amx")
+        got = ops.linear_bf16(x, p, n, b, "amx")
         assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
         want = x.double() @ w.double().T + b.double()
         torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2 * k ** 0.5)
@@ -99,8 +99,8 @@ def test_the_silu_epilogue_gives_the_gemm_then_silu_mul_bit_for_bit(inter, k):
             for rows in (1, 9, 33, 300):
                 x = bf16(rows, k, g=g) * 4  # both signs of the gate, far into the sigmoid's tails
                 want = torch.empty(rows, inter, dtype=torch.bfloat16)
-                cpu_build.module().silu_mul(cpp_gemm.gemm(x, p, 2 * inter, None), want)
-                assert torch.equal(cpp_gemm.silu_gemm(x, p, 2 * inter), want), (t, rows)
+                ops.silu_mul(ops.linear(x, p, 2 * inter, None), want)
+                assert torch.equal(ops.linear_silu(x, p, 2 * inter), want), (t, rows)
     finally:
         torch.set_num_threads(threads)
 
@@ -110,7 +110,7 @@ def test_amx_leaves_a_k_that_is_not_a_multiple_of_32_to_the_pair_order():
     w, x = bf16(64, 80, g=g), bf16(20, 80, g=g)
     p = cpp_gemm.pack(w)
     assert cpp_gemm.bf16_path(80) in ("vdpbf16ps", "fma")
-    assert torch.equal(cpp_gemm.gemm_bf16(x, p, 64, None, "amx"), pair_order(x, w, None))
+    assert torch.equal(ops.linear_bf16(x, p, 64, None, "amx"), pair_order(x, w, None))
 
 
 def test_a_row_has_the_same_bits_in_any_batch_and_on_any_thread_count():
@@ -120,10 +120,10 @@ def test_a_row_has_the_same_bits_in_any_batch_and_on_any_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = [cpp_gemm.gemm(x[i:i + 1], p, 330, None) for i in (0, 47, 300)]
+        alone = [ops.linear(x[i:i + 1], p, 330, None) for i in (0, 47, 300)]
         torch.set_num_threads(max(2, threads))
         for rows in (8, 64, 301, 500):
-            y = cpp_gemm.gemm(x[:rows], p, 330, None)
+            y = ops.linear(x[:rows], p, 330, None)
             for i, want in zip((0, 47, 300), alone):
                 if i < rows:
                     assert torch.equal(y[i:i + 1], want), (rows, i)
@@ -143,15 +143,15 @@ def test_unpack_and_rows_are_exact_inverses_of_pack():
 def test_rows_that_are_strided_views_and_odd_k_pad_nothing_into_the_sum():
     g = torch.Generator().manual_seed(4)
     w, x = bf16(40, 9, g=g), bf16(10, 12, g=g)[:, :9]  # a view: 12 elements between rows, odd K
-    got = cpp_gemm.gemm(x, cpp_gemm.pack(w), 40, None)
+    got = ops.linear(x, cpp_gemm.pack(w), 40, None)
     assert torch.equal(got, pair_order(x.contiguous(), w, None))
     w2, x2 = bf16(40, 8, g=g), bf16(10, 11, g=g)[:, :8]  # an odd row stride: pairs would straddle rows
-    assert torch.equal(cpp_gemm.gemm(x2, cpp_gemm.pack(w2), 40, None), pair_order(x2.contiguous(), w2, None))
+    assert torch.equal(ops.linear(x2, cpp_gemm.pack(w2), 40, None), pair_order(x2.contiguous(), w2, None))
 
 
 def test_inferlab_amx_0_keeps_every_bf16_product_on_the_pair_order():
-    code = ("from reference_engine.kernels import cpp_gemm; "
-            "print(cpp_gemm.amx(), cpp_gemm.bf16_path(576), cpp_gemm.bf16_native())")
+    code = ("from reference_engine.kernels import cpp_gemm, ops; "
+            "print(ops.amx_ready(), cpp_gemm.bf16_path(576), ops.bf16_native())")
     env = {**os.environ, "INFERLAB_AMX": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]

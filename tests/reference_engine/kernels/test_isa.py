@@ -29,30 +29,30 @@ pytestmark = [pytest.mark.skipif(not cpu_build.compiler_available(), reason="nee
 def outputs(inputs: str) -> dict[str, torch.Tensor]:
     """The GEMM's outputs on the saved inputs, at row counts across its tiles and regimes. (The inputs
     come from one process: torch.randn itself draws other numbers under another CPU capability.)"""
-    from reference_engine.kernels import cpp_gemm
+    from reference_engine.kernels import cpp_gemm, ops
     w, x = torch.load(inputs)
     p = cpp_gemm.pack(w)
-    out = {f"gemm{m}": cpp_gemm.gemm(x[:m], p, 1000, None) for m in (1, 2, 5, 12, 13, 64, 300)}
+    out = {f"gemm{m}": ops.linear(x[:m], p, 1000, None) for m in (1, 2, 5, 12, 13, 64, 300)}
     # bf16 pair panels in the pair order: vdpbf16ps where this build and CPU have it, else the widening FMAs
     wb, xb = w.to(torch.bfloat16), x.to(torch.bfloat16)
     pb = cpp_gemm.pack(wb)
-    return out | {f"bf16_{m}": cpp_gemm.gemm_bf16(xb[:m], pb, 1000, None, "vdpbf16ps") for m in (1, 5, 7, 64, 300)}
+    return out | {f"bf16_{m}": ops.linear_bf16(xb[:m], pb, 1000, None, "vdpbf16ps") for m in (1, 5, 7, 64, 300)}
 
 
 def lane_outputs(inputs: str) -> dict[str, torch.Tensor]:
     """SiLU-and-multiply and the prefill and decode attention, fp32 and bf16: the AVX-512 build runs them on 16
     lanes where the AVX2 build runs 8, with the same operations per lane (exp included), so the same bits."""
-    m = cpu_build.module()
+    from reference_engine.kernels import ops
     gu, q, k, v = torch.load(inputs)
     tables, lens, starts = torch.tensor([[0, 1, 2], [3, 4, 5]]), torch.tensor([40, 23]), torch.tensor([0, 40, 63])
     out = {}
     for dt in (torch.float32, torch.bfloat16):
         g, o = gu.to(dt), torch.empty(gu.shape[0], gu.shape[1] // 2, dtype=dt)
-        m.silu_mul(g, o)
+        ops.silu_mul(g, o)
         a = torch.empty(q.shape, dtype=dt)  # 2 prompts of 40 and 23 tokens, 9 heads over 3, 16-token blocks
-        m.prefill(q.to(dt), k.to(dt), v.to(dt), tables, lens, starts, 0.125, a)
+        ops.prefill(q.to(dt), k.to(dt), v.to(dt), tables, lens, starts, 0.125, a)
         d = torch.empty(2, 9, 64, dtype=dt)  # one query token of each sequence
-        m.decode(q[:2].to(dt), k.to(dt), v.to(dt), tables, lens, 0.125, d)
+        ops.decode(q[:2].to(dt), k.to(dt), v.to(dt), tables, lens, 0.125, d)
         out |= {f"silu_{dt}": o, f"prefill_{dt}": a, f"decode_{dt}": d}
     return out
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from reference_engine import LLM, SamplingParams
-from reference_engine.model import fused_decode, packed_linear
+from reference_engine.kernels import ops
+from reference_engine.model import packed_linear
 from reference_engine.model.packed_linear import PackedLinear
 from tests.reference_engine.helpers import hf_argmax_along, random_prompts
 
-builds = pytest.mark.skipif(not (fused_decode.available() and packed_linear.linear_kernel() == "inferlab"),
+builds = pytest.mark.skipif(not (ops.available() and packed_linear.linear_kernel() == "inferlab"),
                             reason="the layer kernel or the C++ GEMM does not build here")
 
 
@@ -96,7 +97,7 @@ def test_it_is_off_where_it_does_not_apply(tiny_qwen3, tiny_llama, monkeypatch):
     assert qwen3.fast_decode is None and "family='qwen3'" in qwen3.fast_decode_refusal  # refused by name
     # bf16 takes it by default: its weights are pair panels, multiplied in bf16 pairs on any CPU
     bf16 = LLM(str(tiny_llama), dtype="bfloat16").engine.runner.fast_decode
-    assert (bf16 is not None) == fused_decode.available()
+    assert (bf16 is not None) == ops.available()
     unfused = LLM(str(tiny_llama), dtype="float32", fused_ops=False).engine.runner
     assert unfused.fast_decode is None and unfused.fast_decode_refusal == "fused_ops off"
     monkeypatch.setenv("INFERLAB_FUSED_DECODE", "0")

@@ -6,11 +6,12 @@ import os
 import pytest
 import torch
 
-from reference_engine.model import fused_ops
 from reference_engine.config import EngineConfig
+from reference_engine.kernels import ops
+from reference_engine.model import fused_ops
 from reference_engine.model.llama import RMSNorm, Rotary, SiluAndMul
 
-if not fused_ops.available():
+if not ops.available():
     if os.environ.get("CI"):  # `make setup` builds it there: its absence is a failure, not a skip
         pytest.fail("the CPU element-wise kernels did not build although `make setup` builds them", pytrace=False)
     pytest.skip("the CPU kernels do not build here (no C++ compiler with OpenMP)", allow_module_level=True)
@@ -121,7 +122,6 @@ def test_the_mlp_multiplies_silu_inside_the_gemm_on_amx_with_the_modules_bits():
     the three-step module's bit for bit. Elsewhere (fp32, no AMX) it is the three steps."""
     from types import SimpleNamespace
 
-    from reference_engine.kernels import cpp_gemm
     from reference_engine.model import packed_linear
     from reference_engine.model.llama import MLP
     torch.manual_seed(0)
@@ -133,5 +133,5 @@ def test_the_mlp_multiplies_silu_inside_the_gemm_on_amx_with_the_modules_bits():
         assert type(mlp) is fused_ops.FusedMLP
         x = torch.randn(37, 64).to(dtype)
         takes = mlp.gate_up_proj.silu_mul(x) is not None
-        assert takes == (dtype == torch.bfloat16 and cpp_gemm.amx())
+        assert takes == (dtype == torch.bfloat16 and ops.amx_ready())
         assert torch.equal(mlp(x), MLP.forward(mlp, x))  # the three steps, the same modules

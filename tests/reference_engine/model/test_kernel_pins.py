@@ -13,7 +13,7 @@ import pytest
 from reference_engine import LLM, SamplingParams
 from reference_engine.config import EngineConfig
 from reference_engine.engine.llm_engine import LLMEngine
-from reference_engine.kernels import cpp_gemm
+from reference_engine.kernels import ops
 from reference_engine.model.packed_linear import GONE, linear_kernel, pin_problem
 
 PINS = ("INFERLAB_LINEAR", *GONE, "INFERLAB_FUSED_DECODE", "INFERLAB_AMX")
@@ -37,7 +37,7 @@ def test_each_impossible_pin_is_one_line_naming_it_its_value_and_why():
     for var in GONE:  # the three-layout design's pins: named, not silently ignored
         assert pin_problem(var, "onednn").startswith(f"{var}='onednn': no longer exists (one weight layout")
     # this machine, as it is: the kernel pin holds exactly where the kernel builds and loads
-    assert (pin_problem("INFERLAB_LINEAR", "inferlab") is None) == cpp_gemm.available()
+    assert (pin_problem("INFERLAB_LINEAR", "inferlab") is None) == ops.available()
 
 
 def test_the_engine_refuses_a_pin_without_a_compiler_before_loading_anything(tiny_llama, pins):
@@ -82,7 +82,7 @@ def test_without_a_compiler_every_impossible_setting_is_named_at_start(tiny_llam
 
 
 def test_a_pin_that_can_hold_still_works(tiny_llama, pins):
-    kernel = "inferlab" if cpp_gemm.available() else "onednn"
+    kernel = "inferlab" if ops.available() else "onednn"
     pins.setenv("INFERLAB_LINEAR", kernel)
     llm = LLM(str(tiny_llama), kv_cache_tokens=1024, max_num_seqs=16)
     assert llm.engine.effective_config()["linear_kernel"] == kernel

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.kernels import cpp_gemm
+from reference_engine.kernels import ops
 from reference_engine.model import packed_linear
 from reference_engine.model.packed_linear import PackedLinear, PanelEmbedding
 
-pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN linear")
+pytestmark = pytest.mark.skipif(not packed_linear.onednn_available(), reason="this torch has no oneDNN linear")
 panels = pytest.mark.skipif(packed_linear.linear_kernel() != "inferlab", reason="the C++ GEMM does not build here")
 
 
@@ -105,7 +105,7 @@ def test_bf16_weights_are_held_once_as_pair_panels():
 @panels
 def test_a_bf16_model_holds_at_most_2_25_bytes_per_weight(monkeypatch):
     from reference_engine.worker.ram_check import held_per_weight_byte
-    if cpp_gemm.available():  # by default the pair panels replace the parameter, byte for byte
+    if ops.available():  # by default the pair panels replace the parameter, byte for byte
         assert held_per_weight_byte(576, torch.bfloat16) == 1.0
         assert held_per_weight_byte(576, torch.float32) == 1.0
     monkeypatch.setenv("INFERLAB_LINEAR", "onednn")
@@ -140,7 +140,7 @@ def test_bf16_is_held_once_as_pair_panels_by_default_and_on_onednn_when_pinned()
     lin = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
     x = torch.randn(300, 64).to(torch.bfloat16)
     want = F.linear(x.float(), lin.weight.float()).to(torch.bfloat16)  # fp32 products of bf16 values
-    if cpp_gemm.available():
+    if ops.available():
         packed = PackedLinear(lin)
         assert packed.panels is not None and packed_linear.layout_bytes(nn.Sequential(packed)) == {
             "panels": 64 * 64 * 2}  # K 64 x 48 columns padded to two 32-column panels, 2 bytes each
@@ -163,7 +163,7 @@ def test_the_onednn_pin_keeps_fp32_on_onednn():
 
 
 def test_linear_kernel_is_chosen_or_pinned(monkeypatch):
-    can = ("inferlab", "onednn") if cpp_gemm.available() else ("onednn",)  # an impossible pin is refused
+    can = ("inferlab", "onednn") if ops.available() else ("onednn",)  # an impossible pin is refused
     assert packed_linear.linear_kernel() == can[0]
     for pin in can:
         monkeypatch.setenv("INFERLAB_LINEAR", pin)

@@ -10,10 +10,10 @@ import pytest
 from torch.profiler import profile
 
 from reference_engine import LLM, SamplingParams
-from reference_engine.model import fused_decode
+from reference_engine.kernels import ops
 from reference_engine.worker import paths
 
-builds = pytest.mark.skipif(not fused_decode.available(), reason="the C++ kernels do not build here")
+builds = pytest.mark.skipif(not ops.available(), reason="the C++ kernels do not build here")
 
 
 def _steps(engine, prompts: list[list[int]], max_tokens: int) -> list[set[str]]:
