@@ -1,8 +1,8 @@
 """Engine requests made on behalf of one HTTP request.
 
 Invariants:
-- every engine request a `Batch` adds ends finished or aborted when the HTTP request ends
-  (normal end, error, client disconnect, cancellation): callers run `Batch.close()` in a finally;
+- every engine request a `Choices` adds ends finished or aborted when the HTTP request ends
+  (normal end, error, client disconnect, cancellation): callers run `Choices.close()` in a finally;
 - the `Gate` counts engine requests that have no token yet (queued or prefilling) and never
   lets that number pass `max_waiting`: over it the request is refused (503 + Retry-After)
   instead of the queue growing without bound;
@@ -83,8 +83,8 @@ def child_params(params, j: int):
     return params if params.seed is None or j == 0 else replace(params, seed=params.seed + j)
 
 
-class Batch:
-    """`len(prompts) * n` engine requests; choice index = prompt_index * n + j (vLLM's order).
+class Choices:
+    """One HTTP request's choices (not a step's batch): `len(prompts) * n` engine requests; choice index = prompt_index * n + j (vLLM's order).
 
     Raises APIError (400) if the engine rejects any of them; the ones already added are aborted;
     (503) if the engine's loop is no longer running.
@@ -147,7 +147,7 @@ class Batch:
             m.finished(c.finish_reason)
 
     async def deltas(self) -> AsyncIterator[tuple[Choice, TokenDelta]]:
-        """Yield (choice, delta) as deltas arrive from any request of the batch; the choice is already updated."""
+        """Yield (choice, delta) as deltas arrive from any request of the group; the choice is already updated."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(c: Choice) -> None:
@@ -216,10 +216,10 @@ async def until_disconnect(request, coro):
     return work.result() if work in done else None
 
 
-async def run_whole(request, batch: Batch) -> list[Choice] | None:
-    """A non-streaming request: run the batch to its end, or abort it when the client leaves
-    (None). The batch's requests are released either way."""
+async def run_whole(request, group: Choices) -> list[Choice] | None:
+    """A non-streaming request: run the group to its end, or abort it when the client leaves
+    (None). The group's requests are released either way."""
     try:
-        return await until_disconnect(request, batch.run())
+        return await until_disconnect(request, group.run())
     finally:
-        batch.close()
+        group.close()

@@ -23,7 +23,7 @@ from reference_engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from . import limits
 from . import openai_format as fmt
 from .errors import bad_request, from_value_error
-from .generation import SAMPLING_FIELDS, Batch, Choice, run_whole
+from .generation import SAMPLING_FIELDS, Choices, Choice, run_whole
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .sse import DONE, SSEResponse, event
 from .state import ServerState, get_state
@@ -95,30 +95,30 @@ def _chat_prompt(st: ServerState, req: ChatCompletionRequest) -> list[int]:
     return ids
 
 
-def _chunk_usage(req: SamplingFields, batch: Batch) -> dict:
+def _chunk_usage(req: SamplingFields, group: Choices) -> dict:
     """Per-chunk `usage`: absent unless include_usage; null, or the running totals with continuous_usage_stats."""
     if not req.include_usage:
         return {}
     live = req.stream_options.continuous_usage_stats
-    return {"usage": fmt.usage(batch.num_prompt_tokens, batch.num_completion_tokens) if live else None}
+    return {"usage": fmt.usage(group.num_prompt_tokens, group.num_completion_tokens) if live else None}
 
 
-def _head(batch: Batch, obj: str, st: ServerState, created: int) -> dict:
-    return {"id": batch.id, "object": obj, "created": created, "model": st.served_name}
+def _head(group: Choices, obj: str, st: ServerState, created: int) -> dict:
+    return {"id": group.id, "object": obj, "created": created, "model": st.served_name}
 
 
-async def _respond(request: Request, batch: Batch, stream_body, whole_body):
+async def _respond(request: Request, group: Choices, stream_body, whole_body):
     """Stream (SSE, abort on disconnect) or wait for everything (abort if the client leaves)."""
     if stream_body is not None:
-        return SSEResponse(stream_body, on_close=batch.close)
-    if await run_whole(request, batch) is None:
+        return SSEResponse(stream_body, on_close=group.close)
+    if await run_whole(request, group) is None:
         return Response(status_code=CLIENT_GONE)
     return JSONResponse(whole_body())
 
 
-def _stream_end(req, batch: Batch, head: dict) -> list[str]:
+def _stream_end(req, group: Choices, head: dict) -> list[str]:
     """The last SSE events: the usage chunk when `stream_options.include_usage`, then [DONE]."""
-    usage = [event(head | {"choices": [], "usage": fmt.usage(batch.num_prompt_tokens, batch.num_completion_tokens)})]
+    usage = [event(head | {"choices": [], "usage": fmt.usage(group.num_prompt_tokens, group.num_completion_tokens)})]
     return (usage if req.include_usage else []) + [DONE]
 
 
@@ -146,7 +146,7 @@ async def completions(req: CompletionRequest, request: Request):
     st = get_state(request)
     st.check_model(req.model)
     params = _params(st, req, req.max_tokens if req.max_tokens is not None else 16, req.logprobs)
-    batch = Batch(st, _prompts(st, req), params, n=req.n, prefix="cmpl", cache_salt=req.cache_salt)
+    group = Choices(st, _prompts(st, req), params, n=req.n, prefix="cmpl", cache_salt=req.cache_salt)
     created, tok, ids = int(time.time()), st.engine.tokenizer, bool(req.return_token_ids)
 
     def choice_json(c: Choice) -> dict:
@@ -157,14 +157,14 @@ async def completions(req: CompletionRequest, request: Request):
         return d
 
     def whole() -> dict:
-        return _head(batch, "text_completion", st, created) | {
-            "choices": [choice_json(c) for c in batch.choices],
-            "usage": fmt.usage(batch.num_prompt_tokens, batch.num_completion_tokens)}
+        return _head(group, "text_completion", st, created) | {
+            "choices": [choice_json(c) for c in group.choices],
+            "usage": fmt.usage(group.num_prompt_tokens, group.num_completion_tokens)}
 
     async def chunks():
-        head = _head(batch, "text_completion", st, created)
+        head = _head(group, "text_completion", st, created)
         first: set[int] = set()
-        async for c, d in batch.deltas():
+        async for c, d in group.deltas():
             if not (d.new_token_ids or d.text_delta or d.finished):
                 continue
             ch = {"index": c.index, "text": d.text_delta,
@@ -177,11 +177,11 @@ async def completions(req: CompletionRequest, request: Request):
                 if c.index not in first:
                     first.add(c.index)
                     ch["prompt_token_ids"] = c.prompt_ids
-            yield event(head | {"choices": [ch]} | _chunk_usage(req, batch))
-        for tail in _stream_end(req, batch, head):
+            yield event(head | {"choices": [ch]} | _chunk_usage(req, group))
+        for tail in _stream_end(req, group, head):
             yield tail
 
-    return await _respond(request, batch, _guard(chunks()) if req.stream else None, whole)
+    return await _respond(request, group, _guard(chunks()) if req.stream else None, whole)
 
 
 @router.post("/v1/chat/completions")
@@ -201,7 +201,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None), room)
     top_n = req.top_logprobs or 0
     params = _params(st, req, max_tokens, top_n if req.logprobs else None)
-    batch = Batch(st, [prompt], params, n=req.n, prefix="chatcmpl", cache_salt=req.cache_salt)
+    group = Choices(st, [prompt], params, n=req.n, prefix="chatcmpl", cache_salt=req.cache_salt)
     created, tok, ids = int(time.time()), st.engine.tokenizer, bool(req.return_token_ids)
 
     def lp(lps) -> dict | None:
@@ -209,22 +209,22 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 
     def whole() -> dict:
         choices = []
-        for c in batch.choices:
+        for c in group.choices:
             d = {"index": c.index, "message": {"role": "assistant", "content": c.text},
                  "logprobs": lp(c.logprobs), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
             choices.append(d | ({"token_ids": c.token_ids} if ids else {}))
-        body = _head(batch, "chat.completion", st, created) | {
-            "choices": choices, "usage": fmt.usage(batch.num_prompt_tokens, batch.num_completion_tokens)}
+        body = _head(group, "chat.completion", st, created) | {
+            "choices": choices, "usage": fmt.usage(group.num_prompt_tokens, group.num_completion_tokens)}
         return body | ({"prompt_token_ids": prompt} if ids else {})
 
     async def chunks():
-        head = _head(batch, "chat.completion.chunk", st, created)
-        for i, c in enumerate(batch.choices):  # role first, before any token (as vLLM)
+        head = _head(group, "chat.completion.chunk", st, created)
+        for i, c in enumerate(group.choices):  # role first, before any token (as vLLM)
             first = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}
             extra = {"prompt_token_ids": prompt} if ids and i == 0 else {}
-            yield event(head | {"choices": [first]} | _chunk_usage(req, batch) | extra)
-        async for c, d in batch.deltas():
+            yield event(head | {"choices": [first]} | _chunk_usage(req, group) | extra)
+        async for c, d in group.deltas():
             if not (d.new_token_ids or d.text_delta or d.finished):
                 continue
             ch = {"index": c.index, "delta": {"content": d.text_delta} if d.text_delta or not d.finished else {},
@@ -232,8 +232,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
                   "stop_reason": c.stop_reason if d.finished else None}
             if ids:
                 ch["token_ids"] = d.new_token_ids
-            yield event(head | {"choices": [ch]} | _chunk_usage(req, batch))
-        for tail in _stream_end(req, batch, head):
+            yield event(head | {"choices": [ch]} | _chunk_usage(req, group))
+        for tail in _stream_end(req, group, head):
             yield tail
 
-    return await _respond(request, batch, _guard(chunks()) if req.stream else None, whole)
+    return await _respond(request, group, _guard(chunks()) if req.stream else None, whole)

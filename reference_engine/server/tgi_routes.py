@@ -25,7 +25,7 @@ from reference_engine.sampling_params import SamplingParams
 
 from . import limits
 from .errors import bad_request, from_value_error
-from .generation import SAMPLING_FIELDS, Batch, Choice, run_whole
+from .generation import SAMPLING_FIELDS, Choices, Choice, run_whole
 from .openai_routes import CLIENT_GONE
 from .protocol import TGICompatRequest, TGIParameters, TGIRequest, TokenizeRequest
 from .sse import SSEResponse, event
@@ -105,15 +105,15 @@ def _finish(c: Choice) -> str:
     return "stop_sequence" if isinstance(c.stop_reason, str) else "eos_token"
 
 
-def _start(st: ServerState, req: TGIRequest) -> tuple[Batch, int | None, int]:
+def _start(st: ServerState, req: TGIRequest) -> tuple[Choices, int | None, int]:
     ids = _input_ids(st, req)
     params, seed = _params(st, req.parameters, len(ids))
-    return Batch(st, [ids], params, prefix="tgi"), seed, len(ids)
+    return Choices(st, [ids], params, prefix="tgi"), seed, len(ids)
 
 
 async def _generate(st: ServerState, req: TGIRequest, request: Request, as_list: bool):
-    batch, seed, input_len = _start(st, req)
-    choices = await run_whole(request, batch)
+    group, seed, input_len = _start(st, req)
+    choices = await run_whole(request, group)
     if choices is None:
         return Response(status_code=CLIENT_GONE)
     c, p, tok = choices[0], req.parameters, st.engine.tokenizer
@@ -131,14 +131,14 @@ async def _generate(st: ServerState, req: TGIRequest, request: Request, as_list:
 
 
 def _stream(st: ServerState, req: TGIRequest) -> SSEResponse:
-    batch, seed, input_len = _start(st, req)
+    group, seed, input_len = _start(st, req)
     p, tok = req.parameters, st.engine.tokenizer
 
     async def events():
         index = 0
         last: dict | None = None
         try:
-            async for c, d in batch.deltas():
+            async for c, d in group.deltas():
                 if d.finish_reason == "abort":
                     yield event({"error": "Request failed during generation: aborted", "error_type": "generation"})
                     return
@@ -162,7 +162,7 @@ def _stream(st: ServerState, req: TGIRequest) -> SSEResponse:
         except Exception as err:
             yield event({"error": f"Request failed during generation: {err}", "error_type": "generation"})
 
-    return SSEResponse(events(), on_close=batch.close)
+    return SSEResponse(events(), on_close=group.close)
 
 
 @router.post("/generate")
@@ -185,7 +185,7 @@ async def compat_generate(req: TGICompatRequest, request: Request):
 @router.get("/info")
 async def info(request: Request) -> dict:
     """TGI v3's /info field set (router/src/lib.rs `Info` at v3.3.7): since v2.3.0 it carries no
-    dtype and no batch-token budget, so neither do we (a client must not learn here what real TGI
+    dtype and no group-token budget, so neither do we (a client must not learn here what real TGI
     would not tell it)."""
     st = get_state(request)
     L = st.engine.max_model_len
