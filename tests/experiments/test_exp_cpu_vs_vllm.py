@@ -95,9 +95,9 @@ def test_cpu_vs_vllm_config_runs_reduced(tmp_path, vllm_server):
         assert f"| vllm | {level} | 6 | 1.000 | 1.000 |" in report  # fp32 greedy: identical tokens
     ref = json.loads((run / "reference/manifest.json").read_text())["info"]["effective"]
     assert ref["max_num_seqs"] == 128 and ref["num_threads"] == 2 and ref["dtype"] == "float32"
-    from reference_engine.attention import cpu_backend
+    from reference_engine.kernels import ops
     from reference_engine.model import packed_linear
-    if packed_linear.available():
+    if packed_linear.onednn_available():
         assert ref["linear_backend"] == "onednn"
-    if cpu_backend.available():
+    if ops.available():
         assert ref["attention_backend"] == "cpu"
