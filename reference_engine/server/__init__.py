@@ -1,5 +1,6 @@
 """`python -m reference_engine.server` (or `inferlab serve`): the reference engine behind OpenAI- and
-TGI-compatible HTTP routes. It drives the engine through `AsyncEngine`'s public API only.
+TGI-compatible HTTP routes. It drives the engine through an `EngineClient`'s API only (`AsyncEngine` or
+`ProcessAsyncEngine`, engine/client.py).
 
 Modules: app (app factory, auth, lifecycle), openai_routes / openai_format, tgi_routes,
 protocol (request bodies), generation (engine requests per HTTP request: admission gate,
@@ -7,7 +8,7 @@ abort on disconnect, latency observation), sse, metrics (vLLM-named Prometheus),
 limits (body size, idle connections, the prompt's character bound), cli (flags, exit codes, signals).
 
 Owns: HTTP (routes, request bodies, SSE, auth, admission, Prometheus names). Never touches the
-engine's internals (scheduler, runner, KV cache): only `AsyncEngine`. See docs/architecture.md.
+engine's internals (scheduler, runner, KV cache): only the `EngineClient` API. See docs/architecture.md.
 """
 from reference_engine.server.app import build_app
 
