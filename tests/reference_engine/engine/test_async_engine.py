@@ -126,3 +126,39 @@ async def test_a_failed_step_fails_its_streams_and_the_engine_keeps_serving(tiny
     finally:
         await engine.shutdown()
     assert not engine.is_alive
+
+
+async def test_a_request_the_core_drops_without_an_end_still_ends_its_stream(tiny_llama, monkeypatch):
+    """The invariant that every stream ends holds even against a core bug: a request that leaves the engine
+    with no finished delta and no error (planted: one step forgets it silently) ends its stream with an
+    error naming it, and the engine keeps serving."""
+    from reference_engine.engine.llm_engine import LLMEngine
+
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    real_step, dropped = LLMEngine.step, []
+
+    def forgetful_step(core):
+        deltas = real_step(core)
+        if not dropped and "lost" in core.requests:  # forget it as a buggy path would: blocks freed, no delta
+            req = core.requests["lost"]
+            core.scheduler.finish(req)
+            del core.requests["lost"]
+            dropped.append(req)
+            deltas = [d for d in deltas if d.request_id != "lost"]
+        return deltas
+
+    monkeypatch.setattr(LLMEngine, "step", forgetful_step)
+    engine = await AsyncEngine(EngineConfig(str(tiny_llama))).start()
+    try:
+        kept = engine.add_request([5, 6, 7], params, request_id="kept")
+        lost = engine.add_request([8, 9], params, request_id="lost")
+        try:
+            async for _ in lost:
+                pass
+            raise AssertionError("the dropped request's stream ended without an error")
+        except RuntimeError as e:
+            assert "dropped request 'lost'" in str(e)
+        assert dropped and sum([len(d.new_token_ids) async for d in kept]) == 8
+        assert engine.is_alive and engine._streams == {}
+    finally:
+        await engine.shutdown()

@@ -87,11 +87,15 @@ async def test_an_idle_core_is_not_stuck_whatever_streams_the_front_still_holds(
     try:
         async for _ in engine.generate([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)):
             pass
-        engine._streams["orphan"] = RequestStream("orphan")  # as a lost end would leave it
+        orphan = engine._streams["orphan"] = RequestStream("orphan")  # as a lost end would leave it
         await asyncio.sleep(2.0)  # four times the limit, idle
         assert engine.is_alive and deaths == []
         async for _ in engine.generate([8, 9], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)):
             pass  # and it still serves
+        # the first turn after which the core holds nothing and has applied every add ends the orphan
+        with pytest.raises(RuntimeError, match="lost request 'orphan'"):
+            await asyncio.wait_for(orphan.__anext__(), 60)  # a hang detector, not a time bound
+        assert engine._streams == {}
     finally:
         await engine.shutdown()
 
