@@ -42,11 +42,11 @@ def __getattr__(name: str):
         from reference_engine.engine.async_engine import AsyncEngine
         return AsyncEngine
     if name == "check_ram":  # a config whose weights, layouts, KV and activations exceed free RAM: ValueError
-        from reference_engine.worker.ram_check import refuse
-        return refuse
+        from reference_engine.worker.memory_plan import check_ram
+        return check_ram
     if name in ("rss", "peak_rss", "reset_peak_rss"):  # this process's RSS, its high-water, and a reset of it
-        from reference_engine.worker import gpu_memory
-        return getattr(gpu_memory, name)
+        from reference_engine.worker import cpu_heap
+        return getattr(cpu_heap, name)
     if name in ("REAL_PRESETS", "shipped_gguf", "cache_dir"):  # the real models on PyPI, and where they are cached
         from reference_engine.model import gguf
         return getattr(gguf, name)

@@ -18,7 +18,7 @@ import torch
 from reference_engine.attention import get_backend
 from reference_engine.config import ModelConfig
 from reference_engine.worker.input_batch import make_batch
-from reference_engine.worker.gpu_memory import allocate_kv_cache, bytes_per_token
+from reference_engine.worker.kv_cache import allocate_kv_cache
 from reference_engine.model.loader import load_model
 from reference_engine.worker.sampler import draw
 from reference_engine.worker.sampler import make_batch as sampling_batch
@@ -39,7 +39,7 @@ class DraftModelProposer(Proposer):
         self.model, self.model_config = load_model(spec.model, dtype, device, max_model_len)
         self.dtype, self.device, self.block_size = dtype, device, cfg.block_size
         self.num_lookahead = self.k
-        self.kv_bytes_per_token = bytes_per_token(self.model_config, dtype)
+        self.kv_bytes_per_token = self.model_config.kv_bytes_per_token(dtype)
 
     def allocate_kv(self, num_blocks):
         self.kv_cache = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype, self.device)

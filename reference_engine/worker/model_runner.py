@@ -9,17 +9,22 @@ each request gets a *list* of new tokens. An all-greedy batch is one argmax on t
 host sync (the token ids) for the whole step.
 
 On CUDA, decode steps replay a CUDA graph captured per batch-size bucket (`cuda_graphs.py`;
-`enforce_eager` turns that off); the attention backend defaults to Triton there. At start, on CUDA,
-a profile forward over a full token budget measures peak activation memory, and with
-`gpu_memory_utilization` the KV cache is sized from what is left (`gpu_memory.py`). On CPU the activation
-peak is the RSS high-water above the RSS at the end of start-up (a profile prefill would add seconds to
-every start); a KV cache that would not fit in the RAM available is refused (`ram_check.py`).
+`enforce_eager` turns that off); the attention backend defaults to Triton there.
+
+Start-up is one pass, each step once: the config (backends chosen for the device, `backends.py`); the
+memory plan (`memory_plan.py`: weights, layouts, activations, KV, CUDA graph reserve), checked against free
+RAM before anything is loaded; the weights (`model/loader.py`, then their layouts); the plan fitted to what
+was loaded (CUDA: a profile forward measures the activation peak and, with `gpu_memory_utilization`, the KV
+cache gets what is left; CPU: the KV cache is checked once more against free RAM before it is zeroed); the
+KV tensors (`kv_cache.py`); the attention backend and step buffers; CUDA graphs. The memory split
+(`memory`) and `/server_info` (`settings`) read the plan. On CPU the activation peak is the RSS high-water
+above the RSS at the end of start-up (a profile prefill would add seconds to every start; `cpu_heap.py`).
 
 The runner gets the scheduler's per-step record (`core/scheduler_output.ScheduledSeq`: query tokens, first
 position, block table, whether it samples, drafts) and derives the slot mapping from the block
 tables in its input builder (as vLLM v1's runner does); it never sees the block pool or the
 KV-cache manager, and never changes a block table. It sizes and allocates the KV tensors
-(`gpu_memory.py`) and tells the scheduler how many blocks they hold. With speculation, the proposer runs
+(`memory_plan.py`, `kv_cache.py`) and tells the scheduler how many blocks they hold. With speculation, the proposer runs
 here too, after verification: a draft model writes KV into the same block ids (its own tensors), n-gram
 lookup only reads tokens. Device and dtype are explicit (`cfg.device`): one runner drives one device.
 With `tensor_parallel_size` N > 1 the runner is rank 0 of N (`distributed/`): it starts the workers,
@@ -37,15 +42,15 @@ import torch
 from reference_engine.model import fused_ops, packed_linear
 from reference_engine.model.fused_decode import FusedDecode
 from reference_engine.attention import AttentionMetadata, get_backend
-from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes, resolve_dtype
+from reference_engine.config import EngineConfig, ModelConfig, default_cuda_graph_sizes
 from reference_engine.distributed import group as tp_group, layers as tp_layers
 from reference_engine.distributed.sharding import ShardPlan
 from reference_engine.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_wanted
-from reference_engine.worker import paths, ram_check
-from reference_engine.worker.gpu_memory import (DeviceMemory, allocate_kv_cache, bytes_per_token, capacity_blocks,
-    huge_pages, keep_freed_cpu_memory, kv_budget, param_bytes, peak_rss, release_freed_cpu_memory, reset_peak_rss,
-    rss)
-from reference_engine.worker.input_batch import StepInputs, make_batch
+from reference_engine.worker import cpu_heap, paths
+from reference_engine.worker.device_memory import DeviceMemory
+from reference_engine.worker.input_batch import StepInputs
+from reference_engine.worker.kv_cache import allocate_kv_cache
+from reference_engine.worker.memory_plan import MemoryPlan
 from reference_engine.model.loader import dummy_model, load_model
 from reference_engine.outputs import TokenLogprob
 from reference_engine.core.request import Request
@@ -72,11 +77,14 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, max_model_len: int | None = None, tp: tp_group.Group | None = None):
-        """`tp`: a worker's group (`distributed/worker.py`); rank 0 starts its own when the config asks."""
+        """Start-up in one pass: the config; the memory plan (`memory_plan.py`), checked before anything is
+        loaded and, on rank 0, before any worker starts; the weights; the KV cache; the attention backend
+        and step buffers; CUDA graphs. `tp`: a worker's group (`distributed/worker.py`); rank 0 starts its
+        own when the config asks."""
         cfg = self.cfg = with_default_backends(cfg)
         mcfg = ModelConfig.from_dir(cfg.model)
-        if tp is None:  # rank 0 (a worker's rank 0 checked for it): what would not fit RAM fails before loading
-            ram_check.refuse(cfg)
+        # rank 0 (a worker's rank 0 checked for it): what would not fit RAM fails before loading
+        self.plan = MemoryPlan.make(cfg, mcfg, check=tp is None)
         size = cfg.tensor_parallel_size
         if size > 1 and tp is None:
             ShardPlan(mcfg, 0, size)  # a shape that cannot be split fails here, before any process starts
@@ -90,28 +98,44 @@ class ModelRunner:
             raise
 
     def _build(self, cfg: EngineConfig, mcfg: ModelConfig) -> None:
-        tp = self.tp
+        tp, plan = self.tp, self.plan
         self.rank = tp.rank if tp else 0
         self.device = tp.device if tp else torch.device(cfg.device)
-        self.dtype = resolve_dtype(cfg.dtype, mcfg.torch_dtype, cfg.device)  # "auto": as vLLM's
+        self.dtype, self.max_model_len = plan.dtype, plan.max_model_len
         if cfg.num_threads or tp:  # ranks share the cores: cores // N torch threads each by default
             torch.set_num_threads(cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.tensor_parallel_size))
-        if self.device.type == "cpu":  # activations reuse the heap, not fresh page-faulted mmaps
-            keep_freed_cpu_memory()
-        # CPU: the process before any weight (interpreter, libraries, tokenizer): the split's "interpreter and libraries".
-        # The loader's meta-device model imports torch's reference ops (an embedding's init on meta: ~145 MiB of
-        # modules, not weights): imported here first, so that they count as libraries.
-        if self.device.type == "cpu":
-            with torch.device("meta"):
-                torch.nn.Embedding(1, 1)
-        self.runtime_base = rss() if self.device.type == "cpu" else None
-        self.mem = DeviceMemory(self.device)
-        start = self.mem.snapshot()  # None off CUDA
-        self.plan = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None
-        limit = min(mcfg.max_position_embeddings, mcfg.sliding_window or mcfg.max_position_embeddings)  # sliding = full within
-        self.max_model_len = min(cfg.max_model_len or limit, limit)
+        cpu = self.device.type == "cpu"
+        runtime_base = cpu_heap.prepare() if cpu else None  # the heap policy; RSS before any weight
+        self.mem = DeviceMemory(self.device)  # (CUDA: its readings before loading, `mem.start`)
+        self.shard = ShardPlan(mcfg, tp.rank, tp.size, tp.all_reduce) if tp else None
+        self._load(cfg)
+        self.backend_cls = get_backend(cfg.attention_backend)
+        # No CUDA graphs with TP: a captured step would have to capture the all-reduces as well.
+        self.use_graphs = graphs_wanted(self.device, cfg.enforce_eager, self.backend_cls.graph_safe) and not tp
+        kv_cfg = self.shard.kv_config() if self.shard else self.model_config  # this rank's kv heads
+        plan.fit(self.model, self.model_config, kv_cfg, self.proposer, self.mem, self.backend_cls, self.use_graphs, tp,
+                 runtime_base)
+        self.kv_cache = allocate_kv_cache(kv_cfg, plan.num_blocks, cfg.block_size, self.dtype, self.device)
+        if self.proposer:
+            self.proposer.allocate_kv(plan.num_blocks)
+        self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
+        # CPU: small all-decode fp32 steps run each layer as one C++ call (fused_decode.py)
+        self.fast_decode_refusal = FusedDecode.refusal(self.model, self.backend, tp) if cfg.fused_ops \
+            else "fused_ops off"  # why not, in words (worker/paths.py shows it)
+        self.fast_decode = FusedDecode(self.model, self.backend) if self.fast_decode_refusal is None else None
+        max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
+        self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
+                                 self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
+        self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        self.graphs: CudaGraphs | None = None
+        if self.use_graphs:
+            self.capture_graphs()
+        self.rss_at_start = cpu_heap.settle() if cpu else None  # CPU: the steps' high-water is measured from here
+
+    def _load(self, cfg: EngineConfig) -> None:
+        """The weights (this rank's shard), their layouts and fused ops, and the proposer's model."""
         load = dummy_model if cfg.load_format == "dummy" else load_model
-        self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len, shard=self.plan)
+        self.model, self.model_config = load(cfg.model, self.dtype, self.device, self.max_model_len, shard=self.shard)
         self.weight_count = sum(p.numel() for p in self.model.parameters())  # as loaded, before any layout; tied once
         self.linear_compute_dtype = str(self.dtype).removeprefix("torch.")
         if cfg.linear_backend == "onednn":  # CPU: weights prepacked for oneDNN (packed_linear.py)
@@ -127,53 +151,15 @@ class ModelRunner:
         self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
                                       self.max_model_len) if spec else None
         self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
-        extra = self.proposer.kv_bytes_per_token if self.proposer else 0
-        self.draft_observes = extra > 0  # a draft model runs on every step's inputs: no graphs then
-        kv_cfg = self.plan.kv_config() if self.plan else self.model_config  # this rank's kv heads
-        self.kv_bytes_per_token = bytes_per_token(kv_cfg, self.dtype) + extra
-        self.weights_bytes = param_bytes(self.model, getattr(self.proposer, "model", None))
-        self.backend_cls = get_backend(cfg.attention_backend)
-        # No CUDA graphs with TP: a captured step would have to capture the all-reduces as well.
-        self.use_graphs = graphs_wanted(self.device, cfg.enforce_eager, self.backend_cls.graph_safe) and not tp
-        self.activation_peak = self.profile() if self.mem.cuda else None
-        budget = None
-        if cfg.gpu_memory_utilization is not None:
-            reserve = self.activation_peak if self.use_graphs else 0
-            budget = kv_budget(cfg.gpu_memory_utilization, start.total, start.free, self.weights_bytes,
-                               self.activation_peak, self.mem.non_torch_since(start), reserve)
-            self.num_blocks = budget // (self.kv_bytes_per_token * cfg.block_size)
-        else:
-            self.num_blocks = capacity_blocks(cfg, self.model_config, self.dtype, self.max_model_len, extra)
-        if tp:  # every rank indexes the same block ids: the smallest cache decides
-            self.num_blocks = tp.min(self.num_blocks)
-        held = self.weights_bytes + (packed_linear.packed_bytes(self.model) if cfg.linear_backend == "onednn" else 0)
-        self.rank_weights = tp.gather(held) if tp else [held]  # bytes held for weights (parameters + layouts), per rank
-        if self.num_blocks < 1:
-            raise ValueError(f"the KV cache must hold at least one block, got {self.num_blocks}")
-        if self.device.type == "cpu":  # the KV tensors are zeroed (every page touched): refuse what cannot fit
-            ram_check.check_kv(cfg, self.model_config, self.num_blocks * cfg.block_size * self.kv_bytes_per_token)
-        self.kv_cache = allocate_kv_cache(kv_cfg, self.num_blocks, cfg.block_size, self.dtype,
-                                          self.device)
-        if self.proposer:
-            self.proposer.allocate_kv(self.num_blocks)
-        self.backend = self.backend_cls(self.kv_cache, cfg.block_size)
-        # CPU: small all-decode fp32 steps run each layer as one C++ call (fused_decode.py)
-        self.fast_decode_refusal = FusedDecode.refusal(self.model, self.backend, tp) if cfg.fused_ops \
-            else "fused_ops off"  # why not, in words (worker/paths.py shows it)
-        self.fast_decode = FusedDecode(self.model, self.backend) if self.fast_decode_refusal is None else None
-        max_blocks = -(-(self.max_model_len + self.num_lookahead) // cfg.block_size)
-        self.inputs = StepInputs(cfg.max_num_batched_tokens, cfg.max_num_seqs, max_blocks, cfg.block_size,
-                                 self.device, torch.int32 if self.backend_cls.graph_safe else torch.int64)
-        self.default_gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.graphs: CudaGraphs | None = None
-        self.graph_pool_bytes: int | None = None
-        if self.use_graphs:
-            self.capture_graphs()
-        # CPU: what start-up freed goes back first (else a step reusing it hides its activations); the high-water
-        # from here on is the steps' (activations, whose heap stays resident; kernel caches)
-        if self.device.type == "cpu":
-            release_freed_cpu_memory()
-        self.rss_at_start = rss() if self.device.type == "cpu" and reset_peak_rss() else None
+        self.draft_observes = bool(self.proposer and self.proposer.kv_bytes_per_token)  # a draft model: no graphs
+
+    @property
+    def num_blocks(self) -> int:
+        return self.plan.num_blocks
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.plan.kv_bytes_per_token
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -199,8 +185,8 @@ class ModelRunner:
         free = self.mem.free()
         with torch.inference_mode():
             self.graphs.capture()
-        if free is not None:
-            self.graph_pool_bytes = max(0, free - self.mem.free())
+        if free is not None:  # the plan's graph_pool: what the capture took
+            self.plan.graph_pool = max(0, free - self.mem.free())
 
     def _decode_meta(self, b: int) -> AttentionMetadata:
         """Bucket b's metadata: views of the step buffers and fixed bounds (the lists are unused)."""
@@ -228,52 +214,15 @@ class ModelRunner:
         return self.graphs.bucket(num_seqs)
 
     # ---- memory ---------------------------------------------------------------------
-    @torch.inference_mode()
-    def profile(self) -> int:
-        """Peak activation bytes of one forward over a full token budget (`max_num_batched_tokens`,
-        in sequences of at most max_model_len) with logits for up to `max_num_seqs` rows, on a scratch
-        KV cache just big enough. Measured by torch's allocator on CUDA; 0 elsewhere."""
-        cfg, bs, ml = self.cfg, self.cfg.block_size, self.max_model_len
-        n = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * ml)
-        seqs, first = [], 0
-        for s in range(0, n, ml):
-            length = min(ml, n - s)
-            nb = -(-length // bs)
-            seqs.append(([0] * length, 0, list(range(first, first + nb))))
-            first += nb
-        scratch = allocate_kv_cache(self.model_config, first, bs, self.dtype, self.device)
-        batch = make_batch(seqs, bs, self.device)
-        rows = torch.arange(n - min(n, cfg.max_num_seqs), n, device=self.device)
-        self.mem.reset_peak()
-        before = self.mem.allocated()
-        hidden = self.model(batch.input_ids, batch.positions, self.backend_cls(scratch, bs), batch.meta)
-        self.model.logits(hidden[rows]).argmax(-1)
-        peak = self.mem.peak() - before
-        del hidden, scratch
-        self.mem.empty_cache()
-        return max(0, peak)
-
     def memory(self) -> dict[str, int]:
-        """Bytes: weights (the parameters as held, no layout), kv_allocated, kv_bytes_per_token (any device);
-        layout_<name> per weight layout beside them (`packed_linear.layout_bytes`; nothing counted twice);
-        activation_peak (CUDA: the profile forward's; CPU: RSS high-water since the end of start-up above the
-        RSS then: the largest step's activations, kernel caches built on first use, request state, and the
-        harness's growth when it shares the process); runtime_base (CPU: RSS before any weight); graph_pool
-        and the device's readings (`DeviceMemory.report`) on CUDA."""
-        out = {"weights": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-               "kv_allocated": self.num_blocks * self.cfg.block_size * self.kv_bytes_per_token}
-        if self.tp:  # each rank's shard (rank 0's is `weights`)
-            out.update({f"weights_rank{r}": b for r, b in enumerate(self.rank_weights)})
-        if self.cfg.linear_backend == "onednn":
-            out.update({f"layout_{k}": v for k, v in packed_linear.layout_bytes(self.model).items()})
-        if self.runtime_base is not None:
-            out["runtime_base"] = self.runtime_base
-        if self.activation_peak is not None:
-            out["activation_peak"] = self.activation_peak
-        elif self.rss_at_start is not None:
-            out["activation_peak"] = max(0, peak_rss() - self.rss_at_start)
-        if self.graph_pool_bytes is not None:
-            out["graph_pool"] = self.graph_pool_bytes
+        """Bytes: the plan's split (`MemoryPlan.split`: weights as held, kv_allocated, kv_bytes_per_token,
+        layout_<name>, weights_rank<r> with TP, runtime_base on CPU, activation_peak and graph_pool on CUDA);
+        on CPU activation_peak is the RSS high-water since the end of start-up above the RSS then (the largest
+        step's activations, kernel caches built on first use, request state, and the harness's growth when it
+        shares the process); on CUDA the device's readings now (`DeviceMemory.report`)."""
+        out = self.plan.split()
+        if "activation_peak" not in out and self.rss_at_start is not None:
+            out["activation_peak"] = max(0, cpu_heap.peak_rss() - self.rss_at_start)
         out.update(self.mem.report())
         return out
 
@@ -282,9 +231,8 @@ class ModelRunner:
         the KV cache's), device, KV capacity, CUDA graphs, tensor parallel size, the GEMMs' compute dtype and
         kernel, torch's intra-op threads, weight layouts ({name: bytes} beside the parameters), bytes per
         weight (everything held for weights over the weights as loaded; tied weights once), huge pages (CPU)
-        and the dispatch table's settings (`paths.settings`)."""
-        mem = self.memory()
-        layouts = {k.removeprefix("layout_"): v for k, v in mem.items() if k.startswith("layout_")}
+        and the dispatch table's settings (`paths.settings`). Sizes are the memory plan's."""
+        layouts = dict(self.plan.layouts)
         dtype = str(self.dtype).removeprefix("torch.")
         return {
             "dtype": dtype, "kv_cache_dtype": dtype, "device": str(self.device),
@@ -293,16 +241,16 @@ class ModelRunner:
             "tensor_parallel_size": self.tp.size if self.tp else 1,
             "linear_compute_dtype": self.linear_compute_dtype, "linear_kernel": self.linear_kernel,
             "num_threads": torch.get_num_threads(), "weights_layouts": layouts,
-            "huge_pages": huge_pages(self.model, self.kv_cache) if self.device.type == "cpu" else None,
+            "huge_pages": cpu_heap.huge_pages(self.model, self.kv_cache) if self.device.type == "cpu" else None,
             "paths": paths.settings(self),  # which path runs each step shape, and the inputs that decide it
-            "bytes_per_weight": round((mem["weights"] + sum(layouts.values())) / self.weight_count, 3),
+            "bytes_per_weight": round((self.plan.weights + sum(layouts.values())) / self.weight_count, 3),
         }
 
     def release_idle_memory(self) -> None:
         """CPU: hand the heap's free pages back (the runner keeps freed memory between steps, so RSS would
         hold the largest batch's activations for good); nothing elsewhere."""
         if self.device.type == "cpu":
-            release_freed_cpu_memory()
+            cpu_heap.release_freed_cpu_memory()
 
     # ---- the step -------------------------------------------------------------------
     def prepare(self, seqs: list[ScheduledSeq]):

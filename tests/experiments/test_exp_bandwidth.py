@@ -11,13 +11,12 @@ from experiments.measuring.bandwidth import FORMULA, best_of, decode_estimate, m
 def test_model_shape_reads_weights_and_kv_size_from_the_files(exp_model):
     from reference_engine.config import ModelConfig
     from reference_engine.model.loader import load_model
-    from reference_engine.worker.gpu_memory import bytes_per_token
 
     shape = model_shape(exp_model, "float32")
     model, cfg = load_model(exp_model, torch.float32, "cpu", 64)
     params = sum(p.numel() for p in model.parameters())  # tied: the embedding is counted once
     assert shape["params"] == params and shape["weight_bytes"] == 4 * params
-    assert shape["kv_bytes_per_token"] == bytes_per_token(ModelConfig.from_dir(exp_model), torch.float32)
+    assert shape["kv_bytes_per_token"] == ModelConfig.from_dir(exp_model).kv_bytes_per_token(torch.float32)
     assert model_shape(exp_model, "bfloat16")["weight_bytes"] == 2 * params
 
 

@@ -5,7 +5,8 @@ import torch
 
 from reference_engine.config import EngineConfig, ModelConfig
 from reference_engine.core.block_pool import BlockPool
-from reference_engine.worker.gpu_memory import allocate_kv_cache, bytes_per_token, capacity_blocks
+from reference_engine.worker.kv_cache import allocate_kv_cache
+from reference_engine.worker.memory_plan import capacity_blocks
 
 
 def test_pool_allocate_free_roundtrip():
@@ -25,7 +26,7 @@ def test_pool_allocate_free_roundtrip():
 
 def test_capacity_from_tokens_or_bytes(tiny_llama):
     mc = ModelConfig.from_dir(tiny_llama)
-    per_tok = bytes_per_token(mc, torch.float32)
+    per_tok = mc.kv_bytes_per_token(torch.float32)
     assert per_tok == 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4
     assert capacity_blocks(EngineConfig(str(tiny_llama), kv_cache_tokens=1000, block_size=16), mc, torch.float32, 512) == 62
     assert capacity_blocks(EngineConfig(str(tiny_llama), kv_cache_bytes=per_tok * 160, block_size=16), mc,

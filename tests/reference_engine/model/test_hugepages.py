@@ -11,7 +11,7 @@ from torch import nn
 
 from reference_engine.kernels import cpp_gemm
 from reference_engine.model import hugepages, packed_linear
-from reference_engine.worker.gpu_memory import allocate_kv_cache
+from reference_engine.worker.kv_cache import allocate_kv_cache
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and MADV_HUGEPAGE are Linux's")
 

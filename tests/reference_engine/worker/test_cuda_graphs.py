@@ -52,10 +52,10 @@ def test_enforce_eager_and_sizes_are_config_fields():
         EngineConfig("m", cuda_graph_sizes=4)
     with pytest.raises(ValueError, match="enforce_eager"):
         EngineConfig("m", enforce_eager="yes")
-    from reference_engine.attention import cpu_backend
+    from reference_engine.kernels import ops
     # CPU default: the C++ kernel where it builds, else the PyTorch backend; "triton" on CUDA
     from reference_engine.worker.backends import with_default_backends
-    assert with_default_backends(EngineConfig("m")).attention_backend == ("cpu" if cpu_backend.available() else "torch")
+    assert with_default_backends(EngineConfig("m")).attention_backend == ("cpu" if ops.available() else "torch")
     cuda = with_default_backends(EngineConfig("m", device="cuda"))
     assert cuda.attention_backend == "triton"  # (triton imports here)
     assert (cuda.linear_backend, cuda.fused_ops) == ("torch", False)  # the CPU kernels stay off on CUDA

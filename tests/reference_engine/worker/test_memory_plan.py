@@ -1,6 +1,7 @@
-"""Memory accounting on CPU: the KV budget arithmetic (gpu_memory_utilization) with made-up device
-numbers, its wiring in the runner with a fake CUDA memory reader, and the engine's memory report and
-effective settings (the dicts adapters copy into EngineInfo)."""
+"""The memory plan on CPU: the KV budget arithmetic (gpu_memory_utilization) with made-up device numbers,
+its wiring in the runner with a fake CUDA memory reader, the engine's memory report and effective settings
+(the dicts adapters copy into EngineInfo), all read from the runner's one plan; the device readings (NVML)
+and the CPU heap policy."""
 from __future__ import annotations
 
 import os
@@ -13,8 +14,8 @@ import torch
 
 from reference_engine import LLM, EngineConfig, SamplingParams
 from reference_engine.worker import model_runner
-from reference_engine.worker.gpu_memory import DeviceMemory, Snapshot, kv_budget, param_bytes
-from reference_engine.worker.gpu_memory import bytes_per_token
+from reference_engine.worker.device_memory import DeviceMemory, Snapshot
+from reference_engine.worker.memory_plan import kv_budget, param_bytes, weight_counts
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -53,7 +54,7 @@ def test_bad_memory_settings(kw, match):
 
 def test_device_memory_off_cuda_reads_nothing():
     m = DeviceMemory("cpu")
-    assert m.snapshot() is None and m.free() is None and m.report() == {} and m.peak() == 0
+    assert m.start is None and m.snapshot() is None and m.free() is None and m.report() == {} and m.peak() == 0
 
 
 def test_param_bytes_counts_tied_weights_once():
@@ -75,9 +76,9 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     assert all(m[f"layout_{k}"] == v > 0 for k, v in layouts.items())
     # before any weight: the interpreter, torch and the tokenizer. (No upper bound here: in a test process earlier
     # engines' freed heap is in it until the start-up trim; test_exp_memory_split checks it in fresh processes.)
-    from reference_engine.worker.gpu_memory import rss
+    from reference_engine.worker.cpu_heap import rss
     assert m["runtime_base"] > 50 << 20
-    per_tok = bytes_per_token(e.model_config, torch.float32)
+    per_tok = e.model_config.kv_bytes_per_token(torch.float32)
     assert m["kv_bytes_per_token"] == per_tok
     assert m["kv_allocated"] == 1024 * per_tok == sum(k.nbytes + v.nbytes for k, v in e.runner.kv_cache)
     # the parameters and buffers as held (rope tables, biases), each storage once; no layout
@@ -100,14 +101,13 @@ def test_engine_memory_report_and_effective_settings_on_cpu(tiny_llama):
     eff = e.effective_config()
     assert EFFECTIVE_KEYS <= set(eff)
     assert eff["weights_layouts"] == layouts
-    from reference_engine.worker.ram_check import weight_counts  # the model's weights, tied once (test_ram_check)
     count = weight_counts(e.model_config)[0]
     assert eff["bytes_per_weight"] == round((m["weights"] + sum(layouts.values())) / count, 3)
     assert eff["bytes_per_weight"] >= 4  # fp32: at least the parameters themselves
     assert eff["dtype"] == "float32" and eff["kv_capacity_tokens"] == 1024 and eff["kv_blocks"] == 64
     assert eff["cuda_graphs"] is False and eff["compile"] is False and eff["speculative"] is None
-    from reference_engine.attention import cpu_backend
-    assert eff["attention_backend"] == ("cpu" if cpu_backend.available() else "torch")
+    from reference_engine.kernels import ops
+    assert eff["attention_backend"] == ("cpu" if ops.available() else "torch")
     assert eff["tensor_parallel_size"] == 1
 
 
@@ -117,8 +117,9 @@ class FakeCuda(DeviceMemory):
     context and modules, 224 MiB); the profile forward peaks 300 MiB above what it started with."""
 
     def __init__(self, device):
-        super().__init__(device)
-        self.cuda, self.snaps = True, 0
+        self.snaps = 0
+        super().__init__(device)  # takes the first snapshot: `start`
+        self.cuda = True
 
     def snapshot(self):
         self.snaps += 1
@@ -149,13 +150,15 @@ def test_runner_sizes_kv_from_gpu_memory_utilization(tiny_llama, monkeypatch):
     # runner really allocates stay under 100 MiB (at 0.5 it zeroed 4.5 GiB: 30 s of the suite)
     cfg.gpu_memory_utilization = 0.06
     r = model_runner.ModelRunner(cfg)
-    assert r.activation_peak == 300 * MiB  # the profile ran: 80 tokens as 3 sequences of <= 32
+    p = r.plan
+    assert p.activation_peak == 300 * MiB  # the profile ran: 80 tokens as 3 sequences of <= 32
     non_torch = 1 * GiB - 800 * MiB
-    budget = int(0.06 * 10 * GiB) - r.weights_bytes - 300 * MiB - non_torch  # no graphs on this CPU runner: no reserve
-    assert r.num_blocks == budget // (16 * r.kv_bytes_per_token)
+    assert p.non_torch == non_torch and (p.free, p.total) == (9 * GiB, 10 * GiB) and p.graph_reserve == 0
+    budget = int(0.06 * 10 * GiB) - p.weights - 300 * MiB - non_torch  # no graphs on this CPU runner: no reserve
+    assert r.num_blocks == p.num_blocks == budget // (16 * p.kv_bytes_per_token)
     m = r.memory()
     assert m["activation_peak"] == 300 * MiB and m["device_total"] == 10 * GiB
-    assert m["kv_allocated"] == r.num_blocks * 16 * r.kv_bytes_per_token <= budget
+    assert m["kv_allocated"] == p.kv_bytes == r.num_blocks * 16 * r.kv_bytes_per_token <= budget
     cfg.gpu_memory_utilization = 0.05  # 512 MiB: less than activations (300) + non-torch (224)
     with pytest.raises(ValueError, match="leaves no room"):
         model_runner.ModelRunner(cfg)
@@ -209,7 +212,13 @@ class FakeNvml:
         return [proc(os.getpid(), 4 * GiB + 5), proc(os.getpid() + 1, 3 * GiB), proc(os.getpid() + 2, None)]
 
 
+def no_device(monkeypatch):
+    """A CUDA reader made without CUDA: its start snapshot reads nothing."""
+    monkeypatch.setattr(DeviceMemory, "snapshot", lambda self: None)
+
+
 def test_nvml_readings_are_reported(monkeypatch):
+    no_device(monkeypatch)
     nv = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     props = type("Props", (), {"uuid": "1234-abcd"})()
@@ -228,6 +237,7 @@ def test_nvml_readings_are_reported(monkeypatch):
 
 
 def test_nvml_falls_back_to_the_index_and_is_optional(monkeypatch):
+    no_device(monkeypatch)
     nv = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
 
@@ -251,7 +261,7 @@ def test_kept_cpu_heap_stops_page_faults_on_every_activation():
     most a few of 10 rounds fault (0 or 1 seen). Run in a child: mallopt is per process."""
     code = """
 import resource, torch
-from reference_engine.worker.gpu_memory import keep_freed_cpu_memory
+from reference_engine.worker.cpu_heap import keep_freed_cpu_memory
 x = torch.ones(10 << 20)
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
