@@ -83,6 +83,7 @@ class ModelRunner:
         own when the config asks."""
         cfg = self.cfg = with_default_backends(cfg)
         mcfg = ModelConfig.from_dir(cfg.model)
+        self.spec = cfg.speculative
         # rank 0 (a worker's rank 0 checked for it): what would not fit RAM fails before loading
         self.plan = MemoryPlan.make(cfg, mcfg, check=tp is None)
         size = cfg.tensor_parallel_size
@@ -147,7 +148,7 @@ class ModelRunner:
             and self.dtype in (torch.float32, torch.bfloat16) else cfg.linear_backend
         if cfg.fused_ops:  # CPU: one-pass RMSNorm, rotary and SiLU-and-multiply (fused_ops.py)
             fused_ops.fuse(self.model)
-        spec = cfg.speculative
+        spec = self.spec
         self.proposer = make_proposer(spec, cfg, self.model_config, self.dtype, self.device,
                                       self.max_model_len) if spec else None
         self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
