@@ -3,7 +3,7 @@
 Token `t` of a request lives in block `block_table[t // block_size]` at offset
 `t % block_size`; its flat slot is `block * block_size + offset`. The tensors those ids index
 (per layer, K and V shaped `(num_blocks, block_size, Hkv, D)`) are the runner's: they are sized
-and allocated in `gpu_memory.py`, and this module knows nothing of them.
+and allocated in `worker/kv_cache.py` (sized by `worker/memory_plan.py`), and this module knows nothing of them.
 
 The pool only counts references and keeps the free blocks in eviction order; what a
 block holds (its prefix-cache hash) is the KV-cache manager's business

@@ -37,7 +37,7 @@ from reference_engine.tokenizer.tokenizer import Tokenizer
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, keep_results: bool = False):
         """Raises ValueError, before loading anything, for a config or kernel setting that cannot hold, and
-        on CPU for a model and KV budget that would not fit in the memory available (`ram_check.py`)."""
+        on CPU for a model and KV budget that would not fit in the memory available (`worker/memory_plan.py`)."""
         ModelConfig.from_dir(cfg.model)  # fail fast, naming the problem, before loading anything
         if problems := paths.problems(cfg):
             raise ValueError("; ".join(problems))

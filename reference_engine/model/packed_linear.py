@@ -41,7 +41,7 @@ nothing, or one of the three pins of the three-layout design) is refused when th
 
 Memory: `layout_bytes(model)` has the packed projections by layout ("panels", fp32 or bf16; "onednn"); the model's
 parameters and buffers (norms, an untied embedding, biases, the fallback's parameters) are the
-"weights" of the memory split (`gpu_memory.param_bytes`): the panels are neither, so nothing is
+"weights" of the memory split (`memory_plan.param_bytes`): the panels are neither, so nothing is
 counted twice.
 
 Invariant: `pack(model)` replaces every `nn.Linear` of the model in place and changes no output beyond

@@ -20,7 +20,7 @@ from reference_engine.attention import cpu_backend
 from reference_engine.attention.torch_backend import TorchBackend
 from reference_engine.config import ModelConfig
 from reference_engine.kernels import ops
-from reference_engine.worker.gpu_memory import allocate_kv_cache
+from reference_engine.worker.kv_cache import allocate_kv_cache
 from reference_engine.worker.input_batch import make_batch
 from reference_engine.engine.trace import resolve_model
 

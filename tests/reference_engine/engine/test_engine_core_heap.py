@@ -1,5 +1,5 @@
 """The engine core's heap stays bounded as prefills of ever new lengths pass (engine_core.bound_gemm_caches),
-and an idle core hands its largest batch's memory back (gpu_memory.release_freed_cpu_memory, from the core's idle loop).
+and an idle core hands its largest batch's memory back (cpu_heap.release_freed_cpu_memory, from the core's idle loop).
 
 oneDNN's primitive cache and ideep's each keep up to 1,024 GEMMs by shape, each holding memory that grows
 with its rows: a server meeting a new prefill length at almost every step grew its heap with every one

@@ -70,15 +70,15 @@ def test_include_stop_str_in_output_and_min_tokens(tok):
 
 
 def test_n_choices_with_a_seed_get_seed_plus_index():
-    from reference_engine.server.generation import Batch, Gate
+    from reference_engine.server.generation import Choices, Gate
 
     seen = []
     engine = SimpleNamespace(add_request=lambda ids, p, **kw: seen.append(p.seed), abort=lambda rid: None, is_alive=True)
     state = SimpleNamespace(engine=engine, gate=Gate(16))
-    Batch(state, [[1, 2], [3]], SamplingParams(seed=7, temperature=1.0), n=3)
+    Choices(state, [[1, 2], [3]], SamplingParams(seed=7, temperature=1.0), n=3)
     assert seen == [7, 8, 9, 7, 8, 9]  # vLLM: child j of every prompt gets seed + j
     seen.clear()
-    Batch(state, [[1]], SamplingParams(temperature=1.0), n=2)
+    Choices(state, [[1]], SamplingParams(temperature=1.0), n=2)
     assert seen == [None, None]
 
 

@@ -104,7 +104,7 @@ def test_bf16_weights_are_held_once_as_pair_panels():
 
 @panels
 def test_a_bf16_model_holds_at_most_2_25_bytes_per_weight(monkeypatch):
-    from reference_engine.worker.ram_check import held_per_weight_byte
+    from reference_engine.worker.memory_plan import held_per_weight_byte
     if ops.available():  # by default the pair panels replace the parameter, byte for byte
         assert held_per_weight_byte(576, torch.bfloat16) == 1.0
         assert held_per_weight_byte(576, torch.float32) == 1.0
