@@ -46,8 +46,9 @@ def parser() -> Parser:
                                      "run's engine folder; without it answers that may stop at EOS run to max_tokens")
     p.add_argument("--settings-from", metavar="RUN_DIR", help="take the engine's scheduler settings as read back "
                                                               "in this measured run (e.g. vLLM's)")
-    p.add_argument("--accept", type=float, default=0.7, help="speculative decoding: each draft token's acceptance "
-                                                             "probability (default 0.7)")
+    p.add_argument("--accept", type=float, default=0.7, help="speculative decoding: the acceptance rate, accepted "
+                                                             "draft tokens / draft tokens, as the engine's counters report it "
+                                                             "(default 0.7)")
     p.add_argument("--calibrate-from", metavar="SWEEP_JSON", help="fit --profile from step times measured elsewhere "
                                                                   "(a step timer's output, e.g. adapters/engines/vllm/step_sweep.py), at the peaks of --peaks-from")
     p.add_argument("--peaks-from", metavar="PROFILE", help="with --calibrate-from: a calibrated profile of this "

@@ -6,8 +6,12 @@ samples gets 1 + accepted-draft tokens (fake ids: a run of the request's own id,
 distinct per request and identical across its preemptions), a request ends when it reaches its
 target length (`max_tokens`, or the EOS length it was given), then `update_from_output` commits the
 step (computed tokens, draft rollback, caching full blocks, freeing finished requests). Speculative
-decoding: `spec_k` drafts are offered to every decoding request, each accepted with probability
-`accept` in order (the first rejection ends the run), seeded.
+decoding: `spec_k` drafts are offered to every decoding request and accepted in order (the first
+rejection ends the run), seeded. `accept` is the acceptance rate the engine's own counters report
+(accepted draft tokens / draft tokens, vLLM's `spec_decode_num_accepted_tokens / num_draft_tokens`),
+not a per-token probability: with k drafts and each position accepted with probability p given the
+ones before it, the counter reads (p + p^2 + ... + p^k) / k, so p is solved from `accept` for each k
+(`position_probability`); --accept 0.7 used as p read 0.44-0.47 on the counter.
 
 Invariant: the scheduler sees exactly the calls the engine makes, in the same order, so with the
 same config and arrivals its decisions (admissions, chunks, preemptions, prefix hits) are the
@@ -25,6 +29,18 @@ from reference_engine.core.scheduler import Scheduler
 
 from experiments.simulate.served_overhead import served_step
 from experiments.simulate.step_model import ModelShape, Profile, StepShape, predict
+
+
+def position_probability(rate: float, k: int) -> float:
+    """p such that (p + p^2 + ... + p^k) / k == rate: a draft position's acceptance given the ones before it
+    were accepted, for an acceptance rate (accepted / draft tokens) over runs of k drafts. Bisection."""
+    if k <= 1 or rate in (0.0, 1.0):
+        return rate
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        lo, hi = (p, hi) if sum(p ** i for i in range(1, k + 1)) / k < rate else (lo, p)
+    return (lo + hi) / 2
 
 
 class _Drafts(NamedTuple):  # what the runner hands update_from_output: ids and (greedy) no probs
@@ -101,8 +117,8 @@ class Replica:
             if not s.samples:
                 continue
             req = s.req
-            a = 0
-            while a < len(s.drafts) and self.rng.random() < self.accept:
+            a, p = 0, position_probability(self.accept, len(s.drafts))
+            while a < len(s.drafts) and self.rng.random() < p:
                 a += 1
             target, reason = self.targets[req.request_id]
             n = min(1 + a, target - len(req.output_token_ids))

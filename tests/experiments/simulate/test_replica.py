@@ -60,3 +60,22 @@ def test_speculation_emits_accepted_drafts(exp_model):
             rep.step()
             n += 1
         assert n == steps
+
+
+def test_the_acceptance_counter_reads_the_accept_knob(exp_model):
+    """--accept is the rate the engine's counters report (accepted / draft tokens): the simulated counter
+    matches it within sampling error (3 sigma over the verified drafts), for k = 1, 3 and 5. Taken as a
+    per-token probability in order, 0.7 read about 0.51 at k = 3 (0.44-0.47 with the tail of a request)."""
+    from experiments.simulate.replica import position_probability
+
+    assert abs(sum(position_probability(0.7, 3) ** i for i in (1, 2, 3)) / 3 - 0.7) < 1e-9
+    for k in (1, 3, 5):
+        rep = Replica(EngineConfig(model=str(exp_model), kv_cache_tokens=4096), 256, ModelShape.from_dir(exp_model),
+                      planted(), spec_k=k, accept=0.7, seed=k)
+        for i in range(40):
+            rep.add(f"r{i}", list(range(3 + i, 13 + i)), 60)
+        while rep.has_work():
+            rep.step()
+        _, drafted, accepted = rep.spec
+        rate, sigma = accepted / drafted, (0.7 * 0.3 / drafted) ** 0.5 * k  # runs of k are correlated: k x wider
+        assert abs(rate - 0.7) < 3 * sigma, (k, rate, drafted)
