@@ -15,7 +15,8 @@ from tests.docs.mermaid_check import check
 
 ORDER = ["tokenization", "prefill", "gpu-and-roofline", "decode", "attention-kernel", "kv-cache", "sampling",
          "request-state", "scheduling", "continuous-batching", "paged-memory", "prefix-caching", "speculative-decoding",
-         "serving-engine", "measuring-inference", "parallelism", "quantization", "engines-compared"]
+         "serving-engine", "measuring-inference", "parallelism", "quantization", "disaggregated-serving",
+         "mixture-of-experts", "kv-cache-tiers", "engines-compared"]
 
 
 def test_chapters_exist_in_course_order_and_the_index_lists_them():

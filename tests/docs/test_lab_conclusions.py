@@ -187,3 +187,44 @@ def test_lab_13_says_what_greedy_verify_returned():
     rejected = f.verified([4, 9, 7, 5], [1, 9, 9], [4])  # planted: the first draft is wrong
     assert rejected.endswith("(0 drafts accepted, then the target's own token: 1 token from one pass)")
     assert "(3 drafts accepted, then the target's own token: 4 tokens" in f.verified([4, 9, 7, 5], [4, 9, 7], [4, 9, 7, 5])
+
+
+def test_lab_18_names_a_side_only_where_the_repeats_separate():
+    f = lab_functions("18_disaggregate.py", "verdict")
+    coloc = [{"mean": 4.2, "max": 40.0}, {"mean": 4.4, "max": 52.0}, {"mean": 4.3, "max": 38.0}]
+    disagg = [{"mean": 1.9, "max": 3.6}, {"mean": 2.0, "max": 3.9}, {"mean": 1.95, "max": 3.5}]
+    said = f.verdict(coloc, disagg)
+    assert said.startswith("mean ITL: disaggregated lower (2.1x at least; colocated 4.20-4.40 ms, disaggregated 1.90-2.00 ms)")
+    assert "longest ITL: disaggregated lower (9.7x at least" in said
+    swapped = f.verdict(disagg, coloc)  # planted: the colocated engine's repeats all faster
+    assert swapped.startswith("mean ITL: colocated lower (2.1x at least") and "longest ITL: colocated lower" in swapped
+    noisy = disagg[:2] + [{"mean": 5.0, "max": 45.0}]  # planted: one disaggregated repeat as slow as colocated
+    assert f.verdict(coloc, noisy) == ("mean ITL: inconclusive on this machine (the repeats overlap: colocated 4.20-4.40 ms, "
+                                       "disaggregated 1.90-5.00 ms); longest ITL: inconclusive on this machine (the repeats "
+                                       "overlap: colocated 38.00-52.00 ms, disaggregated 3.60-45.00 ms)")
+
+
+def test_lab_19_reads_intensity_from_the_routing_and_times_from_the_passes():
+    f = lab_functions("19_moe.py", "intensity", "gemm_verdict", "sends")
+    assert f.intensity(16, 4, 39) == (64 / 39, 16.0)  # 39 experts read for 16 x 4 rows; dense: the batch
+    assert f.intensity(256, 4, 60) == (256 * 4 / 60, 256.0)  # every expert read: E / k lower
+    assert f.intensity(1, 4, 4) == (1.0, 1.0)  # one token: the same weights as a dense layer of its active size
+    fast = f.gemm_verdict(16, "grouped_mm", [4.2e-3, 4.3e-3, 4.4e-3], [3.0e-3, 3.1e-3, 3.2e-3])
+    assert fast == "batch 16: grouped_mm 1.4x faster than the loop (3.00 vs 4.20 ms)"
+    slow = f.gemm_verdict(16, "the padded bmm", [4.2e-3] * 3, [8.0e-3, 8.1e-3, 8.2e-3])  # planted: the grouped side slower
+    assert slow == "batch 16: the padded bmm 1.9x slower than the loop (8.00 vs 4.20 ms)"
+    assert "as fast as the loop, within 1.2x" in f.gemm_verdict(16, "grouped_mm", [4.2e-3] * 3, [4.0e-3] * 3)
+    noisy = f.gemm_verdict(16, "grouped_mm", [4.2e-3, 9.0e-3, 9.5e-3], [3.0e-3] * 3)  # planted: the median loop pass 114 % up
+    assert noisy == "batch 16, grouped_mm against the loop: inconclusive on this machine (the median loop pass is 114% above its fastest)"
+    import torch
+    idx = torch.tensor([[0, 1], [0, 2], [2, 3]])  # 2 experts per device over 2 devices; token t lives on device t % 2
+    assert f.sends(idx, 2, 2) == (6, 4, 2)  # token 0 sends one copy (both experts on device 0), tokens 1, 2 two each
+
+
+def test_lab_20_names_the_faster_side_only_where_the_repeats_separate():
+    f = lab_functions("20_kv_tiers.py", "verdict")
+    assert f.verdict([4.8, 5.1, 5.4], [18.0, 20.0, 18.3]) == (
+        "the file tier cut the returning turns' TTFT 3.3x at least (with the tier 4.8-5.4 ms, without 18.0-20.0 ms)")
+    slower = f.verdict([18.0, 20.0, 18.3], [4.8, 5.1, 5.4])  # planted: reading the file slower than recomputing
+    assert slower.startswith("reading the file was slower than recomputing: the returning turns' TTFT rose 3.3x at least")
+    assert f.verdict([4.8, 19.0, 5.4], [18.0, 20.0, 18.3]).startswith("inconclusive on this machine")  # planted: one slow repeat

@@ -189,3 +189,51 @@ def test_tensor_parallel_facts():
     kv = segment("config/model.py", "ModelConfig.get_num_kv_heads")
     assert "max(1, total_num_kv_heads // parallel_config.tensor_parallel_size)" in kv
     in_order(kv, "if self.use_mla:", "return 1", "max(1, total_num_kv_heads")
+
+
+def test_disaggregation_facts():
+    said("disaggregated-serving", "`request.num_computed_tokens = request.num_tokens - 1` in "
+                                  "`Scheduler._update_waiting_for_remote_kv` (`vllm/v1/core/sched/scheduler.py`, vLLM 0.32.0)",
+         "(`get_num_new_matched_tokens`)", "(`update_state_after_alloc`)", "(`start_load_kv`, or layer by layer with "
+         "`wait_for_layer_load`) while the request waits in `WAITING_FOR_REMOTE_KVS`",
+         "a connector whose `request_finished` returns True takes over freeing")
+    assert "request.num_computed_tokens = request.num_tokens - 1" in segment(
+        "v1/core/sched/scheduler.py", "Scheduler._update_waiting_for_remote_kv")
+    base = segment("distributed/kv_transfer/kv_connector/v1/base.py", "KVConnectorBase_V1")
+    for method in ("get_num_new_matched_tokens", "update_state_after_alloc", "start_load_kv", "wait_for_layer_load",
+                   "request_finished"):
+        assert f"def {method}(" in base, method
+    assert "True if the request is being saved/sent asynchronously and blocks" in base
+    assert "WAITING_FOR_REMOTE_KVS = enum.auto()" in source("v1/request.py")
+    factory = source("distributed/kv_transfer/kv_connector/factory.py")
+    for name in ("NixlConnector", "MooncakeConnector", "LMCacheConnectorV1", "OffloadingConnector"):
+        assert f'"{name}"' in factory, name
+    said("disaggregated-serving", "its `NixlConnector`, `MooncakeConnector`, `LMCacheConnectorV1` and others are registered in "
+                                  "`vllm/distributed/kv_transfer/kv_connector/factory.py`")
+
+
+def test_moe_facts():
+    said("mixture-of-experts", "vLLM's `all2all_backend`, default `allgather_reducescatter`",
+         "(`EPLBConfig.window_size`, 1,000)", "(`num_redundant_experts`), every `step_interval` steps (3,000)",
+         "(`moe_align_block_size`, which \"pads the number of tokens that each expert needs to process so that it is "
+         "divisible by block_size\")")
+    parallel = source("config/parallel.py")
+    assert 'all2all_backend: All2AllBackend = "allgather_reducescatter"' in parallel
+    assert "enable_expert_parallel: bool = False" in parallel and "enable_eplb: bool = False" in parallel
+    eplb = segment("config/parallel.py", "EPLBConfig")
+    assert all(x in eplb for x in ("window_size: int = Field(default=1000", "step_interval: int = Field(default=3000",
+                                   "num_redundant_experts: int = Field(default=0"))
+    align = re.sub(r"\s+", " ", source("model_executor/layers/fused_moe/moe_align_block_size.py"))
+    assert "pads the number of tokens that each expert needs to process so that it is divisible by block_size" in align
+    assert "def fused_moe_kernel(" in source("model_executor/layers/fused_moe/fused_moe.py")
+
+
+def test_kv_offloading_facts():
+    said("kv-cache-tiers", "vLLM adds a CPU tier with `--kv-offloading-size` (GiB), served by its own `OffloadingConnector` "
+                           "or by LMCache (`kv_offloading_backend`, `native` or `lmcache`")
+    cache = source("config/cache.py")
+    assert 'KVOffloadingBackend = Literal["native", "lmcache"]' in cache
+    assert "kv_offloading_size: float | None = None" in cache and "Size of the KV cache offloading buffer in GiB" in cache
+    post = segment("config/vllm.py", "VllmConfig._post_init_kv_transfer_config")
+    in_order(post, 'if kv_offloading_backend == "native":', '"OffloadingConnector"', 'elif kv_offloading_backend == "lmcache":',
+             '"LMCacheMPConnector"')

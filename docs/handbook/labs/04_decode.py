@@ -16,7 +16,7 @@ import torch
 from reference_engine.attention import TorchBackend
 from reference_engine.config import ModelConfig
 from reference_engine.worker.input_batch import make_batch
-from reference_engine.worker.gpu_memory import allocate_kv_cache
+from reference_engine.worker.kv_cache import allocate_kv_cache
 from reference_engine.model.loader import load_model
 from reference_engine.tokenizer.tokenizer import Tokenizer
 from reference_engine.engine.trace import resolve_model

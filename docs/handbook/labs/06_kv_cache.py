@@ -13,7 +13,7 @@ import torch
 from reference_engine.config import ModelConfig
 from reference_engine.worker.input_batch import make_batch
 from reference_engine.core.block_pool import blocks_needed
-from reference_engine.worker.gpu_memory import allocate_kv_cache, bytes_per_token
+from reference_engine.worker.kv_cache import allocate_kv_cache
 from reference_engine.engine.trace import resolve_model
 
 ap = argparse.ArgumentParser()
@@ -51,7 +51,7 @@ t = 10
 print(f"token {t} -> block {table[t // BS]} offset {t % BS} (slot {table[t // BS] * BS + t % BS}); "
       f"token 12 needs block #{12 // BS + 1}: the manager appends one when the table runs out")
 
-per_tok = bytes_per_token(mc, torch.float32)
+per_tok = mc.kv_bytes_per_token(torch.float32)
 print(f"KV bytes/token here = 2 x {mc.num_layers} layers x {mc.num_kv_heads} heads x {mc.head_dim} x 4 B "
       f"= {per_tok:,} B")
 llama8b = 2 * 32 * 8 * 128 * 2

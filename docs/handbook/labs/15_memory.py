@@ -5,7 +5,7 @@ beside them by name, KV allocated, KV bytes per token, the KV peak; on CUDA also
 profile forward, the CUDA-graph pool and the device's readings; on CPU the process's RSS before the
 weights and its high-water since start) and each step's KV blocks in use from `StepRecord`. Weights and
 the KV pool are allocated once at start; only the share of the pool in use moves. Activations live for
-one step: the lab estimates a step's largest live set from its shapes (`ram_check.activation_estimate`,
+one step: the lab estimates a step's largest live set from its shapes (`memory_plan.activation_estimate`,
 the figure the engine's RAM check at start uses) and says so. The tiny model, so every number is the
 same on every machine.
 
@@ -17,7 +17,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.engine.llm_engine import LLMEngine
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.engine.trace import resolve_model
-from reference_engine.worker.ram_check import activation_estimate
+from reference_engine.worker.memory_plan import activation_estimate
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", help="model directory (default: models/tiny-llama, made if absent)")

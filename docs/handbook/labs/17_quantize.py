@@ -217,15 +217,14 @@ print(f"attention over an fp8 e4m3 KV cache (one scale per tensor): relative err
 
 # The KV cache in fp8: the engine's own bytes-per-token formula, with a one-byte element.
 from reference_engine.config import ModelConfig  # noqa: E402
-from reference_engine.worker.gpu_memory import bytes_per_token  # noqa: E402
 
 # Llama-3.1-8B's shape (its config.json), as the engine's own ModelConfig
 llama = ModelConfig(architecture="LlamaForCausalLM", family="llama", vocab_size=128256, hidden_size=4096,
                     intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
                     rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=None, max_position_embeddings=131072,
                     tie_word_embeddings=False, attention_bias=False, qk_norm=False)
-kv16, kv8 = bytes_per_token(llama, torch.bfloat16), bytes_per_token(llama, torch.float8_e4m3fn)
-print(f"Llama-3.1-8B KV per token (gpu_memory.bytes_per_token): bf16 {kv16:,} B, fp8 {kv8:,} B: the same pool holds "
+kv16, kv8 = llama.kv_bytes_per_token(torch.bfloat16), llama.kv_bytes_per_token(torch.float8_e4m3fn)
+print(f"Llama-3.1-8B KV per token (ModelConfig.kv_bytes_per_token): bf16 {kv16:,} B, fp8 {kv8:,} B: the same pool holds "
       f"{kv16 // kv8}x the tokens; 64 sequences of 8,192 tokens need {64 * 8192 * kv16 / 2**30:.0f} GiB in bf16, "
       f"{64 * 8192 * kv8 / 2**30:.0f} GiB in fp8")
 

@@ -1,11 +1,11 @@
-"""Lab 18 — the engines compared: one interface over every engine, and the metrics it measures.
+"""Lab 21 — the engines compared: one interface over every engine, and the metrics it measures.
 
 Smallest working piece: the harness's `Engine` protocol (`adapters/base.py`). `start()` returns what the
 engine says about itself (`EngineInfo`), `generate()` streams `TokenEvent`s stamped on arrival. Every
 engine — vLLM, SGLang, TensorRT-LLM, TGI, ours — is driven through exactly this, so TTFT and TPOT are
 computed the same way for all of them. Here: the reference engine's in-process adapter, one request.
 
-    python docs/handbook/labs/18_engines.py [--model DIR]
+    python docs/handbook/labs/21_engines.py [--model DIR]
 """
 import argparse
 import asyncio
