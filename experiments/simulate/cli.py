@@ -66,6 +66,9 @@ def parser() -> Parser:
     p.add_argument("--requests", type=int, default=None, help="capacity: requests per level (default: "
                                                               "the workload's, cycled to at least 2000)")
     p.add_argument("--target-rate", type=float, help="capacity: replicas needed for this many requests/s")
+    p.add_argument("--explain-profile", action="store_true", help="print what --profile (a GPU spec sheet) sizes for "
+                                                                  "this config's model and [parallel]: the KV tokens "
+                                                                  "and each term of a step, with their sources")
     p.add_argument("--out", default="results", help="results root (default: results)")
     return p
 
@@ -118,6 +121,19 @@ def main(argv: list[str]) -> int:
             settings = read_settings(a.settings_from, engine)
     except (ValueError, OSError) as e:
         return fail(f"{a.config}: {e}")
+    if a.explain_profile:
+        from experiments.simulate import gpu
+        from experiments.simulate.step_model import ModelShape
+
+        opts = cfg.engine_options.get(engine, {})
+        try:
+            print(gpu.explain(profile, ModelShape.from_dir(cfg.model, cfg.dtype), cfg.parallel.tensor if cfg.parallel else 1,
+                              utilization=opts.get("gpu_memory_utilization"),
+                              max_num_batched_tokens=opts.get("max_num_batched_tokens", 8192),
+                              max_num_seqs=opts.get("max_num_seqs", 256)))
+        except ValueError as e:
+            return fail(f"{a.config}: {e}")
+        return 0
     if a.fit_served:
         return _fit_served(cfg, engine, a, profile)
     if a.capacity:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.running import clock, search
+from experiments.simulate import gpu
 from experiments.simulate.replica import Replica
 from experiments.simulate.served import SimulatedEngine
 from experiments.simulate.step_model import ModelShape, Profile
@@ -49,21 +50,27 @@ def replica_for(cfg, engine: str, profile: Profile, max_model_len: int | None, a
                 settings: dict[str, Any] | None = None, seed: int = 0) -> Replica:
     """The replica the config's engine would be: its scheduler settings, KV blocks and speculation."""
     opts = dict(cfg.engine_options.get(engine, {}))
-    if cfg.kv.tokens is not None:
-        opts.setdefault("kv_cache_tokens", cfg.kv.tokens)
+    if cfg.kv.tokens is not None and not profile.memory_gb:  # a GPU profile sizes its own cache (gpu.size): the
+        opts.setdefault("kv_cache_tokens", cfg.kv.tokens)     # config's pin was chosen for the machine it measures on
     if max_model_len is not None:
         opts.setdefault("max_model_len", max_model_len)
     opts.update(settings or {})
     spec = opts.pop("speculative_config", None)
     ecfg = engine_config(cfg.model, cfg.dtype, opts)
     shape = ModelShape.from_dir(cfg.model, cfg.dtype)
-    tokens = ecfg.kv_cache_tokens or min((1 << 30) // int(shape.kv_bytes_per_token),
-                                         ecfg.max_num_seqs * (ecfg.max_model_len or 4096))
+    tensor = cfg.parallel.tensor if cfg.parallel else 1
+    if ecfg.kv_cache_tokens:
+        tokens = ecfg.kv_cache_tokens
+    elif profile.memory_gb:  # a GPU profile: what its memory holds after the weights and activations (gpu.size)
+        tokens = gpu.size(profile, shape, tensor, opts.get("gpu_memory_utilization"), ecfg.max_num_batched_tokens,
+                          ecfg.max_num_seqs).kv_tokens
+    else:
+        tokens = min((1 << 30) // int(shape.kv_bytes_per_token), ecfg.max_num_seqs * (ecfg.max_model_len or 4096))
     k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
     lookahead = k if spec and (spec.get("method") == "draft_model" or spec.get("model")) else 0
     served = opts.get("mode") == "server" or settings is not None  # behind HTTP: the served overhead applies
     return Replica(ecfg, tokens // ecfg.block_size, shape, profile, spec_k=k, accept=accept if k else 0.0,
-                   lookahead=lookahead, seed=seed, served=served)
+                   lookahead=lookahead, seed=seed, served=served, tensor=tensor)
 
 
 def replay(cfg, toml: str, profile: Profile, out: Path, lengths: dict[str, int] | None = None,

@@ -27,6 +27,7 @@ from reference_engine import EngineConfig, SamplingParams
 from reference_engine.core.request import Request
 from reference_engine.core.scheduler import Scheduler
 
+from experiments.simulate.gpu import allreduce_s, shard
 from experiments.simulate.served_overhead import served_step
 from experiments.simulate.step_model import ModelShape, Profile, StepShape, predict
 
@@ -76,6 +77,7 @@ class Replica:
     lookahead: int = 0  # draft_model: KV slots past the scheduled tokens (= spec_k)
     seed: int = 0
     served: bool = False  # add the profile's served overhead (served_overhead.py): a served engine
+    tensor: int = 1  # tensor-parallel ranks: each step costs one rank's share plus the all-reduces (gpu.py)
     sched: Scheduler = field(init=False)
     targets: dict[str, tuple[int, str]] = field(default_factory=dict)  # rid -> (output tokens, finish reason)
     steps: int = 0
@@ -84,6 +86,7 @@ class Replica:
 
     def __post_init__(self) -> None:
         self.sched = Scheduler(self.cfg, self.num_blocks, self.lookahead)
+        self.rank_shape = shard(self.shape, self.tensor)
         self.rng = random.Random(self.seed)
         self._ids = 0
 
@@ -140,7 +143,7 @@ class Replica:
         for e in emitted:
             if e.finished:
                 self.targets.pop(e.request_id, None)
-        dt = predict(shape, self.shape, self.profile)
+        dt = predict(shape, self.rank_shape, self.profile) + allreduce_s(shape, self.shape, self.tensor, self.profile)
         if self.served:
             dt = served_step(self.profile, dt, len(shape.seqs))
         self.steps += 1

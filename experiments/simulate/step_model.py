@@ -81,7 +81,9 @@ class Profile:
     bandwidth_gbps: float
     tflops: dict[str, float]  # dense peak per matmul dtype (float32, bfloat16, fp8, ...)
     coef: dict[str, float]
-    memory_gb: float | None = None  # device memory (spec profiles: what the KV budget is cut from)
+    memory_gb: float | None = None  # device memory (spec profiles: what the KV budget is cut from, gpu.size)
+    link_gbps: float | None = None  # GPU-to-GPU link, one direction, GB/s (tensor parallel all-reduces, gpu.py)
+    sources: dict = field(default_factory=dict)  # spec number -> datasheet it is read from
     calibrated: bool = False
     machine: str = ""
     engine: str = ""
