@@ -194,8 +194,8 @@ def test_tensor_parallel_facts():
 def test_disaggregation_facts():
     said("disaggregated-serving", "`request.num_computed_tokens = request.num_tokens - 1` in "
                                   "`Scheduler._update_waiting_for_remote_kv` (`vllm/v1/core/sched/scheduler.py`, vLLM 0.32.0)",
-         "(`get_num_new_matched_tokens`)", "(`update_state_after_alloc`)", "(`start_load_kv`, or layer by layer with "
-         "`wait_for_layer_load`) while the request waits in `WAITING_FOR_REMOTE_KVS`",
+         "(`get_num_new_matched_tokens`)", "(`update_state_after_alloc`)", "(`start_load_kv`, with `wait_for_layer_load` "
+         "letting each attention layer wait for its own layer only)", "parks the request in `WAITING_FOR_REMOTE_KVS`",
          "a connector whose `request_finished` returns True takes over freeing")
     assert "request.num_computed_tokens = request.num_tokens - 1" in segment(
         "v1/core/sched/scheduler.py", "Scheduler._update_waiting_for_remote_kv")
@@ -203,6 +203,7 @@ def test_disaggregation_facts():
     for method in ("get_num_new_matched_tokens", "update_state_after_alloc", "start_load_kv", "wait_for_layer_load",
                    "request_finished"):
         assert f"def {method}(" in base, method
+    assert "Block until the KV for a specific layer is loaded" in base
     assert "True if the request is being saved/sent asynchronously and blocks" in base
     assert "WAITING_FOR_REMOTE_KVS = enum.auto()" in source("v1/request.py")
     factory = source("distributed/kv_transfer/kv_connector/factory.py")
