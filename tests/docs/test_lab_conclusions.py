@@ -215,7 +215,8 @@ def test_lab_19_reads_intensity_from_the_routing_and_times_from_the_passes():
     assert slow == "batch 16: the padded bmm 1.9x slower than the loop (8.00 vs 4.20 ms)"
     assert "as fast as the loop, within 1.2x" in f.gemm_verdict(16, "grouped_mm", [4.2e-3] * 3, [4.0e-3] * 3)
     noisy = f.gemm_verdict(16, "grouped_mm", [4.2e-3, 9.0e-3, 9.5e-3], [3.0e-3] * 3)  # planted: the median loop pass 114 % up
-    assert noisy == "batch 16, grouped_mm against the loop: inconclusive on this machine (the median loop pass is 114% above its fastest)"
+    assert noisy == ("batch 16, grouped_mm against the loop: inconclusive on this machine (the median pass of the loop is "
+                     "114% above its fastest)")
     import torch
     idx = torch.tensor([[0, 1], [0, 2], [2, 3]])  # 2 experts per device over 2 devices; token t lives on device t % 2
     assert f.sends(idx, 2, 2) == (6, 4, 2)  # token 0 sends one copy (both experts on device 0), tokens 1, 2 two each

@@ -102,9 +102,9 @@ def intensity(tokens: int, k: int, touched: int) -> tuple[float, float]:
 def gemm_verdict(batch: int, name: str, loop: list[float], grouped: list[float]) -> str:
     """loop / grouped: seconds per pass (several passes). The fastest pass is the estimate; a median more than 50 %
     above it is noise larger than most effects, and the verdict is then inconclusive. "Faster" from 1.2x."""
-    for who, ts in (("loop", loop), (name, grouped)):
+    for who, ts in (("the loop", loop), (name, grouped)):
         if statistics.median(ts) > 1.5 * min(ts):
-            return (f"batch {batch}, {name} against the loop: inconclusive on this machine (the median {who} pass is "
+            return (f"batch {batch}, {name} against the loop: inconclusive on this machine (the median pass of {who} is "
                     f"{statistics.median(ts) / min(ts) - 1:.0%} above its fastest)")
     a, b = min(loop), min(grouped)
     if b < a / 1.2:
