@@ -5,9 +5,10 @@ prompt and stops after its first token; `pack` gathers the prompt's blocks of K 
 one tensor (what a KV connector puts on the wire); the decode instance allocates blocks of its own, `unpack` writes
 the tensor into them through its block table, and `admit_with_remote_kv` starts the request there with every prompt
 token but the last already computed (vLLM recomputes the last one to sample the next token). Its greedy tokens must
-equal a colocated engine's. Then the same split is timed in three processes: a colocated engine on both cores, and
-a prefill instance pinned to one core feeding a decode instance pinned to the other, under the same load (a few
-requests decoding while long prompts arrive); the verdict on the decodes' inter-token latency is computed from the
+equal a colocated engine's. Then the split is timed under one load (a few requests decoding while long prompts
+arrive): a colocated engine on both cores, against a prefill instance pinned to one core feeding a decode instance
+pinned to the other (two processes: one holds the colocated engine and the decode instance, switching its affinity
+per round, the other the prefill instance); the verdict on the decodes' inter-token latency is computed from the
 repeats' numbers.
 
     python docs/handbook/labs/18_disaggregate.py [--model DIR] [--full]
@@ -15,6 +16,7 @@ repeats' numbers.
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -171,9 +173,11 @@ def child() -> None:
     if args.role == "decode":
         pin(set(cores))
         engines = {"colocated": LLMEngine(EngineConfig(**cfg)), "decode": LLMEngine(EngineConfig(**cfg))}
+        socket.setdefaulttimeout(120)  # a peer that never connects ends this process instead of leaving it waiting
         listener = Listener(args.sock, "AF_UNIX")
         say({"ready": True})
         conn = listener.accept()
+        socket.setdefaulttimeout(None)
     else:
         pin({cores[0]})
         engine = LLMEngine(EngineConfig(**cfg))

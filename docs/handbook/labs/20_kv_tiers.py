@@ -229,7 +229,7 @@ def run(model: str) -> None:
           f"the pool holds {a['blocks']} blocks")
     returning = [rid for rid in b["ttft"] if not rid.endswith("t0")]
     med = {t: [statistics.median(r["ttft"][rid] for rid in returning) for r in runs[t]] for t in (True, False)}
-    print(f"returning turns' median TTFT per repeat: with the tier " + ", ".join(f"{x:.1f}" for x in med[True])
+    print("returning turns' median TTFT per repeat: with the tier " + ", ".join(f"{x:.1f}" for x in med[True])
           + " ms; without " + ", ".join(f"{x:.1f}" for x in med[False]) + " ms")
     print("verdict: " + verdict(med[True], med[False]))
     seventy_b()
