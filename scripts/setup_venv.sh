@@ -20,7 +20,7 @@ start=$SECONDS
 echo "$VENV: installing torch $TORCH_VERSION (CPU build)..."
 bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" numpy
 
-echo "$VENV: building the C++ CPU kernels (${KERNELS[*]}) while inferlab[test] installs..."
+echo "$VENV: building the C++ CPU kernels (${KERNELS[*]}) while inferlab[test,cluster] installs..."
 pids=()
 # one build per instruction set this CPU runs (torch's ATEN_CPU_CAPABILITY picks it; one above the CPU's
 # falls back to the CPU's own): the engine's, and the ones tests/reference_engine/kernels/test_isa.py runs
@@ -40,7 +40,7 @@ print(f"{venv}: CPU kernel {name} ({torch.backends.cpu.get_cpu_capability()}):",
 PY
   pids+=($!)
 done; done
-bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" -e '.[test]'
+bash scripts/venv_install.sh "$VENV" "torch==$TORCH_VERSION" -e '.[test,cluster]'   # cluster: Ray, for tests/experiments/cluster
 echo "$VENV: installed in $((SECONDS - start)) s"
 "$VENV/bin/python" - <<'PY' &
 import importlib

@@ -67,6 +67,8 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("--dry-run", action="store_true", help="start nothing: print each engine's launch command, "
                    "version, first request bodies, metrics and settings read back, each checked against upstream; "
                    "exit 2 if a check fails")
+    p.add_argument("--cluster", metavar="ADDRESS", help="run each (cell, engine) pair as a task on this Ray cluster "
+                   "(auto: RAY_ADDRESS); overrides [cluster] address (experiments/cluster/)")
     a = p.parse_args(argv)
     try:
         cfg = load(a.config, engine=a.engine)
@@ -74,6 +76,13 @@ def run_main(argv: list[str]) -> int:
     except ConfigError as e:
         return fail(str(e))
     toml = Path(a.config).read_text()
+    if a.cluster or cfg.cluster.address:  # only here is Ray imported
+        from experiments.cluster import driver
+
+        if a.cell and not cfg.cells:
+            return fail(f"{a.config}: --cell needs a matrix config ([[cells]])")
+        a.make_model = ensure_model
+        return driver.run(cfg, whole, toml, a, a.cluster or cfg.cluster.address)
     if not cfg.cells:
         return fail(f"{a.config}: --cell needs a matrix config ([[cells]])") if a.cell else \
             _run(cfg, whole, toml, Path(a.out), a)

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from experiments.measuring import bandwidth
-from experiments.report import answers, frontier, observer, plots, predicted, sections, settings, verdict, workload
+from experiments.report import answers, frontier, observer, plots, predicted, sections, settings, verdict, where, workload
 from experiments.report.md import fmt
 from experiments.report.rows import BANDWIDTH, CACHE, CHECKS, HARNESS, MEMORY, THROUGHPUT, group, latency_rows
 from experiments.report.summary import load_runs, same_prompts, summarize
@@ -59,6 +59,7 @@ def build(dirs: list[Path], out: Path) -> Path:
                    "scheduler in simulated time, step times from a device profile; see each engine's profile "
                    "below).", ""]
     sp = same_prompts(runs)
+    md += ["", *placed] if (placed := where.section(runs)) else []
     md += ["", "Prompt token ids identical across engines (from requests.jsonl): " + fmt(sp), "",
            "## Workload", ""] + workload.section(runs) + ["",
            "## Fairness rules", "", FAIRNESS, "", "Flags:", ""] + (settings.fairness_flags(runs) + sections.flags(runs) or ["- none"])

@@ -21,6 +21,7 @@ from experiments.report.build import wants_frontier
 from experiments.report.md import fmt, table
 from experiments.report.rows import cell
 from experiments.report.summary import agreement, load_runs, summarize
+from experiments.report.where import cell_nodes
 
 HEADLINE = (("output tok/s", "output_throughput", "f1", True), ("TTFT p50 (ms)", "ttft_ms.median", "f1", False),
             ("TPOT p50 (ms)", "tpot_ms.median", "f2", False),
@@ -75,7 +76,7 @@ def build(root: Path, whole, command: str) -> Path:
         cells.append((c.name, runs))
         own = frozenset(n for n in c.all_engines() if n != base and c.adapter(n) == c.adapter(base))
         body += _rows(c.name, {"dtype": c.dtype}, runs, base, own)
-        links.append(f"- `{c.name}`: model `{c.model}`, {c.dtype} — [full report]({c.name}/report.md)")
+        links.append(f"- `{c.name}`: model `{c.model}`, {c.dtype} — [full report]({c.name}/report.md){cell_nodes(runs)}")
     md = [f"# inferlab matrix report: {whole.name}", "",
           f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')} by `{command}`.", "",
           "One row per cell, load level and headline metric; every engine's value (median, with its 95 % "

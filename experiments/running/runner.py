@@ -45,6 +45,10 @@ class Plan:
     compute: dict[str, Any] = field(default_factory=dict)  # measured matmul ceiling (experiments/measuring/ceilings.py)
     progress: Progress = field(default_factory=lambda: Progress(False))
     meter: Any = None  # the device's energy counter (experiments/measuring/energy.py), None where none reads
+    # on a cluster (experiments/cluster/task.py): each finished request's record, and each level that ended with no
+    # failure (repeat, level, manifest), also go to these, to be streamed to the driver; None locally
+    on_record: Any = None
+    on_level: Any = None
     _grown: dict[int, list[WorkItem]] = field(default_factory=dict)
 
     def items_for(self, n: int) -> list[WorkItem]:
@@ -223,6 +227,8 @@ class EngineRun:
                 self.dir.append(rec)
                 self.last_records.append(rec)
                 plan.progress.done(len(o.token_ids))
+                if plan.on_record is not None:
+                    plan.on_record(rec)
 
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
         sent = sum(len(c) for c in todo)
@@ -263,6 +269,8 @@ class EngineRun:
                        if e0 is not None and e1 is not None else {"source": energy.NOT_REPORTED}),
         }
         self._save()
+        if plan.on_level is not None and gen.failure is None:
+            plan.on_level(self.repeat, level, self.manifest)
         return gen.failure
 
 

@@ -1,9 +1,8 @@
 """Experiment configs: TOML files validated with pydantic.
 
-Invariants: every table forbids unknown keys; a config that loads is runnable as far
-as can be checked without starting an engine (model directory exists or `make_model`
-is set, engine names are registered). `ConfigError` carries one line for the user.
-Relative paths resolve against the current working directory.
+Invariants: every table forbids unknown keys; a config that loads is runnable as far as can be checked without
+starting an engine (model directory exists or `make_model` is set, engine names are registered). `ConfigError`
+carries one line for the user. Relative paths resolve against the current working directory.
 """
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters import registry
+from experiments.cluster.settings import Cluster
 
 
 class ConfigError(ValueError):
@@ -139,14 +139,14 @@ class Sweep(_Strict):
 
 
 class Load(_Strict):
-    """How it is sent. Closed loop: at most `concurrency` in flight. Open loop: arrivals at
-    `rate` req/s (Poisson when burstiness = 1, gamma otherwise; "inf" sends all at once), at
-    most `max_concurrency` in flight when set (an arrival then waits for a slot).
-    A list sweeps; each level reruns the same requests after its own warm-up. Search: open
-    loop at rates the search picks (see `Search`). Sweep: closed loop at concurrencies the sweep
+    """How it is sent. Closed loop: at most `concurrency` in flight. Open loop: arrivals at `rate` req/s (Poisson
+    when burstiness = 1, gamma otherwise; "inf" sends all at once), at most `max_concurrency` in flight when set
+    (an arrival then waits for a slot). A list sweeps; each level reruns the same requests after its own warm-up.
+    Search: open loop at rates the search picks (see `Search`). Sweep: closed loop at concurrencies the sweep
     picks, until saturation (see `Sweep`)."""
 
     mode: Literal["closed", "open", "search", "sweep"] = "closed"
+    clients: int = Field(1, ge=1, le=64)  # Ray client processes sending a level's arrivals (needs a cluster)
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)
@@ -212,10 +212,9 @@ class SLO(_Strict):
 
 
 class Observer(_Strict):
-    """What the harness asks the engine besides the workload. By default nothing during a
-    measured level: the engine's gauges and its own latency histograms are read just before
-    and just after each level. `timeline_s` samples the gauges during levels at that period
-    (a timeline perturbs the engine it watches; such levels are flagged)."""
+    """What the harness asks the engine besides the workload. By default nothing during a measured level: the
+    engine's gauges and its own latency histograms are read just before and just after each level. `timeline_s`
+    samples the gauges during levels at that period (a timeline perturbs the engine it watches; flagged)."""
 
     timeline_s: float | None = Field(None, gt=0)
     server_view: bool = True  # scrape the engine's /metrics before and after each level
@@ -282,10 +281,11 @@ class Config(_Strict):
     repeats: int = Field(1, ge=1, le=50)
     cost_per_hour: float | None = Field(None, gt=0)  # the machine's price: cost per million output tokens
     frontier: Frontier = Frontier()
+    cluster: Cluster = Cluster()  # a Ray cluster's address and what each (cell, engine) task asks for
     seed: int = 0
-    # A matrix: each cell is a table of overrides of the keys above (model, dtype, load, ...),
-    # merged into this config; `inferlab run` runs every cell into results/<name>/<cell name>/
-    # and writes one report comparing the engines across cells (experiments/report/matrix.py).
+    # A matrix: each cell is a table of overrides of the keys above (model, dtype, load, ...), merged into this
+    # config; `inferlab run` runs every cell into results/<name>/<cell name>/ and writes one report comparing the
+    # engines across cells (experiments/report/matrix.py).
     cells: list[dict[str, Any]] = []
 
     @model_validator(mode="after")
