@@ -8,13 +8,20 @@ grid the column max(W, r * F) is, so the fit is a one-dimensional search over r 
 least squares inside; the best r wins. The tile padding of the linear rows (1 or the GEMM's 12) is
 chosen the same way, by the sweep's own error. Residuals (median and p90 of |relative error|) go
 into `fit`: on the sweep only; the validation (the teacher-forced trace) never feeds a coefficient.
+
+Several models at once (`m` a list, one shape per row: `inferlab simulate --calibrate --also-model DIR`):
+on one model the weight read is the same bytes every step, so a fixed cost per step and the bandwidth term
+are the same column and the fit may put the weight read into the constant (round 6: 20.5 ms a step, and a
+weight coefficient of 0.0005, so a model 50x larger was predicted as fast). Fitted together on models whose
+weight bytes differ 10x or more, the constant is shared and the weight term must carry the difference;
+`shares` prints each term's part of a decode step at 1 and 64 rows, per model, to show it did.
 """
 from __future__ import annotations
 
 import platform
 import subprocess
 from datetime import date
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -39,10 +46,26 @@ def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile,
-        terms: tuple[str, ...] = tuple(t for t in TERMS if t != FOLDED)) -> dict[str, float]:
-    """The summed form: non-negative relative least squares of the measured seconds on the features."""
-    X = np.array([[features(s, m, prof)[k] for k in terms] for s, _ in rows])
+Models = ModelShape | Sequence[ModelShape]  # one shape for every row, or one per row
+
+
+def per_row(rows: list, m: Models) -> list[ModelShape]:
+    """The model shape of each row."""
+    if isinstance(m, ModelShape):
+        return [m] * len(rows)
+    if len(m) != len(rows):
+        raise ValueError(f"{len(m)} model shapes for {len(rows)} timed steps")
+    return list(m)
+
+
+def fit(rows: list[tuple[StepShape, float]], m: Models, prof: Profile,
+        terms: tuple[str, ...] | None = None) -> dict[str, float]:
+    """The summed form: non-negative relative least squares of the measured seconds on the features. With one
+    model the per-step constant is folded into the weights (the same column); with several it is fitted."""
+    ms = per_row(rows, m)
+    if terms is None:
+        terms = tuple(t for t in TERMS if t != FOLDED or len(set(ms)) > 1)
+    X = np.array([[features(s, mi, prof)[k] for k in terms] for (s, _), mi in zip(rows, ms)])
     t = np.array([d for _, d in rows])
     sol = _nnls(X / t[:, None], np.ones(len(t)))
     coef = {k: 0.0 for k in TERMS}
@@ -53,12 +76,12 @@ def fit(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile,
 REST = ("per_step", "kv", "attention", "per_seq")
 
 
-def fit_regime(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, tile: int,
+def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, tile: int,
                fixed: dict[str, float] | None = None) -> dict[str, float]:
     """One regime's coefficients in the overlapped form (module docstring); `fixed` terms (of REST)
     are held at the given values and the rest fitted to what they leave."""
     fixed = fixed or {}
-    F = [features(s, m, prof, tile) for s, _ in rows]
+    F = [features(s, mi, prof, tile) for (s, _), mi in zip(rows, per_row(rows, m))]
     t = np.array([d - sum(v * f[k] for k, v in fixed.items()) for (_, d), f in zip(rows, F)])
     t = np.maximum(t, 1e-9)
     w, lin = np.array([f["weights"] for f in F]), np.array([f["linear"] for f in F])
@@ -76,7 +99,7 @@ def fit_regime(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile
             **{k: float(v) for k, v in fixed.items()}}
 
 
-def fit_regimes(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, fused_max_rows: int,
+def fit_regimes(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, fused_max_rows: int,
                 share_kv: bool = False) -> Profile:
     """`prof` with `regimes` (and `tile_rows`, `fused_max_rows`) fitted on the timed steps. `share_kv`:
     the "mixed" regime takes the "decode" regime's KV coefficient instead of fitting one (when its
@@ -86,24 +109,28 @@ def fit_regimes(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profil
     for tile in TILES:
         cand = Profile(**{**prof.__dict__, "tile_rows": tile, "fused_max_rows": fused_max_rows, "regimes": {}})
         groups: dict[str, list] = {}
-        for s, d in rows:
+        models: dict[str, list] = {}
+        for (s, d), mi in zip(rows, per_row(rows, m)):
             groups.setdefault(regime(s, fused_max_rows), []).append((s, d))
-        cand.regimes = {g: fit_regime(rs, m, cand, tile) for g, rs in groups.items() if g == "decode" or not share_kv}
+            models.setdefault(regime(s, fused_max_rows), []).append(mi)
+        cand.regimes = {g: fit_regime(rs, models[g], cand, tile) for g, rs in groups.items()
+                        if g == "decode" or not share_kv}
         if share_kv and "mixed" in groups:
-            cand.regimes["mixed"] = fit_regime(groups["mixed"], m, cand, tile, {"kv": cand.regimes["decode"]["kv"]})
+            cand.regimes["mixed"] = fit_regime(groups["mixed"], models["mixed"], cand, tile,
+                                               {"kv": cand.regimes["decode"]["kv"]})
         e = errors(rows, m, cand)
         if best is None or e["median_abs"] + e["p90_abs"] < best[0]:
             best = (e["median_abs"] + e["p90_abs"], cand)
     return best[1]
 
 
-def errors(rows: list[tuple[StepShape, float]], m: ModelShape, prof: Profile, served: bool = False) -> dict[str, Any]:
+def errors(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, served: bool = False) -> dict[str, Any]:
     """Relative errors (pred / measured - 1) of a profile on timed steps: median, p90 of |e|, signed median.
     `served`: the steps ran in a served engine, so each prediction carries the profile's served step terms."""
     from experiments.simulate.served_overhead import served_step
 
-    e = np.array([(served_step(prof, predict(s, m, prof), len(s.seqs)) if served else predict(s, m, prof)) / d - 1
-                  for s, d in rows])
+    e = np.array([(served_step(prof, predict(s, mi, prof), len(s.seqs)) if served else predict(s, mi, prof)) / d - 1
+                  for (s, d), mi in zip(rows, per_row(rows, m))])
     if e.size == 0:
         return {"steps": 0}
     return {"steps": int(e.size), "median_abs": float(np.median(np.abs(e))),
@@ -126,12 +153,31 @@ def commit() -> str:
         return "unknown"
 
 
-def calibrate(rows: list[tuple[StepShape, float]], m: ModelShape, bandwidth_gbps: float, tflops: float,
+def shares(prof: Profile, m: ModelShape, context: int = 1024) -> dict[str, dict[str, float]]:
+    """Each term's part of a decode step of 1 and of 64 rows (contexts of `context`) under the profile, and
+    the step's predicted seconds: {"decode x1": {term: share, ..., "seconds": t}, "decode x64": ...}."""
+    out = {}
+    for rows in (1, 64):
+        shape = StepShape(tuple((1, context, 1) for _ in range(rows)))
+        f = features(shape, m, prof)
+        coef = (prof.regimes.get(regime(shape, prof.fused_max_rows)) or prof.regimes["mixed"]) if prof.regimes \
+            else prof.coef
+        parts = {k: coef[k] * f[k] for k in TERMS}
+        if prof.regimes:  # the overlapped pair: only the larger of weights and linear counts
+            lo = min(("weights", "linear"), key=lambda k: parts[k])
+            parts[lo] = 0.0
+        total = sum(parts.values())
+        out[f"decode x{rows}"] = {**{k: v / total for k, v in parts.items()}, "seconds": total}
+    return out
+
+
+def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: float, tflops: float,
               engine: str, notes: str = "", fused_max_rows: int = 0, share_kv: bool = False) -> Profile:
     """A calibrated profile from timed steps, at the measured peaks (so each a = 1 / efficiency): the
     per-regime overlapped form, with the summed form's coefficients kept in `coef` for comparison."""
+    dtype = per_row(rows, m)[0].dtype if rows else m.dtype
     prof = Profile(name=f"{engine} on {platform.node()}", bandwidth_gbps=bandwidth_gbps,
-                   tflops={m.dtype: tflops}, coef={k: 0.0 for k in TERMS}, calibrated=True, machine=machine(),
+                   tflops={dtype: tflops}, coef={k: 0.0 for k in TERMS}, calibrated=True, machine=machine(),
                    engine=engine, version=commit(), date=date.today().isoformat(), notes=notes)
     prof.coef = fit(rows, m, prof)
     summed = errors(rows, m, prof)
@@ -139,9 +185,11 @@ def calibrate(rows: list[tuple[StepShape, float]], m: ModelShape, bandwidth_gbps
     counts: dict[str, int] = {}
     for s, _ in rows:
         counts[regime(s, fused_max_rows)] = counts.get(regime(s, fused_max_rows), 0) + 1
+    ms = per_row(rows, m)
     prof.fit = {"sweep": errors(rows, m, prof), "sweep_summed_form": summed, "steps_per_regime": counts,
-                "shapes": sorted({(len(s.seqs), max(n for n, _, _ in s.seqs)) for s, _ in rows})[:64]}
+                "shapes": sorted({(len(s.seqs), max(n for n, _, _ in s.seqs)) for s, _ in rows})[:64],
+                "models": {f"{mi.weight_bytes / 1e6:.0f} MB": shares(prof, mi) for mi in dict.fromkeys(ms)}}
     return prof
 
 
-__all__ = ["fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine"]
+__all__ = ["fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine", "shares", "per_row"]

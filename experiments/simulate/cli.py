@@ -38,6 +38,9 @@ def parser() -> Parser:
     p = Parser(prog="inferlab simulate", description="predict a run in simulated time; calibrate; plan capacity")
     p.add_argument("config")
     p.add_argument("--calibrate", action="store_true", help="time a sweep of step shapes and write the profile")
+    p.add_argument("--also-model", action="append", default=[], metavar="DIR",
+                   help="with --calibrate: sweep this model too and fit both at once (sizes 10x apart in weight bytes "
+                        "keep the weight read out of the per-step constant); repeatable")
     p.add_argument("--profile", help="profile JSON or a shipped spec sheet (h100, h200, a100, l40s); default: "
                                      "this machine's calibrated one, results/simulate/profiles/ENGINE-HOST.json")
     p.add_argument("--engine", help="simulate only this engine of the config")
@@ -192,20 +195,32 @@ def _calibrate(cfg, engine: str, a) -> int:
 
         opts["num_threads"] = serving_threads(opts.get("engine_process", True)) if opts.get("mode") == "server" \
             else (os.cpu_count() or 1)  # what `inferlab serve` (or torch in-process) runs with
+    for model in a.also_model:
+        if not (Path(model) / "config.json").is_file():
+            return fail(f"--also-model {model}: no config.json there")
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, opts, kv_cache_tokens=65536, max_model_len=4096)
     print(f"inferlab: calibrating {engine} ({ecfg.num_threads} threads): peaks, then the sweep", file=sys.stderr)
     bw = bandwidth.peak_copy_gbps()["cpu_gbps"]
     peak = ceilings.compute_peak(cfg.model, cfg.dtype)
     if not peak.get("gflops"):
         return fail(f"compute ceiling not measured: {peak.get('error')}")
-    shape = ModelShape.from_dir(cfg.model, cfg.dtype)
-    rows, paths = sweep.sweep(ecfg)
-    prof = calibrate.calibrate(rows, shape, bw, peak["gflops"] / 1e3, engine,
+    rows, shapes = [], []
+    for model in [cfg.model, *a.also_model]:
+        got, paths = sweep.sweep(sweep.engine_config(model, cfg.dtype, opts, kv_cache_tokens=65536, max_model_len=4096))
+        rows += got
+        shapes += [ModelShape.from_dir(model, cfg.dtype)] * len(got)
+    models = ", ".join(f"{Path(m).name} ({ModelShape.from_dir(m, cfg.dtype).weight_bytes / 1e6:.0f} MB)"
+                       for m in [cfg.model, *a.also_model])
+    prof = calibrate.calibrate(rows, shapes, bw, peak["gflops"] / 1e3, engine,
                                notes=f"num_threads={ecfg.num_threads}; step wall times of a ragged closed-loop sweep "
-                                     f"(each step the median of 3 repeats); measure it quiet (under the bench lock); paths "
-                                     f"{paths.get('linear')}, one-call decode layer up to "
+                                     f"(each step the median of 3 repeats) on {models}; measure it quiet (under the "
+                                     f"bench lock); paths {paths.get('linear')}, one-call decode layer up to "
                                      f"{paths.get('fused_decode_max_rows')} rows; peaks measured at calibration",
                                fused_max_rows=int(paths.get("fused_decode_max_rows") or 0))
+    for size, parts in prof.fit["models"].items():
+        for rows_, p in parts.items():
+            print(f"inferlab: {size} model, {rows_} at context 1024: {p['seconds'] * 1e3:.2f} ms = " + ", ".join(
+                f"{k} {v:.0%}" for k, v in p.items() if k != "seconds" and v >= 0.005), file=sys.stderr)
     out = default_profile(engine) if not a.profile else Path(a.profile)
     prof.save(out)
     sweep.dump(rows, out.with_suffix(".steps.json"))

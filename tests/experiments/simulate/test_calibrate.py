@@ -104,3 +104,39 @@ def test_prefill_only_steps_share_the_decode_kv_coefficient():
     got = fit_regimes(rows, SHAPE, Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0)), 64, share_kv=True)
     assert got.regimes["mixed"]["kv"] == got.regimes["decode"]["kv"]
     assert errors(rows, SHAPE, got)["p90_abs"] < 0.05
+
+
+def _sized(layers: int) -> ModelShape:
+    return ModelShape(layers=layers, hidden=512, heads=8, kv_heads=2, head_dim=64, intermediate=1536, vocab=1000)
+
+
+def test_two_model_sizes_keep_the_weight_read_out_of_the_constant():
+    """Decode steps timed by a planted model (2 ms a step, weights at 1/0.8 of the bandwidth) on one model
+    size: many fits reproduce them, and the one found can carry the weight read in the constant, so it
+    mispredicts a 12x larger model. Fitted on two sizes 12x apart at once, the constant is shared: the weight
+    term comes back, and a third, held-out size is predicted; `shares` reports each term's part."""
+    from experiments.simulate.calibrate import calibrate, shares
+
+    true = {"per_step": 2e-3, "weights": 1.25, "linear": 0.0, "kv": 1.5, "attention": 0.0, "per_seq": 1e-4}
+    planted = Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TRUE, 0.0), regimes={"decode": true},
+                      fused_max_rows=64)
+    small, large, held_out = _sized(2), _sized(24), _sized(8)
+    assert large.weight_bytes > 10 * small.weight_bytes
+    dec = decode_steps()
+    one = [(s, predict(s, small, planted)) for s in dec]
+    alone = calibrate(one, small, 20.0, 1.0, "test", fused_max_rows=64)
+    both = calibrate(one + [(s, predict(s, large, planted)) for s in dec], [small] * len(dec) + [large] * len(dec),
+                     20.0, 1.0, "test", fused_max_rows=64)
+    truth = [(s, predict(s, held_out, planted)) for s in dec]
+    assert errors(truth, held_out, both)["median_abs"] < 0.01
+    assert both.regimes["decode"]["weights"] == pytest.approx(1.25, rel=0.02)
+    assert both.regimes["decode"]["per_step"] == pytest.approx(2e-3, rel=0.05)
+    # the one-size fit is exact on its own model and wrong on the large one: the constant took the weight read
+    assert errors(one, small, alone)["median_abs"] < 0.01
+    assert errors([(s, predict(s, large, planted)) for s in dec], large, alone)["median_abs"] > 0.2
+    got, want = shares(both, large), shares(planted, large)
+    for rows in ("decode x1", "decode x64"):
+        assert sum(v for k, v in got[rows].items() if k != "seconds") == pytest.approx(1.0)
+        assert got[rows]["weights"] == pytest.approx(want[rows]["weights"], abs=0.02)
+        assert got[rows]["per_step"] == pytest.approx(want[rows]["per_step"], abs=0.02)
+    assert set(both.fit["models"]) == {f"{small.weight_bytes / 1e6:.0f} MB", f"{large.weight_bytes / 1e6:.0f} MB"}

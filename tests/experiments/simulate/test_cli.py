@@ -35,6 +35,7 @@ tokens = 2048
     (["{cfg}", "--profile", "/no/such/profile.json"], "not a file"),
     (["{bad}"], "unknown key"),
     (["{mat}"], "a matrix config"),
+    (["{cfg}", "--calibrate", "--also-model", "/no/such/model"], "--also-model /no/such/model: no config.json"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(exp_model, tmp_path, capsys, args, says):
     cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
