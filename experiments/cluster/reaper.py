@@ -91,7 +91,15 @@ def watch(task_pid: int, stdin: IO[bytes]) -> None:
         ready, _, _ = select.select([stdin], [], [], PERIOD_S)
         if ready and not os.read(stdin.fileno(), 4096):  # end of file: the task's process is gone or done
             break
-    sweep(seen, own_group, own_too=not task.is_running())
+    sweep(seen, own_group, own_too=not _alive(task))
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Running, and not a zombie its parent has yet to reap (a worker killed a moment ago is one)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 if __name__ == "__main__":

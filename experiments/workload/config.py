@@ -146,7 +146,6 @@ class Load(_Strict):
     picks, until saturation (see `Sweep`)."""
 
     mode: Literal["closed", "open", "search", "sweep"] = "closed"
-    clients: int = Field(1, ge=1, le=64)  # Ray client processes sending a level's arrivals (needs a cluster)
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)
