@@ -34,7 +34,7 @@ ENGINES = "adapters.engines"
 # The engine's process boundary: the front ends and the core share only engine/messages.py. A front end
 # names engine_core for the core's entry point alone (what a thread or a child process runs).
 FRONT_ENDS = ("reference_engine.engine.client", "reference_engine.engine.async_engine",
-              "reference_engine.engine.engine_process")
+              "reference_engine.engine.engine_process", "reference_engine.engine.data_parallel")
 CORE_SIDE = ("reference_engine.engine.engine_core", "reference_engine.engine.llm_engine")
 CORE_ENTRIES = {"core_main", "thread_main"}
 # What engine/ may import from worker/: the runner's public interface (its class and step output, the

@@ -1,9 +1,12 @@
 """`inferlab simulate CONFIG --capacity --slo ...`: how much Poisson traffic N replicas take under an SLO,
 and how many replicas a target rate needs.
 
-The SLO is percentiles of per-request latency (`ttft_p99_ms=1000,tpot_p99_ms=100`: metric ttft, tpot
-or e2el; statistic p50, p90, p99 or mean). A rate passes when every limit holds over the level's
-requests. The search is the harness's (experiments/running/search.py `next_rate`: double until a level fails,
+Two pass rules. With `--slo`, percentiles of per-request latency (`ttft_p99_ms=1000,tpot_p99_ms=100`: metric
+ttft, tpot or e2el; statistic p50, p90, p99 or mean): a rate passes when every limit holds over the level's
+requests. Without it, the measured search's own rule (`inferlab run` with load.mode = "search",
+experiments/running/search.py): the config's `[slo]` limits per request, and a rate passes when at least
+`load.search.goodput` (default 0.95) of the requests sent meet every one (`GoodputRule`), so a simulated
+capacity and a measured one are judged alike. The search is the harness's (experiments/running/search.py `next_rate`: double until a level fails,
 then bisect), at most `LEVELS` levels, starting from the rate one replica sustains with one request
 at a time. Each level replays `n` requests (the workload's prompts cycled, each with its EOS length
 where given, each cycle's copies made new to the prefix cache: `copy_prompt`) arriving as a seeded
@@ -22,13 +25,32 @@ from typing import Any
 
 import numpy as np
 
+from experiments.measuring import metrics
 from experiments.running import load, search
-from experiments.simulate import fleet, router
+from experiments.simulate import fleet
+from reference_engine.engine import router
 from experiments.simulate.replay import replica_for
 from experiments.simulate.step_model import Profile
 from experiments.workload import context, workloads
 
 LEVELS = 12
+
+
+class GoodputRule(dict):
+    """The measured search's pass rule: per-request limits ({"ttft_ms": ...}) and the share that must meet them."""
+
+    def __init__(self, limits: dict[str, float], goodput: float):
+        super().__init__({k: v for k, v in limits.items() if v is not None})
+        self.goodput = goodput
+
+
+def config_rule(cfg) -> GoodputRule:
+    """The config's `[slo]` and search goodput as a rule (ValueError without an SLO)."""
+    limits = cfg.slo.model_dump() if cfg.slo is not None else {}
+    if not any(v is not None for v in limits.values()):
+        raise ValueError("--capacity needs --slo or an [slo] in the config, e.g. --slo ttft_p99_ms=1000,tpot_p99_ms=100")
+    search_cfg = getattr(cfg.load, "search", None)
+    return GoodputRule(limits, search_cfg.goodput if search_cfg is not None else 0.95)
 SLO_KEY = re.compile(r"^(ttft|tpot|e2el)_(p50|p90|p99|mean)_ms$")
 
 
@@ -60,6 +82,13 @@ def latencies(done: list[fleet.Done]) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": tpot, "e2el": e2el}
 
 
+def rows(done: list[fleet.Done]) -> list[dict[str, float]]:
+    """Per finished request, the metrics' row keys `metrics.meets_slo` reads (TPOT NaN for one token)."""
+    return [{"ttft_ms": (d.first - d.send) * 1e3, "e2el_ms": (d.last - d.send) * 1e3,
+             "tpot_ms": (d.last - d.first) * 1e3 / (d.tokens - 1) if d.tokens >= 2 else math.nan}
+            for d in done if d.first is not None]
+
+
 def stat(a: np.ndarray, s: str) -> float:
     if a.size == 0:
         return math.nan
@@ -85,9 +114,14 @@ def level(cfg, make_fleet, items, lengths, rate: float, n: int, slo) -> dict[str
                                  it.output_len, out))
     f = make_fleet()
     done, wall = f.run(arr)
-    lat = latencies(done)
-    got = {f"{m}_{s}_ms": stat(lat[m], s) for m, s in slo}
-    passed = all(got[f"{m}_{s}_ms"] <= lim for (m, s), lim in slo.items())
+    if isinstance(slo, GoodputRule):
+        good = sum(metrics.meets_slo(row, slo) for row in rows(done))
+        got = {"goodput_fraction": good / n}
+        passed = got["goodput_fraction"] >= slo.goodput
+    else:
+        lat = latencies(done)
+        got = {f"{m}_{s}_ms": stat(lat[m], s) for m, s in slo}
+        passed = all(got[f"{m}_{s}_ms"] <= lim for (m, s), lim in slo.items())
     toks = sum(d.tokens for d in done)
     return {"rate": rate, "passed": passed, **got, "output_tok_s": toks / wall if wall else None,
             "replicas": [s.summary(wall) for s in f.stats]}
@@ -130,7 +164,8 @@ def run(cfg, engine: str, profile: Profile, slo, replicas: int, router_name: str
                 break
             k += 1
     doc = {"config": cfg.name, "engine": engine, "profile": profile.label, "calibrated": profile.calibrated,
-           "slo": {f"{m}_{s}_ms": v for (m, s), v in slo.items()}, "replicas": replicas, "router": router_name,
+           "slo": dict(slo) if isinstance(slo, GoodputRule) else {f"{m}_{s}_ms": v for (m, s), v in slo.items()},
+           "goodput": slo.goodput if isinstance(slo, GoodputRule) else None, "replicas": replicas, "router": router_name,
            "requests_per_level": n, **res, "target_rate": target, "replicas_needed": need}
     path = out / f"{cfg.name}-capacity" / f"capacity-{replicas}x-{router_name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,8 +186,11 @@ def render(doc: dict[str, Any]) -> str:
     lines = [f"capacity of {doc['engine']} ({doc['config']}), profile {doc['profile']}{tag}",
              f"SLO {', '.join(f'{k}<={v:g}' for k, v in doc['slo'].items())}; {doc['replicas']} replica(s), "
              f"router {doc['router']}, {doc['requests_per_level']} requests per level (simulated)"]
+    if doc.get("goodput") is not None:
+        lines[-1] += f"; a rate passes when >= {doc['goodput']:.0%} of requests meet every limit (the measured search's rule)"
     for p in doc["points"]:
-        stats = ", ".join(f"{k}={p[k]:.1f}" for k in doc["slo"])
+        keys = ["goodput_fraction"] if doc.get("goodput") is not None else list(doc["slo"])
+        stats = ", ".join(f"{k}={p[k]:.3f}" if k == "goodput_fraction" else f"{k}={p[k]:.1f}" for k in keys)
         lines.append(f"  rate {p['rate']:9.3f} req/s  {'pass' if p['passed'] else 'FAIL'}  {stats}")
     b = doc["best_rate"]
     lines.append(f"capacity: {b:.3f} req/s in all, {b / doc['replicas']:.3f} per replica (first failing rate "

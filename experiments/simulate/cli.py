@@ -88,12 +88,10 @@ def main(argv: list[str]) -> int:
         return fail(f"--replicas must be >= 1, got {a.replicas}")
     if not 0 <= a.accept <= 1:
         return fail(f"--accept must be in [0, 1], got {a.accept}")
-    if a.capacity and not a.slo:
-        return fail("--capacity needs --slo, e.g. --slo ttft_p99_ms=1000,tpot_p99_ms=100")
     from experiments.simulate import capacity
 
     try:
-        slo = capacity.parse_slo(a.slo) if a.capacity else None
+        slo = (capacity.parse_slo(a.slo) if a.slo else capacity.config_rule(cfg)) if a.capacity else None
     except ValueError as e:
         return fail(str(e))
     toml = Path(a.config).read_text()

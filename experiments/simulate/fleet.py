@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from experiments.simulate.replica import Replica
-from experiments.simulate.router import Router
+from reference_engine.engine.router import Router
 
 
 @dataclass

@@ -14,7 +14,8 @@ from __future__ import annotations
 import random
 import time
 
-from experiments.simulate import fleet, router
+from experiments.simulate import fleet
+from reference_engine.engine import router
 from experiments.simulate.replica import Replica
 from experiments.simulate.step_model import ModelShape, Profile
 from reference_engine import EngineConfig

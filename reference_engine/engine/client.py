@@ -223,6 +223,10 @@ class EngineClient:
             if not stream.finished:  # consumer went away: free the request's blocks
                 self.abort(stream.request_id)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether a stream of this id is open here."""
+        return request_id in self._streams
+
     def abort(self, request_id: str) -> None:
         if request_id in self._streams:
             self._queue(AbortRequest(request_id))

@@ -228,17 +228,21 @@ def bound_gemm_caches() -> dict[str, str]:
     return {v: os.environ.setdefault(v, GEMM_CACHE_ENTRIES) for v in GEMM_CACHE_VARS}
 
 
-def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None) -> None:
+def core_main(cfg, inbox, outbox, front_ends: tuple, parent: int | None, cpus: tuple[int, ...] | None = None) -> None:
     """The child process (`ProcessAsyncEngine`): build the core, send its facts, loop. Exits on "stop"
-    or when the front end is gone."""
+    or when the front end is gone. `cpus`: the CPUs it runs on (a data-parallel replica's own cores),
+    set before torch starts any thread."""
     die_with_parent(parent)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     for c in front_ends:  # forked: our copies of the front's ends, or EOF would never come
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front drains requests on SIGINT/SIGTERM, then stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     caches = bound_gemm_caches()
     try:
-        core = EngineCore(cfg, {"engine_process": True, "gemm_cache_entries": caches})
+        core = EngineCore(cfg, {"engine_process": True, "gemm_cache_entries": caches,
+                                "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None})
     except BaseException as e:
         outbox.send(portable(e))
         return

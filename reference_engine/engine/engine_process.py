@@ -86,8 +86,10 @@ class ProcessAsyncEngine(EngineClient):
 
     DEATH = "the engine process died"
 
-    def __init__(self, config: EngineConfig, step_timeout: float | None = None, on_death=None):
+    def __init__(self, config: EngineConfig, step_timeout: float | None = None, on_death=None,
+                 cpus: tuple[int, ...] | None = None):
         super().__init__(config, on_death)
+        self.cpus = cpus  # the core process's CPU affinity (None: the front end's)
         if step_timeout is not None and not step_timeout > 0:
             raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}")
         self.step_timeout = step_timeout
@@ -110,7 +112,7 @@ class ProcessAsyncEngine(EngineClient):
         from_core_r, from_core_w = ctx.Pipe(duplex=False)
         parent = None if method == "forkserver" else os.getpid()
         proc = ctx.Process(target=core_main, name="inferlab-engine-core", daemon=True,
-                           args=(self.config, to_core_r, from_core_w, (to_core_w, from_core_r), parent))
+                           args=(self.config, to_core_r, from_core_w, (to_core_w, from_core_r), parent, self.cpus))
         loop, aborted = asyncio.get_running_loop(), asyncio.Event()
         self._starting = (loop, aborted)
         try:

@@ -105,6 +105,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="run the engine core in a process of its own, as vLLM's EngineCore (default); "
                         "--no-engine-process runs it in a thread of the server's process "
                         "(docs/perf/2026-12-02-served-decode-profile.md compares the two)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N engine cores, each a full copy of the model pinned to its own share of the CPUs, behind "
+                        "this one server; each request goes to the one --router picks (vLLM's --data-parallel-size)")
+    p.add_argument("--router", default="least_loaded", choices=["round_robin", "least_loaded", "prefix_aware"],
+                   help="with --data-parallel-size > 1: which replica takes a request (reference_engine/engine/router.py, "
+                        "the routers `inferlab simulate --replicas` models)")
     p.add_argument("--engine-step-timeout", type=float, default=None, metavar="SECONDS",
                    help="declare the engine core dead when it makes no step for this long while requests are "
                         "open (default: 20x the longest step seen, at least 60 s)")
@@ -159,8 +165,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = engine_config(args)
-        engine = (ProcessAsyncEngine(cfg, step_timeout=args.engine_step_timeout) if args.engine_process
-                  else AsyncEngine(cfg))
+        if args.data_parallel_size > 1:
+            from reference_engine.engine.data_parallel import DataParallelEngine
+
+            if not args.engine_process:
+                raise ValueError("--data-parallel-size > 1 runs each replica's core in a process of its own; "
+                                 "drop --no-engine-process")
+            engine = DataParallelEngine(cfg, args.data_parallel_size, args.router, args.engine_step_timeout)
+        elif args.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+        else:
+            engine = (ProcessAsyncEngine(cfg, step_timeout=args.engine_step_timeout) if args.engine_process
+                      else AsyncEngine(cfg))
         engine.on_death = on_death
         app = build_app(engine, api_key=args.api_key, max_waiting=args.max_waiting,
                         served_model_name=args.served_model_name, chat_template=args.chat_template,

@@ -74,13 +74,17 @@ def test_tgi_gets_num_shard_and_refuses_pipeline_and_data(tmp_path):
             create("tgi", "/m", "float16", {"parallel": {dim: 2}})
 
 
-def test_reference_takes_tensor_only(tmp_path):
+def test_reference_takes_tensor_and_data_in_server_mode(tmp_path):
     srv = create("reference", "/m", "float32", {"mode": "server", "parallel": {"tensor": 2}})
     assert flag_values(srv.flags())["--tensor-parallel-size"] == "2"
+    dp = create("reference", "/m", "float32", {"mode": "server", "parallel": {"data": 2}, "router": "prefix_aware"})
+    assert (flag_values(dp.flags())["--data-parallel-size"], flag_values(dp.flags())["--router"]) == ("2", "prefix_aware")
+    with pytest.raises(ValueError, match=r"\[parallel\] data > 1 runs that many engine cores behind one `inferlab serve`"):
+        create("reference", "/m", "float32", {"mode": "in_process", "parallel": {"data": 2}})
     inproc = create("reference", "/m", "float32", {"mode": "in_process", "parallel": {"tensor": 2, "data": 1}})
     assert inproc.options["tensor_parallel_size"] == 2
     with pytest.raises(ValueError, match=r"\[parallel\] pipeline = 2 is not supported \(the reference engine does "
-                                         r"tensor parallelism only\)"):
+                                         r"tensor and data parallelism, no pipeline parallelism\)"):
         create("reference", "/m", "float32", {"parallel": {"pipeline": 2}})
 
 

@@ -13,8 +13,10 @@ SPEC = EngineSpec(
     name="reference",
     default_mode="in_process",
     block_option="block_size", block_size=16,
-    parallel={"tensor": "tensor_parallel_size"},  # reference_engine/distributed/
-    parallel_why="the reference engine does tensor parallelism only",
+    # reference_engine/distributed/ (tensor); reference_engine/engine/data_parallel.py (data: server mode, N cores
+    # behind one `inferlab serve`, each pinned to its own CPUs, routed by the option `router`)
+    parallel={"tensor": "tensor_parallel_size", "data": "data_parallel_size"},
+    parallel_why="the reference engine does tensor and data parallelism, no pipeline parallelism",
     packages=("inferlab",), probe=("http://127.0.0.1:8000", "/v1/models"),
     install="pip install -e .", start="inferlab serve models/tiny --port 8000",
     colour="tab:blue", anchor=True, simulated=True, metrics=REFERENCE,

@@ -32,7 +32,8 @@ KNOBS = ("block_size", "kv_cache_tokens", "kv_cache_bytes", "max_num_seqs", "max
 # The knobs `inferlab serve` takes as flags (max_waiting: requests beyond it get 503).
 SERVER_KNOBS = ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                 "attention_backend", "linear_backend", "fused_ops", "num_threads", "device", "seed", "max_waiting",
-                "enable_prefix_caching", "speculative_config", "tensor_parallel_size", "engine_process", "step_log")
+                "enable_prefix_caching", "speculative_config", "tensor_parallel_size", "engine_process", "step_log",
+                "data_parallel_size", "router")
 # EngineStats counters copied into snapshot().extra
 COUNTERS = ("num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts",
             "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "tp_decode_steps", "tp_decode_seconds",
@@ -77,6 +78,9 @@ class ReferenceInProcess(Engine):
 
     def __init__(self, model: str, dtype: str = "float32", options: dict[str, Any] | None = None):
         super().__init__(model, dtype, options)
+        if (self.options.get("data_parallel_size") or 1) > 1:
+            raise ValueError("engine 'reference': [parallel] data > 1 runs that many engine cores behind one "
+                             "`inferlab serve`: set mode = \"server\"")
         check_options(self.name, self.options, set(KNOBS))
         features.prefix_caching(self.name, self.options)
         features.speculative(self.name, self.options.get("speculative_config"))

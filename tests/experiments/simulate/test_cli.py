@@ -87,3 +87,21 @@ def test_a_levels_cycled_copies_are_new_requests_to_the_prefix_cache(exp_model, 
     doc = json.loads((tmp_path / "t-capacity" / "capacity-1x-least_loaded.json").read_text())
     rates = [p["replicas"][0]["prefix_hit_rate"] for p in doc["points"]]
     assert all(r > 0 for r in rates) if shares else all(r == 0 for r in rates), rates
+
+
+def test_without_slo_flags_the_capacity_is_judged_by_the_measured_search_s_rule(exp_model, tmp_path):
+    """No --slo: the config's [slo] per request, and a rate passes when at least load.search.goodput of the
+    requests sent meet it (experiments/running/search.py), the rule the measured capacity is found by. A looser
+    goodput can only pass more."""
+    caps = {}
+    for g in (0.5, 0.95):
+        body = BODY + f'[slo]\nttft_ms = 100\n'
+        cfg = load(write_config(tmp_path / f"c{g}.toml", exp_model, body.replace("[kv]", f"[load.search]\ngoodput = {g}\n[kv]")
+                                if "[load.search]" not in body else body))
+        rule = capacity.config_rule(cfg)
+        assert dict(rule) == {"ttft_ms": 100.0} and rule.goodput == g
+        capacity.run(cfg, "reference", planted(), rule, 1, "least_loaded", None, 200, None, tmp_path / str(g))
+        doc = json.loads((tmp_path / str(g) / "t-capacity" / "capacity-1x-least_loaded.json").read_text())
+        assert doc["goodput"] == g and all((p["goodput_fraction"] >= g) == p["passed"] for p in doc["points"])
+        caps[g] = doc["best_rate"]
+    assert caps[0.95] and caps[0.5] >= caps[0.95]

@@ -8,7 +8,8 @@ import pytest
 
 from reference_engine import EngineConfig
 
-from experiments.simulate import fleet, router
+from experiments.simulate import fleet
+from reference_engine.engine import router
 from experiments.simulate.replica import Replica
 from experiments.simulate.step_model import ModelShape
 from tests.experiments.simulate.planted import PER_SEQ, PER_STEP, planted

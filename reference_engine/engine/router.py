@@ -1,4 +1,7 @@
-"""Routers in front of N simulated replicas (`--router`): which replica gets an arriving request.
+"""Routers in front of N replicas: which replica gets an arriving request. One definition for the real
+engine (`inferlab serve --data-parallel-size N --router R`, data_parallel.py) and the simulator
+(`inferlab simulate --replicas N --router R`, experiments/simulate/fleet.py), so a measured fleet and a
+simulated one route alike.
 
 - round_robin: replica i mod N, whatever their load.
 - least_loaded: the replica with the fewest outstanding requests (running + waiting), ties to the
