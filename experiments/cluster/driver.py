@@ -88,6 +88,8 @@ def prepare(cfg: Any, whole: Any, toml: str, a: Any, root: Path, matrix: bool,
             context.check_kv(cell, mml)
         except (ValueError, OSError) as e:
             return [], f"{a.config}: {e}"
+        if cell.load.clients and cell.load.mode not in ("open", "search"):
+            return [], f"{a.config}: load.clients splits an arrival schedule: it needs load.mode open or search"
         run_dir = root / cell.name
         for name in cell.all_engines():
             try:

@@ -22,3 +22,4 @@ class Cluster(BaseModel):
     accelerator: str | None = None
     resources: dict[str, float] = {}
     attempts: int = Field(3, ge=1, le=20)
+    client_env: dict[str, str] = {}  # environment of `[load] clients` processes (e.g. their thread counts)

@@ -78,11 +78,24 @@ def _run(payload: dict[str, Any], sink: Any, tmp: Path) -> tuple[str, dict[str, 
                 compute=ceilings.compute_peak(str(cfg.model), cfg.dtype), progress=Progress(False),
                 meter=energy.meter(), on_record=lambda rec: sink.put.remote(key, attempt, "record", rec),
                 on_level=level)
+    per_client: dict[str, dict[str, Any]] = {}
+    if cfg.load.clients:
+        from experiments.cluster.clients import Clients
+
+        plan.clients = Clients(cfg, name, lambda lvl, rep, rows: per_client.setdefault(lvl, {}).update({str(rep): rows}))
     statuses = []
     for repeat in range(1, cfg.repeats + 1):
         engine, options, kv_pinned = build_engine(cfg, name, ed.path, payload["max_model_len"])
         statuses.append(run_engine(plan, name, engine, options, kv_pinned, repeat=repeat))
         if statuses[-1] == "unavailable":
             break
+    if plan.clients is not None:
+        import ray
+
+        for actor in plan.clients.actors:
+            ray.kill(actor)
+    if per_client:  # each level's clients: node, clock offset, lateness (experiments/cluster/clients.py)
+        m = ed.read("manifest.json") or {}
+        ed.write("manifest.json", {**m, "clients": per_client})
     files = {p.name: p.read_bytes() for p in ed.path.iterdir() if p.is_file() and p.name != "requests.jsonl"}
     return min(statuses, key=WORST.index), files

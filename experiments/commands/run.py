@@ -83,6 +83,8 @@ def run_main(argv: list[str]) -> int:
             return fail(f"{a.config}: --cell needs a matrix config ([[cells]])")
         a.make_model = ensure_model
         return driver.run(cfg, whole, toml, a, a.cluster or cfg.cluster.address)
+    if any(c.load.clients for c in cfg.cell_configs() or [cfg]):
+        return fail(f"{a.config}: load.clients: K client processes need a Ray cluster (--cluster ADDRESS)")
     if not cfg.cells:
         return fail(f"{a.config}: --cell needs a matrix config ([[cells]])") if a.cell else \
             _run(cfg, whole, toml, Path(a.out), a)

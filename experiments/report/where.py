@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.report.md import table
+from experiments.report.md import fmt, table
 
 
 def node_text(node: dict[str, Any] | None) -> str:
@@ -42,7 +42,31 @@ def section(runs: Any) -> list[str]:
             "Each engine's levels ran as one Ray task on the node named (its engine launched there, its load sent "
             "from there); a node lost mid-level cost that level only, rerun whole on another node, so no level mixes "
             "two nodes. Records are kept once per request id.", "",
-            *table(["engine", "node", "asked", "attempts", "records"], rows), ""]
+            *table(["engine", "node", "asked", "attempts", "records"], rows), "", *clients(runs)]
+
+
+def clients(runs: Any) -> list[str]:
+    """Per level, each client process that sent it (`[load] clients`): its node, clock offset against the task, the
+    requests it sent and its lateness p99; a client over the sweep's `client_lateness_ms` is client-bound."""
+    rows = []
+    for e in runs.engines:
+        for level, reps in (e.manifest.get("clients") or {}).items():
+            for rep, cl in reps.items():
+                bound = [c["client"] for c in cl if c.get("client_bound")]
+                for c in cl:
+                    rows.append([e.label, level, rep, f"{c['client']} of {len(cl)}", f"`{str(c.get('node_id'))[:12]}`",
+                                 fmt(c.get("clock_offset_ms"), 3), fmt(c.get("rtt_ms"), 3), str(c.get("sent")),
+                                 fmt(c.get("lateness_p99_ms"), 1),
+                                 "**client-bound**" if c.get("client_bound") else ("no" if not bound else "no (another is)")])
+    if not rows:
+        return []
+    return ["### The clients that sent each level", "",
+            "A level's arrival schedule split over its client processes (chain i to client i mod K), started at one "
+            "wall-clock time; each client's timestamps were moved onto the task's clock by its measured offset "
+            "(round-trip midpoint). A client whose send lateness p99 passes `[load.sweep] client_lateness_ms` did "
+            "not keep its schedule: that level measured the client, not the engine.", "",
+            *table(["engine", "level", "repeat", "client", "node", "clock offset (ms)", "round trip (ms)", "sent",
+                    "lateness p99 (ms)", "client-bound"], rows), ""]
 
 
 def cell_nodes(runs: Any) -> str:

@@ -49,6 +49,7 @@ class Plan:
     # failure (repeat, level, manifest), also go to these, to be streamed to the driver; None locally
     on_record: Any = None
     on_level: Any = None
+    clients: Any = None  # `[load] clients` on a cluster: sends an open-loop level's arrivals from K processes
     _grown: dict[int, list[WorkItem]] = field(default_factory=dict)
 
     def items_for(self, n: int) -> list[WorkItem]:
@@ -221,14 +222,16 @@ class EngineRun:
 
         self.last_records = []
 
+        def keep(rec: dict[str, Any]) -> None:
+            self.dir.append(rec)
+            self.last_records.append(rec)
+            plan.progress.done(len(rec["output_token_ids"]))
+            if plan.on_record is not None:
+                plan.on_record(rec)
+
         def on_done(o: Outcome) -> None:
             if o.ok:
-                rec = record(o, level, self.session, self.repeat)
-                self.dir.append(rec)
-                self.last_records.append(rec)
-                plan.progress.done(len(o.token_ids))
-                if plan.on_record is not None:
-                    plan.on_record(rec)
+                keep(record(o, level, self.session, self.repeat))
 
         gen = LoadGenerator(engine, sampling, on_done, cfg.load.timeout_s)
         sent = sum(len(c) for c in todo)
@@ -236,12 +239,17 @@ class EngineRun:
         meter = self.plan.meter
         e0 = meter.read() if meter else None
         cpu0, loop0, t0 = _cpu_s(), time.thread_time(), clock.now_s()
+        clients_failure = None
         try:
             if kind == "concurrency":
                 await gen.closed(todo, int(value), until_s, more)
             else:
                 cap = cfg.load.max_concurrency if math.isfinite(value) else None  # "inf": all at once
-                await gen.open(todo, arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed), cap)
+                offsets = arrivals(len(todo), value, cfg.load.burstiness, cfg.load.seed)
+                if plan.clients is not None:  # K client processes on a cluster (experiments/cluster/clients.py)
+                    clients_failure = await plan.clients(self, engine, todo, offsets, cap, keep, level)
+                else:
+                    await gen.open(todo, offsets, cap)
         finally:
             sampler.timeline = None
             if timeline is not None:
@@ -269,9 +277,10 @@ class EngineRun:
                        if e0 is not None and e1 is not None else {"source": energy.NOT_REPORTED}),
         }
         self._save()
-        if plan.on_level is not None and gen.failure is None:
+        failure = gen.failure or clients_failure
+        if plan.on_level is not None and failure is None:
             plan.on_level(self.repeat, level, self.manifest)
-        return gen.failure
+        return failure
 
 
 def _with_bracket(memory: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any]:

@@ -146,6 +146,7 @@ class Load(_Strict):
     picks, until saturation (see `Sweep`)."""
 
     mode: Literal["closed", "open", "search", "sweep"] = "closed"
+    clients: int | None = Field(None, ge=1, le=64)  # open-loop levels sent by K client processes (--cluster only)
     concurrency: list[int] = [1]
     rate: list[float] = [math.inf]
     burstiness: float = Field(1.0, gt=0)

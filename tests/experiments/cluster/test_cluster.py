@@ -197,3 +197,71 @@ def test_a_node_killed_mid_level_loses_nothing_and_leaves_no_engine(cluster, tin
             break
         time.sleep(0.1)
     assert _engines(model) == []
+
+
+CLIENTS = """
+engine = "reference"
+[engine_options.reference]
+mode = "server"
+[workload]
+num_requests = 24
+input_len = 8
+output_len = 4
+[load]
+mode = "open"
+rate = [20]
+burstiness = 50
+warmup = 0
+clients = {k}
+[cluster]
+client_env = {{ PYTHONPATH = "{plant}" }}
+"""
+
+# planted: every client process holds its own event loop for 60 ms just after it stamps each send (regular
+# arrivals 50 ms apart: one client falls a further 10 ms behind with every request; two, each with arrivals 100 ms
+# apart, keep up), whatever the engine does
+SLOW_CLIENT = """
+import time
+from experiments.running import load
+_one = load.LoadGenerator._one
+async def slow(self, item, arrival_s, due_ns=None):
+    if not getattr(self, "planted", False):
+        self.planted, generate = True, self.engine.generate
+        def held(request):
+            time.sleep(0.06)
+            return generate(request)
+        self.engine.generate = held
+    return await _one(self, item, arrival_s, due_ns)
+load.LoadGenerator._one = slow
+"""
+
+
+def test_two_clients_keep_one_client_s_schedule_and_a_planted_slow_client_is_client_bound(cluster, tiny_llama,
+                                                                                          tmp_path):
+    from experiments.running.load import arrivals
+
+    (tmp_path / "plant").mkdir()
+    (tmp_path / "plant" / "sitecustomize.py").write_text(SLOW_CLIENT)
+    runs = {}
+    for k in (1, 2):
+        cfg = write_config(tmp_path / f"c{k}.toml", tiny_llama, CLIENTS.format(k=k, plant=tmp_path / "plant"),
+                           name=f"c{k}")
+        assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress", "--cluster", cluster.address]) == 0
+        ed = tmp_path / "res" / f"c{k}" / "reference"
+        runs[k] = ({r["request_id"]: r for r in _records(ed / "requests.jsonl")},
+                   json.loads((ed / "manifest.json").read_text())["clients"]["rate=20"]["1"])
+    (one, one_clients), (two, two_clients) = runs[1], runs[2]
+    schedule = arrivals(24, 20, 50, 0)
+    assert sorted(one) == sorted(two) and len(one) == 24
+    assert [one[r]["arrival_s"] for r in sorted(one)] == [two[r]["arrival_s"] for r in sorted(two)] == schedule
+    assert all(one[r]["prompt_token_ids"] == two[r]["prompt_token_ids"] for r in one)
+    assert {r["client"] for r in two.values()} == {0, 1} and {r["client"] for r in one.values()} == {0}
+    # merged onto one clock: the two clients' requests were due in the schedule's order
+    by_due = sorted(two.values(), key=lambda r: r["due_ns"])
+    assert [r["arrival_s"] for r in by_due] == schedule
+    assert [c["client_bound"] for c in one_clients] == [True], one_clients
+    assert [c["client_bound"] for c in two_clients] == [False, False], two_clients
+    assert all(abs(c["clock_offset_ms"]) < c["rtt_ms"] + 1 for c in two_clients)  # one machine: one clock
+    page = (tmp_path / "res" / "c1" / "report.md").read_text()
+    assert "### The clients that sent each level" in page and "**client-bound**" in page
+    assert "**client-bound**" not in (tmp_path / "res" / "c2" / "report.md").read_text()
