@@ -96,3 +96,16 @@ def resolve(page: Path, href: str) -> str | None:
     if path.suffix == ".md":
         return None if anchor in headings(path) else f"{href}: no heading #{anchor} in {path.name}"
     return f"{href}: anchors are only checked in .py and .md files"
+
+
+def num(pattern: str, out: str, cast=int):
+    """The first group of `pattern` in a lab's output, as a number (thousands separators dropped)."""
+    m = re.search(pattern, out)
+    assert m, f"lab output has no match for {pattern!r}"
+    return cast(m.group(1).replace(",", ""))
+
+
+def quoted(text: str, *phrases: str) -> None:
+    """Every phrase is in the chapter's text."""
+    missing = [p for p in phrases if p not in text]
+    assert not missing, f"the chapter does not say {missing}"

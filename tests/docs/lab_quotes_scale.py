@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import re
 
-
-def num(pattern: str, out: str, cast=int):
-    m = re.search(pattern, out)
-    assert m, f"lab output has no match for {pattern!r}"
-    return cast(m.group(1).replace(",", ""))
-
-
-def quoted(text: str, *phrases: str) -> None:
-    missing = [p for p in phrases if p not in text]
-    assert not missing, f"the chapter does not say {missing}"
+from tests.docs.handbook import num, quoted
 
 
 def ch18(run, text):
