@@ -212,9 +212,14 @@ mode = "open"
 rate = [20]
 burstiness = 50
 warmup = 0
-clients = {k}
 [cluster]
 client_env = {{ PYTHONPATH = "{plant}" }}
+[[cells]]
+name = "one"
+load = {{ clients = 1 }}
+[[cells]]
+name = "two"
+load = {{ clients = 2 }}
 """
 
 # planted: every client process holds its own event loop for 60 ms just after it stamps each send (regular
@@ -242,12 +247,11 @@ def test_two_clients_keep_one_client_s_schedule_and_a_planted_slow_client_is_cli
 
     (tmp_path / "plant").mkdir()
     (tmp_path / "plant" / "sitecustomize.py").write_text(SLOW_CLIENT)
+    cfg = write_config(tmp_path / "c.toml", tiny_llama, CLIENTS.format(plant=tmp_path / "plant"), name="c")
+    assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress", "--cluster", cluster.address]) == 0
     runs = {}
-    for k in (1, 2):
-        cfg = write_config(tmp_path / f"c{k}.toml", tiny_llama, CLIENTS.format(k=k, plant=tmp_path / "plant"),
-                           name=f"c{k}")
-        assert run_main([str(cfg), "--out", str(tmp_path / "res"), "--no-progress", "--cluster", cluster.address]) == 0
-        ed = tmp_path / "res" / f"c{k}" / "reference"
+    for k, cell in ((1, "one"), (2, "two")):  # the two cells ran side by side, one on each node
+        ed = tmp_path / "res/c" / cell / "reference"
         runs[k] = ({r["request_id"]: r for r in _records(ed / "requests.jsonl")},
                    json.loads((ed / "manifest.json").read_text())["clients"]["rate=20"]["1"])
     (one, one_clients), (two, two_clients) = runs[1], runs[2]
@@ -262,6 +266,6 @@ def test_two_clients_keep_one_client_s_schedule_and_a_planted_slow_client_is_cli
     assert [c["client_bound"] for c in one_clients] == [True], one_clients
     assert [c["client_bound"] for c in two_clients] == [False, False], two_clients
     assert all(abs(c["clock_offset_ms"]) < c["rtt_ms"] + 1 for c in two_clients)  # one machine: one clock
-    page = (tmp_path / "res" / "c1" / "report.md").read_text()
+    page = (tmp_path / "res/c/one/report.md").read_text()
     assert "### The clients that sent each level" in page and "**client-bound**" in page
-    assert "**client-bound**" not in (tmp_path / "res" / "c2" / "report.md").read_text()
+    assert "**client-bound**" not in (tmp_path / "res/c/two/report.md").read_text()
