@@ -3,7 +3,8 @@ one line naming the node.
 
 Checked: the project commit (`git rev-parse HEAD`, "-dirty" included, where the project sits on the node), Python's
 and Ray's versions, the versions of the harness's own packages and of the run's engines' packages (their specs
-name them), each cell's model directory (present, or made there from the config's `make_model`), and the ports
+name them), each engine's version where `inferlab list-engines` finds it (its own venv included), each cell's model
+directory (present, or made there from the config's `make_model`), and the ports
 the config pins (`[engine_options.X] port`), free on the node. A node reports its facts from a task pinned to it
 (`NodeAffinitySchedulingStrategy`, no CPU asked, so a busy node answers too).
 """
@@ -17,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 HARNESS = ("inferlab", "torch", "tokenizers", "numpy", "pydantic")
+
+
+def engines(cfgs: list[Any]) -> list[str]:
+    """The registered engines the run uses (variants by their adapter)."""
+    return sorted({c.adapter(e) for c in cfgs for e in c.all_engines()})
 
 
 def packages(cfgs: list[Any]) -> list[str]:
@@ -35,13 +41,14 @@ def wants(cfgs: list[Any]) -> dict[str, Any]:
     """What every node is asked about: packages, models (path -> whether the node may make it), pinned ports."""
     models = {str(c.model): c.make_model is not None for c in cfgs}
     ports = sorted({int(o["port"]) for c in cfgs for o in c.engine_options.values() if o.get("port")})
-    return {"packages": packages(cfgs), "models": models, "ports": ports}
+    return {"packages": packages(cfgs), "engines": engines(cfgs), "models": models, "ports": ports}
 
 
 def facts(want: dict[str, Any], cwd: str) -> dict[str, Any]:
     """This node's answers (runs on the node, from the driver's working directory where it exists there)."""
     import ray
 
+    from adapters import registry
     from experiments.running.results import git_commit
 
     here = Path(cwd) if Path(cwd).is_dir() else Path.cwd()
@@ -56,7 +63,24 @@ def facts(want: dict[str, Any], cwd: str) -> dict[str, Any]:
     return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
             "commit": git_commit(Path(__file__).resolve().parent), "python": platform.python_version(),
             "ray": ray.__version__, "packages": vers, "models": models,
+            "engines": {e: engine_version(registry.spec(e), here) for e in want.get("engines", [])},
             "ports_busy": [p for p in want["ports"] if not _free(p)], "pid": os.getpid()}
+
+
+def engine_version(spec: Any, root: Path) -> str | None:
+    """The engine's version as `inferlab list-engines` finds it: its package in this interpreter, else in its own
+    venv under the checkout (`.venv-vllm`), else the program the project builds (`locate`); None when absent."""
+    from adapters.common.versions import python_package_version
+
+    for dist in spec.packages:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    python = root / spec.venv / "bin" / "python" if spec.venv else None
+    if python is not None and python.exists():
+        return next((v for v in (python_package_version(str(python), d) for d in spec.packages) if v), None)
+    return spec.locate()[1] if spec.locate is not None else None
 
 
 def _free(port: int) -> bool:
@@ -76,6 +100,9 @@ def difference(node: dict[str, Any], mine: dict[str, Any]) -> str | None:
     for p, v in mine["packages"].items():
         if node["packages"].get(p) != v:
             return f"{p} {node['packages'].get(p) or 'not installed'}, the driver has {v or 'none'}"
+    for e, v in mine.get("engines", {}).items():
+        if node.get("engines", {}).get(e) != v:
+            return f"engine {e} {node.get('engines', {}).get(e) or 'not installed'}, the driver has {v or 'none'}"
     missing = [m for m, s in node["models"].items() if s == "missing"]
     if missing:
         return f"model directory {missing[0]} missing (no make_model in the config to make it there)"

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from importlib import metadata
@@ -269,3 +272,29 @@ def test_two_clients_keep_one_client_s_schedule_and_a_planted_slow_client_is_cli
     page = (tmp_path / "res/c/one/report.md").read_text()
     assert "### The clients that sent each level" in page and "**client-bound**" in page
     assert "**client-bound**" not in (tmp_path / "res/c/two/report.md").read_text()
+
+
+def test_ctrl_c_on_the_driver_stops_every_remote_engine(cluster, tiny_llama, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    cfg = write_config(tmp_path / "i.toml", model, KILL.replace("resources = { kind_b = 1 }", "attempts = 1"), name="i")
+    records = tmp_path / "res/i/reference/requests.jsonl"
+    driver = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--out", str(tmp_path / "res"),
+                               "--no-progress", "--cluster", cluster.address],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while driver.poll() is None and not (records.is_file() and '"level":"rate=2"' in records.read_text()):
+            time.sleep(0.05)
+        assert driver.poll() is None and _engines(model), "the engine serves its level on a node"
+        driver.send_signal(signal.SIGINT)  # Ctrl-C
+        err = driver.communicate(timeout=300)[1]
+    finally:
+        driver.kill()
+    assert driver.returncode != 0 and "KeyboardInterrupt" in err
+    m = json.loads((tmp_path / "res/i/reference/manifest.json").read_text())
+    assert m["status"] == "failed" and m["reason"].startswith("interrupted: Ctrl-C")
+    for _ in range(300):  # the reaper beside the cancelled task kills the engine's process group
+        if not _engines(model):
+            break
+        time.sleep(0.1)
+    assert _engines(model) == []

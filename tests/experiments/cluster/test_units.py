@@ -58,6 +58,9 @@ def test_the_preflight_names_the_first_difference():
     assert "model directory m missing" in preflight.difference({**mine, "models": {"m": "missing"}}, mine)
     assert preflight.difference({**mine, "models": {"m": "made there"}}, mine) is None
     assert preflight.difference({**mine, "ports_busy": [8000]}, mine) == "port 8000 (pinned in engine_options) is in use"
+    mine["engines"] = {"vllm": "0.32.0"}  # its own venv's version, as list-engines finds it
+    assert preflight.difference({**mine, "engines": {"vllm": None}}, mine) == \
+        "engine vllm not installed, the driver has 0.32.0"
 
 
 def _rec(level: str, rid: str, session: int = 1) -> dict:
