@@ -4,6 +4,12 @@ SIMULATED`. Per common level: p50/p90/p99 of TTFT, TPOT and E2EL and the output 
 with the signed error (predicted / measured - 1); the SLO searches' capacities when both searched;
 one CDF plot per metric (measured solid, predicted dashed).
 
+Each latency error carries a 95 % bootstrap interval (`interval`): the measured requests resampled within
+server processes resampled (a level measured in several fresh processes varies between them as much as
+within one), the predicted requests resampled, the error recomputed each time; and whether a 10 % bar is
+resolvable at that sample size (the interval's half-width under 10 %). An error whose interval spans the bar
+both ways says the sample cannot tell.
+
 Invariant: nothing here is shown unless a simulated engine and the measured engine it stands for are
 both in the runs; every predicted number is labelled with its profile and (un)calibrated.
 """
@@ -50,6 +56,39 @@ def errors(meas: dict[str, Any], pred: dict[str, Any]) -> dict[str, float | None
     return out
 
 
+BAR = 0.10  # the simulator's bar per load (issue 61): resolvable when the interval's half-width is under it
+BOOT = 400
+
+
+def _stat(v: np.ndarray, st: str) -> float:
+    return float(np.median(v)) if st == "median" else float(np.percentile(v, float(st[1:])))
+
+
+def interval(meas: list[dict], pred: list[dict], key: str, st: str, seed: int = 0) -> tuple[float, float] | None:
+    """95 % bootstrap interval of the signed error of statistic `st` of `key` (module docstring)."""
+    groups: dict[Any, list[float]] = {}
+    for r in meas:
+        v = metrics.per_request(r)[key]
+        if v == v:
+            groups.setdefault(r.get("repeat", 1), []).append(v)
+    p = np.array([v for v in (metrics.per_request(r)[key] for r in pred) if v == v])
+    if not groups or p.size == 0:
+        return None
+    rng, procs, errs = np.random.default_rng(seed), [np.array(g) for g in groups.values()], []
+    for _ in range(BOOT):
+        chosen = [procs[i] for i in rng.integers(0, len(procs), len(procs))]
+        m = np.concatenate([g[rng.integers(0, g.size, g.size)] for g in chosen])
+        errs.append(_stat(p[rng.integers(0, p.size, p.size)], st) / _stat(m, st) - 1)
+    lo, hi = np.percentile(errs, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _ci(ci: tuple[float, float] | None) -> list[str]:
+    if ci is None:
+        return ["–", "–"]
+    return [f"[{ci[0]:+.1%}, {ci[1]:+.1%}]", "yes" if (ci[1] - ci[0]) / 2 < BAR else "no"]
+
+
 def _pct(v: float | None) -> str:
     return "–" if v is None else f"{v:+.1%}"
 
@@ -71,10 +110,12 @@ def section(runs, out: Path) -> list[str]:
             for k, name in METRICS:
                 for st, n in STATS:
                     rows.append([level, f"{name} {n} (ms)", fmt((mp.get(k) or {}).get(st)),
-                                 fmt((sp.get(k) or {}).get(st)), _pct(e[f"{k.removesuffix('_ms')}_{n}"])])
+                                 fmt((sp.get(k) or {}).get(st)), _pct(e[f"{k.removesuffix('_ms')}_{n}"]),
+                                 *_ci(interval(m.records.get(level) or [], s.records.get(level) or [], k, st))])
             rows.append([level, "output tok/s", fmt(mp.get("output_throughput")), fmt(sp.get("output_throughput")),
-                         _pct(e["throughput"])])
-        md += table(["level", "metric", "measured", "predicted", "error"], rows) if rows else \
+                         _pct(e["throughput"]), "–", "–"])
+        md += table(["level", "metric", "measured", "predicted", "error", "95 % interval", "10 % resolvable"], rows) \
+            if rows else \
             ["No level in common (a search picks its own rates): see the capacities below."]
         caps = [((e.manifest.get("repeats") or {}).get("1") or {}).get("search") for e in (m, s)]
         if all(c and c.get("best_rate") for c in caps):
