@@ -21,6 +21,7 @@ from typing import IO
 import psutil
 
 PERIOD_S = 0.2
+EXIT_S = 0.5  # how long a task whose pipe closed may take to be seen dead
 
 
 class Reaper:
@@ -91,15 +92,21 @@ def watch(task_pid: int, stdin: IO[bytes]) -> None:
         ready, _, _ = select.select([stdin], [], [], PERIOD_S)
         if ready and not os.read(stdin.fileno(), 4096):  # end of file: the task's process is gone or done
             break
-    sweep(seen, own_group, own_too=not _alive(task))
+    sweep(seen, own_group, own_too=not _alive(task, EXIT_S))
 
 
-def _alive(p: psutil.Process) -> bool:
-    """Running, and not a zombie its parent has yet to reap (a worker killed a moment ago is one)."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _alive(p: psutil.Process, within_s: float) -> bool:
+    """Still running `within_s` after its pipe closed: a killed process closes its files before the kernel marks
+    it a zombie (or its parent reaps it), so a dead task may look alive for a moment; a task that closed the pipe
+    itself (`Reaper.close`) goes on running."""
+    for _ in range(max(1, int(within_s / 0.05))):
+        try:
+            if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            return False
+        select.select([], [], [], 0.05)
+    return True
 
 
 if __name__ == "__main__":
