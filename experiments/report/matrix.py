@@ -83,7 +83,9 @@ def build(root: Path, whole, command: str) -> Path:
           f"interval where the cell's report has one) and {base}'s speed relative to the best "
           f"other engine in the same cell (**> 1: {base} better**; throughput {base} ÷ other, latency "
           f"other ÷ {base}; a variant of {base} with other settings is shown but never the 'other'). "
-          "The cells ran one after another in one invocation; each cell's report has the "
+          + ("Each (cell, engine) pair ran as a Ray task on the node named under Cells, side by side where nodes "
+             "were free" if any(cell_nodes(r) for _, r in cells) else "The cells ran one after another in one "
+             "invocation") + "; each cell's report has the "
           "effective settings, memory and fairness flags.", "",
           *table(["cell", "dtype", "level", "metric", "engines", f"{base} ÷ best other"], body), "",
           "## Cells", "", *links, ""]
