@@ -44,6 +44,7 @@ class Pair:
     duplicates: int = 0
     status: str | None = None
     make_model: Any = None  # commands/run.py's ensure_model, handed down (its module imports this one)
+    expect: dict[str, Any] | None = None  # the driver's preflight facts
 
     @property
     def key(self) -> str:
@@ -110,7 +111,7 @@ def submit(pair: Pair, fn: Any, sink: Any, records: list[dict[str, Any]]) -> Non
     payload = {"cfg": pair.cell.model_dump(mode="python"), "engine": pair.engine, "key": pair.key,
                "attempt": pair.attempt, "cwd": os.getcwd(), "max_model_len": pair.max_model_len,
                "manifest": pair.manifest if keep_going else None, "records": records if keep_going else [],
-               "make_model": pair.make_model}
+               "make_model": pair.make_model, "expect": pair.expect}
     pair.ref = fn.options(**pair.opts, max_retries=0, runtime_env={"env_vars": env()}).remote(payload, sink)
 
 
@@ -249,7 +250,9 @@ def run(cfg: Any, whole: Any, toml: str, a: Any, given: str) -> int:
                                  os.getcwd())
     if err:
         return fail(err)
-    print(f"inferlab: preflight passed on {len(facts)} node(s)", file=sys.stderr)
+    print(f"inferlab: preflight passed on {len(facts) - 1} node(s)", file=sys.stderr)
+    for p in pairs:
+        p.expect = facts[0]  # the driver's: a node that joins later is checked by the task itself
     if a.dry_run:
         lines, err = placement.plan([(p.cell.name, p.engine, p.opts) for p in pairs], ray.nodes())
         print("\n".join(lines))

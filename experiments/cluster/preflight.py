@@ -112,7 +112,9 @@ def difference(node: dict[str, Any], mine: dict[str, Any]) -> str | None:
 
 
 def check(cfgs: list[Any], cwd: str) -> tuple[list[dict[str, Any]], str | None]:
-    """Ask every alive node; returns (every node's facts, the first failure as one line, or None)."""
+    """Ask every alive node; returns (every node's facts, the first failure as one line, or None). The driver's own
+    facts come first in the list: each task checks its node against them again (`again`), for a node that joined
+    after this check (a replacement for a dead one)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -122,15 +124,23 @@ def check(cfgs: list[Any], cwd: str) -> tuple[list[dict[str, Any]], str | None]:
     alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     refs = [remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(want, cwd)
             for n in alive]
-    answers = []
+    answers = [{**mine, "want": want}]
     for node_id, ref in zip(alive, refs):
         try:
             answers.append(ray.get(ref, timeout=120))
         except Exception as e:  # a node that cannot even run the check
             return answers, f"preflight: node {node_id[:12]}: could not run the check ({type(e).__name__}: " \
                             f"{' '.join(str(e).split())[:200]})"
-    for a in answers:
+    for a in answers[1:]:
         why = difference(a, mine)
         if why:
             return answers, f"preflight: node {a['node_id'][:12]} ({a['hostname']}): {why}"
     return answers, None
+
+
+def again(expected: dict[str, Any], cwd: str) -> None:
+    """In a task, before its engine starts: this node against the driver's facts; raises with the one line."""
+    node = facts(expected["want"], cwd)
+    why = difference(node, expected)
+    if why:
+        raise RuntimeError(f"preflight: node {node['node_id'][:12]} ({node['hostname']}): {why}")

@@ -37,8 +37,12 @@ def run_pair(payload: dict[str, Any], sink: Any) -> dict[str, Any]:
     """The Ray task's body (experiments/cluster/driver.py submits it with max_retries=0)."""
     from experiments.cluster.reaper import Reaper
 
+    from experiments.cluster import preflight
+
     where = node()
     sink.put.remote(payload["key"], payload["attempt"], "start", where)
+    if payload.get("expect"):  # a node that joined after the run's preflight (a replacement) is checked here
+        preflight.again(payload["expect"], payload["cwd"])
     reaper = Reaper.start()
     tmp = Path(tempfile.mkdtemp(prefix="inferlab-task-"))
     try:

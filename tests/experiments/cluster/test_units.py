@@ -102,3 +102,12 @@ def test_a_run_without_cluster_never_imports_ray(tmp_path, exp_model):
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_node_that_joined_after_the_preflight_is_checked_by_the_task(monkeypatch):
+    mine = {"commit": "abc", "python": "3.11.7", "ray": "2.60.0", "packages": {}, "models": {}, "ports_busy": [],
+            "want": {}}
+    monkeypatch.setattr(preflight, "facts", lambda want, cwd: {**mine, "ray": "2.59.0", "node_id": "n" * 40,
+                                                               "hostname": "late"})
+    with pytest.raises(RuntimeError, match=r"^preflight: node nnnnnnnnnnnn \(late\): ray 2.59.0, the driver has 2.60.0$"):
+        preflight.again(mine, ".")
