@@ -215,6 +215,7 @@ mode = "open"
 rate = [20]
 burstiness = 50
 warmup = 0
+sweep = {{ client_lateness_ms = 50 }}   # the client-bound line: one slow client passed it 6-9x over, two stayed ~10x under
 [cluster]
 client_env = {{ PYTHONPATH = "{plant}" }}
 [[cells]]
