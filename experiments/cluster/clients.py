@@ -34,14 +34,20 @@ class Client:
 
         return ray.get_runtime_context().get_node_id()
 
+    async def attach(self, spec: dict[str, Any]) -> None:
+        """Attach to the engine's server before the barrier is set, so that no client spends the barrier's
+        margin (or more) starting its adapter."""
+        from adapters import registry
+
+        self.engine = registry.create(spec["adapter"], spec["model"], spec["dtype"], {"url": spec["url"]})
+        await self.engine.start()
+
     async def send(self, spec: dict[str, Any], chains: list, offsets: list[float], start_wall_ns: int,
                    cap: int | None) -> dict[str, Any]:
-        from adapters import registry
         from experiments.running.load import LoadGenerator
         from experiments.running.results import record
 
-        engine = registry.create(spec["adapter"], spec["model"], spec["dtype"], {"url": spec["url"]})
-        await engine.start()
+        engine = self.engine
         out: list[dict[str, Any]] = []
         arrival = {c[0].request_id: at for c, at in zip(chains, offsets)}  # a chain's first turn: its scheduled offset
 
@@ -52,12 +58,17 @@ class Client:
 
         gen = LoadGenerator(engine, spec["sampling"], done, spec["timeout_s"])
         wall_minus_mono = time.time_ns() - time.perf_counter_ns()
-        try:
-            await asyncio.sleep(max(0.0, (start_wall_ns - time.time_ns()) / 1e9))  # the barrier
-            await gen.open(chains, offsets, cap)
-        finally:
-            await engine.stop()
+        await asyncio.sleep(max(0.0, (start_wall_ns - time.time_ns()) / 1e9))  # the barrier
+        # A client that reached the barrier late keeps the schedule: each arrival stays due at barrier + offset
+        # (sent at once when that has passed, and counted late), never shifted to the client's own start.
+        late = max(0.0, (time.time_ns() - start_wall_ns) / 1e9)
+        await gen.open(chains, [o - late for o in offsets], cap)
         return {"records": out, "failure": gen.failure, "wall_minus_mono": wall_minus_mono}
+
+    async def detach(self) -> None:
+        engine, self.engine = getattr(self, "engine", None), None
+        if engine is not None:
+            await engine.stop()
 
 
 def engine_url(engine: Any) -> str | None:
@@ -107,14 +118,18 @@ class Clients:
         k = len(self.actors)
         clocks = [await self.offset(a) for a in self.actors]
         nodes = await asyncio.gather(*(a.node.remote() for a in self.actors))
-        start = time.time_ns() + int(BARRIER_S * 1e9)
         base = {"adapter": self.cfg.adapter(self.name), "model": str(self.cfg.model), "dtype": self.cfg.dtype,
                 "url": self.url, "sampling": self.cfg.sampling.model_dump(), "timeout_s": self.cfg.load.timeout_s,
                 "level": level, "session": er.session, "repeat": er.repeat}
         per_cap = -(-cap // k) if cap else None
-        refs = [a.send.remote({**base, "client": i}, todo[i::k], offsets[i::k], start + clocks[i][0], per_cap)
-                for i, a in enumerate(self.actors)]
-        results = await asyncio.gather(*refs)
+        await asyncio.gather(*(a.attach.remote({**base, "client": i}) for i, a in enumerate(self.actors)))
+        start = time.time_ns() + int(BARRIER_S * 1e9)  # every client is attached: the barrier only covers the calls
+        try:
+            refs = [a.send.remote({**base, "client": i}, todo[i::k], offsets[i::k], start + clocks[i][0], per_cap)
+                    for i, a in enumerate(self.actors)]
+            results = await asyncio.gather(*refs)
+        finally:
+            await asyncio.gather(*(a.detach.remote() for a in self.actors), return_exceptions=True)
         task_wmm = time.time_ns() - time.perf_counter_ns()
         from experiments.measuring import metrics
 
