@@ -223,12 +223,13 @@ def _calibrate(cfg, engine: str, a) -> int:
     prof.save(out)
     sweep.dump(rows, out.with_suffix(".steps.json"))
     items, warm = workloads.build(cfg.model, search.every_request(cfg), cfg.load.warmup)
-    lengths = sweep.eos_lengths(ecfg, items + warm, cfg.sampling.ignore_eos, cfg.sampling.temperature)
+    lengths = {it.request_id: it.output_len for it in items + warm} if cfg.sampling.ignore_eos else \
+        sweep.eos_lengths(ecfg, items + warm, False, cfg.sampling.temperature)  # an answer ignoring EOS is max_tokens
     lpath = out.with_name(f"{cfg.name}-lengths.json")
     lpath.write_text(json.dumps(lengths, indent=1))
     f = prof.fit["sweep"]
     print(f"inferlab: profile written to {out} ({f['steps']} steps, |error| median {f['median_abs']:.1%}, "
-          f"p90 {f['p90_abs']:.1%}); greedy EOS lengths of the workload in {lpath}", file=sys.stderr)
+          f"p90 {f['p90_abs']:.1%}); answer lengths of the workload in {lpath}", file=sys.stderr)
     return 0
 
 

@@ -38,16 +38,21 @@ PRESETS = {
     "parallel": dict(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
                      num_attention_heads=16, num_key_value_heads=8, head_dim=64, max_position_embeddings=4096,
                      rope_theta=500000.0, tie_word_embeddings=True),
-    # ~1.2 B parameters (4.7 GB in fp32, 12x `small`): a model far past any CPU's last-level cache, so that a
-    # step-time calibration on it and `small` tells the weight read from a per-step constant (issue 61)
-    # `small` four times as deep: 1.4 GB in fp32, the held-out size of the simulator's validation
-    # (experiments/simulate/heldout/), between the two sizes it is calibrated on
+    # `small` four times as deep: 1.4 GB in fp32 (1.31 GB of weights), the larger of the two sizes the
+    # simulator's held-out round 1 is calibrated on (experiments/simulate/heldout/), with `tiny`
     "deep": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=48,
                  num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
                  rope_theta=500000.0, tie_word_embeddings=True),
+    # ~1.2 B parameters (4.7 GB in fp32, 12x `small`): a model far past any CPU's last-level cache, so that a
+    # step-time calibration on it and `small` tells the weight read from a per-step constant (issue 61)
     "large": dict(vocab_size=32768, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
                   num_attention_heads=16, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
                   rope_theta=500000.0, tie_word_embeddings=True),
+    # ~214 M parameters (0.86 GB in fp32), wider than `deep` and `tiny` with 16 query heads on 4 KV heads:
+    # round 1's held-out model, a width and size the calibration never saw
+    "wide": dict(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+                 rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
