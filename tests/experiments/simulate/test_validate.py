@@ -1,0 +1,48 @@
+"""The held-out rounds keep their protocol (experiments/simulate/heldout/README.md): the test suite differs from
+the fit suite in model, workload shape, step budget and seeds; the fit's two sizes are 10x apart with the larger
+past a last-level cache; the Poisson levels are the search config at fixed rates under their own name."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from experiments.simulate import bench, validate
+from experiments.workload.config import load
+from reference_engine.model.make import build_config, param_count
+
+L3 = 480 * 2**20  # the largest last-level cache of the machines these rounds run on
+
+
+def _bytes(preset: str) -> int:
+    return 4 * param_count(build_config(preset))  # fp32
+
+
+@pytest.mark.parametrize("rnd", sorted(validate.ALSO))
+def test_a_rounds_suites_keep_the_protocol(rnd):
+    s = {k: load(v) for k, v in validate.suite(rnd).items()}
+    fit = [s["calibrate"].make_model.preset, validate.ALSO[rnd][1]]
+    sizes = sorted(_bytes(p) for p in fit)
+    assert sizes[1] >= 10 * sizes[0] and sizes[1] > 2 * L3
+    test_models = {s["closed"].make_model.preset, s["search"].make_model.preset}
+    assert len(test_models) == 1 and not test_models & set(fit + [s["served_cal"].make_model.preset])
+    assert s["closed"].model == s["search"].model != s["calibrate"].model
+    for t in (s["closed"], s["search"]):
+        assert t.sampling.ignore_eos  # answer lengths a user has before the run (rule 2)
+        assert t.workload.kind != s["served_cal"].workload.kind
+        assert t.workload.seed not in {s["calibrate"].workload.seed, s["served_cal"].workload.seed}
+        assert t.workload.prefix_len + t.workload.input_len > s["served_cal"].workload.input_len  # longer prompts
+        budget = t.engine_options["reference"].get("max_num_batched_tokens")
+        assert budget and budget != s["served_cal"].engine_options["reference"].get("max_num_batched_tokens")
+        assert validate.name(validate.suite(rnd)["closed"]) == t.name or t.load.mode == "search"
+
+
+def test_poisson_levels_are_the_search_config_at_fixed_rates(tmp_path):
+    src = validate.suite(1)["search"]
+    path = bench.poisson_config(src, [0.2, 0.5], tmp_path, name="heldout1_test_poisson")
+    got, want = load(path), load(src)
+    assert path.name == "heldout1_test_poisson.toml" and got.name == "heldout1_test_poisson"
+    assert got.load.mode == "open" and got.load.rate == [0.2, 0.5] and got.repeats == bench.REPEATS
+    assert got.workload.model_dump(exclude={"num_requests"}) == want.workload.model_dump(exclude={"num_requests"})
+    assert got.workload.num_requests == max(want.workload.num_requests, 15)  # 0.5 req/s for a 30 s level
+    assert len(re.findall(r"(?m)^name = ", path.read_text())) == 1
