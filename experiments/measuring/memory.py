@@ -14,6 +14,7 @@ Invariant: the sampler only reads; it never touches the engine's state.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -55,6 +56,21 @@ class ProcessTree:
             except psutil.Error:  # a process that just exited
                 pass
         return total if alive else None
+
+
+    def cpu(self) -> dict[int, dict[str, Any]]:
+        """CPU seconds (user + system) so far of each known process: pid -> {"name", "root", "cpu_s"}. Read
+        at a level's two ends, the difference is each process's share of the level (the launched process is
+        the server's front end; its descendants the engine cores, workers or replicas)."""
+        out = {}
+        for p in self.procs if self.pid is not None else []:
+            try:
+                t = p.cpu_times()
+                out[p.pid] = {"name": p.name(), "root": p.pid == self.pid, "cpu_s": t.user + t.system,
+                              "harness": p.pid == os.getpid()}  # an in-process engine: the harness's own time
+            except psutil.Error:  # a process that just exited
+                pass
+        return out
 
 
 class _GPU:
@@ -103,6 +119,11 @@ class MemorySampler:
         """Rediscover the engine's process tree (between levels only: it holds the GIL)."""
         with self._lock:
             self._tree.refresh()
+
+    def cpu(self) -> dict[int, dict[str, Any]]:
+        """The engine's process tree's CPU seconds per process (ProcessTree.cpu)."""
+        with self._lock:
+            return self._tree.cpu()
 
     def sample(self) -> dict[str, Any]:
         with self._lock:

@@ -41,6 +41,9 @@ def wants_frontier(cfg: dict) -> bool:
     return (cfg.get("load") or {}).get("mode") == "sweep" or bool((cfg.get("frontier") or {}).get("interactivity"))
 
 
+CPU = "CPU: the harness (the observer's cost) and the engine's processes"
+
+
 def build(dirs: list[Path], out: Path) -> Path:
     """Summarize `dirs`, draw the plots and write `out/report.md`; returns its path."""
     runs = load_runs([Path(d) for d in dirs])
@@ -80,9 +83,9 @@ def build(dirs: list[Path], out: Path) -> Path:
            "and just after each level; a dash where an engine does not expose the counter or the feature was off.",
            ""] + group(runs, CACHE, empty="No engine reported prefix-cache or speculation counters.") + [""]
     for title, rows in (("Throughput", THROUGHPUT), ("Memory", MEMORY),
-                        ("Token-count checks", CHECKS), ("Harness CPU (the observer's cost)", HARNESS)):
+                        ("Token-count checks", CHECKS), (CPU, HARNESS)):
         md += [f"## {title}", ""] + group(runs, rows) + [""]
-    md.insert(md.index("## Harness CPU (the observer's cost)") - 1,
+    md.insert(md.index(f"## {CPU}") - 1,
               "Re-tokenizing streamed text is a cross-check only: random-token outputs of a random-weight model "
               "often re-tokenize to a different count (BPE merges across token boundaries).\n")
     md += ["## Greedy-token agreement", ""] + sections.agreement_section(runs) + [""]

@@ -88,6 +88,9 @@ HARNESS: list[Row] = [
     ("harness CPU (s)", "harness.cpu_s", "f2"),
     ("share of one core", "harness.core_share", "f3"),
     ("CPU per request (ms)", "harness.cpu_ms_per_request", "f2"),
+    ("engine process tree: cores busy (CPU s / wall s)", "harness.engine_cores", "f2"),
+    ("  of which its root process (a server: the front end)", "harness.front_end_cores", "f2"),
+    ("engine processes", "harness.engine_processes", "int"),
 ]
 CACHE: list[Row] = [
     ("prefix cache hit rate (engine's own)", "engine_counters.prefix_hit_rate", "pct"),

@@ -200,8 +200,17 @@ def _harness(lv: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
         warn = "engine ran inside the harness's interpreter: latency is perturbed and the CPU figure includes the engine"
     elif share is not None and share > CPU_SHARE_WARN:
         warn = f"the harness used {share:.0%} of a core; on a small machine that can slow the engine it measures"
+    tree = lv.get("engine_cpu") or []  # the engine's processes (runner.engine_cpu); none for an attached server
+    same = same or any(d.get("harness") for d in tree)  # an in-process engine's time is the harness's
+
+    def cores(procs: list[dict[str, Any]]) -> float | None:
+        return sum(d["cpu_s"] for d in procs) / wall if procs and wall else None
+
     return {"cpu_s": cpu, "wall_s": wall, "core_share": share,
-            "cpu_ms_per_request": cpu / sent * 1e3 if cpu is not None and sent else None, "warning": warn}
+            "cpu_ms_per_request": cpu / sent * 1e3 if cpu is not None and sent else None, "warning": warn,
+            "engine_cores": None if same else cores(tree),
+            "front_end_cores": None if same else cores([d for d in tree if d["root"]]),
+            "engine_processes": len(tree) or None}
 
 
 def _observed(s: dict[str, Any], lv: dict[str, Any], recs: list[dict[str, Any]]) -> None:

@@ -238,6 +238,7 @@ class EngineRun:
         watch = LoopWatch().start()  # whose stall a burst was (observer.bunched)
         meter = self.plan.meter
         e0 = meter.read() if meter else None
+        tree0 = sampler.cpu()
         cpu0, loop0, t0 = _cpu_s(), time.thread_time(), clock.now_s()
         clients_failure = None
         try:
@@ -256,6 +257,7 @@ class EngineRun:
                 timeline.close()
             loop = await watch.stop()
         wall, cpu, loop_cpu = clock.now_s() - t0, _cpu_s() - cpu0, time.thread_time() - loop0
+        tree1 = sampler.cpu()
         e1 = meter.read() if meter else None
         if until_s is not None:  # a sustained level sent as many as fit in its time
             sent = gen.sent
@@ -267,6 +269,7 @@ class EngineRun:
             "harness_cpu_s": prev.get("harness_cpu_s", 0.0) + cpu,
             "harness_loop_cpu_s": prev.get("harness_loop_cpu_s", 0.0) + loop_cpu,
             "wall_s": prev.get("wall_s", 0.0) + wall,
+            "engine_cpu": engine_cpu(tree0, tree1, prev.get("engine_cpu")),
             "sent": prev.get("sent", 0) + sent,
             "memory": _with_bracket(memory, observed),
             "observer": {"timeline": timeline.summary() if timeline else None, "loop": loop,
@@ -281,6 +284,18 @@ class EngineRun:
         if plan.on_level is not None and failure is None:
             plan.on_level(self.repeat, level, self.manifest)
         return failure
+
+
+def engine_cpu(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]],
+               prev: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each engine process's CPU seconds over a level (after - before; a process that started during the
+    level counts from 0), added to `prev` (the same level's earlier part, resumed) by pid."""
+    out = {d["pid"]: dict(d) for d in prev or []}
+    for pid, a in after.items():
+        d = out.setdefault(pid, {"pid": pid, "name": a["name"], "root": a["root"], "harness": a["harness"],
+                                 "cpu_s": 0.0})
+        d["cpu_s"] += a["cpu_s"] - (before.get(pid) or {}).get("cpu_s", 0.0)
+    return list(out.values())
 
 
 def _with_bracket(memory: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any]:

@@ -111,10 +111,12 @@ def lengths_for(config: Path, out: Path) -> Path:
     return path
 
 
-def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) -> dict:
-    """The engine serves the config's prompts in-process at 1, 4 and 8 streams (the served levels),
-    with the calibration's threads, prefix caching on; each step's wall time against the profile's
-    prediction for its batch. The timed steps go to OUT/trace-c{N}.steps.json."""
+def teacher_forced(config: Path, profile_path: Path, out: Path | None = None, requests: int | None = None,
+                   options: bool = False) -> dict:
+    """The engine serves the config's prompts (the first `requests` of them) in-process at 1, 4 and 8 streams
+    (the served levels), with the calibration's threads, prefix caching on (and with `options`, the config's
+    engine options: its step budget); each step's wall time against the profile's prediction for its batch.
+    The timed steps go to OUT/trace-c{N}.steps.json."""
     from experiments.simulate import calibrate, sweep
     from experiments.simulate.step_model import ModelShape, Profile, regime
     from experiments.workload import workloads
@@ -122,8 +124,10 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
 
     cfg, prof = load(config), Profile.load(profile_path)
     items, _ = workloads.build(cfg.model, cfg.workload, 0)
+    items = items[:requests]
     threads = int(prof.notes.split("num_threads=")[1].split(";")[0]) if "num_threads=" in prof.notes else None
-    ecfg = sweep.engine_config(cfg.model, cfg.dtype, {}, kv_cache_tokens=cfg.kv.tokens, num_threads=threads)
+    opts = cfg.engine_options.get(cfg.engine_list()[0], {}) if options else {}
+    ecfg = sweep.engine_config(cfg.model, cfg.dtype, opts, kv_cache_tokens=cfg.kv.tokens, num_threads=threads)
     shape, res = ModelShape.from_dir(cfg.model, cfg.dtype), {}
     for c in (1, 4, 8):
         rows = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], c,
@@ -137,7 +141,7 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None) ->
     return res
 
 
-def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
+def poisson_config(search_cfg: Path, rates: list[float], out: Path, name: str = "sim_poisson") -> Path:
     """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml.
     Each level lasts as a search level does: its requests are the highest rate's level_s seconds of
     arrivals (experiments/running/search.py), so the lower rates run longer."""
@@ -146,10 +150,10 @@ def poisson_config(search_cfg: Path, rates: list[float], out: Path) -> Path:
 
     cfg = load(search_cfg)
     n = search.level_size(max(rates), cfg.workload.num_requests, cfg.load.search.level_s)
-    text = search_cfg.read_text().replace('name = "sim_search"', f'name = "sim_poisson"\nrepeats = {REPEATS}')
+    text = re.sub(r'(?m)^name = ".*"$', f'name = "{name}"\nrepeats = {REPEATS}', search_cfg.read_text(), count=1)
     text = re.sub(r"(?m)^num_requests = \d+", f"num_requests = {n}", text)
     text = text.replace('mode = "search"', f'mode = "open"\nrate = [{", ".join(f"{r:.3f}" for r in rates)}]')
-    path = out / "poisson.toml"
+    path = out / f"{name}.toml"
     path.write_text(text)
     return path
 
@@ -293,7 +297,7 @@ def remeasured(meas: Path, name: str, prof: Path, out: Path) -> dict:
     timing model from greedy answers that differ between the offline and the served engine)."""
     from experiments.report.predicted import errors
 
-    cfg = {"sim_served": HERE / "served.toml", "sim_poisson": out / "poisson.toml"}[name]
+    cfg = {"sim_served": HERE / "served.toml", "sim_poisson": out / "sim_poisson.toml"}[name]
     alt = out / "predicted-measured-lengths"
     sh("simulate", str(cfg), "--profile", str(prof), "--lengths", str(meas / name / subject()), "--out", str(alt))
     m, p = summary(meas / name, subject()), summary(alt / f"{name}-simulated", f"{subject()}-simulated")

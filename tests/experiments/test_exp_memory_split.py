@@ -57,3 +57,14 @@ def test_kv_peak_used_is_the_runs_peak_on_both_reference_modes(tmp_path, exp_mod
         assert row["peak"].endswith("(RSS)") and row["CUDA graph pool"] == "–"
         parts = mem["weights"] + sum(layouts.values()) + mem["kv_allocated"] + act + runtime
         assert num(row["unaccounted (peak − parts)"]) == pytest.approx(num(row["peak"]) - parts / 2 ** 20, abs=0.11)
+    # CPU over the level, per process of the engine (runner.engine_cpu): the launched server's front end and
+    # its engine core each did work; the in-process engine's core is a process of the harness's own
+    for name, procs_expected in (("reference", 1), ("served", 2)):
+        m = json.loads((tmp_path / f"res/t/{name}/manifest.json").read_text())
+        procs = next(iter(m["levels"].values()))["1"]["engine_cpu"]
+        assert len(procs) == procs_expected and [d["root"] for d in procs].count(True) == 1, (name, procs)
+        assert all(d["cpu_s"] > 0 and not d["harness"] for d in procs), (name, procs)
+    cpu = report.split("## CPU: the harness")[1].split("\n## ")[0]
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]] for r in cpu.splitlines() if r.startswith("| ")}
+    assert rows["engine processes"] == ["1", "2"]
+    assert all(float(v) > 0 for v in rows["engine process tree: cores busy (CPU s / wall s)"])

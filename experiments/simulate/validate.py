@@ -1,0 +1,169 @@
+"""`python -m experiments.simulate.validate PHASE [--round N] [--out DIR]`: a held-out round of the simulator's
+validation (experiments/simulate/heldout/README.md), phase by phase, predict first, measure second.
+
+    calibrate   (timed) fit/calibrate.toml --calibrate on its model and the round's second size: DIR/profile.json
+    served-cal  (timed) fit/served_cal.toml measured with its step log; the served overhead fitted into the profile
+    predict     test/closed.toml and test/search.toml simulated with the fitted profile: DIR/predicted/ (before
+                any test-suite number is measured; commit it)
+    trace       (timed) the test model's teacher-forced steps in-process (the closed config's first prompts at
+                1/4/8 streams, its step budget): each step's wall time against the profile: DIR/teacher_forced.json
+    closed      (timed) test/closed.toml measured, its server logging each step
+    search      (timed) test/search.toml measured (the capacity)
+    poisson     Poisson at 35 / 60 / 85 % of the measured capacity: predicted, then (timed) measured
+    report      merged reports (DIR/merged-NAME/report.md: every error with its bootstrap interval) and
+                DIR/round.json, which the record in docs/perf/ reads
+
+The phases reuse make simulate-bench's machinery (bench.py): the step-logged config, the teacher-forced trace,
+the Poisson config, the served steps against the profile. Every phase records the load average as it begins
+and ends (DIR/load.json): the timed ones need a quiet machine (run them under the bench lock).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from experiments.simulate import bench
+from experiments.simulate.bench import logged, record_load, search_rate, sh, subject
+
+HELDOUT = Path(__file__).parent / "heldout"
+# the second model of each round's calibration (fit/calibrate.toml names the first): directory, preset, seed
+ALSO = {1: ("models/heldout-deep", "deep", 23)}
+LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
+TRACE_REQUESTS = 8
+KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
+
+
+def suite(rnd: int) -> dict[str, Path]:
+    base = HELDOUT / f"round{rnd}"
+    return {"calibrate": base / "fit" / "calibrate.toml", "served_cal": base / "fit" / "served_cal.toml",
+            "closed": base / "test" / "closed.toml", "search": base / "test" / "search.toml"}
+
+
+def name(config: Path) -> str:
+    from experiments.workload.config import load
+
+    return load(config).name
+
+
+def also_model(rnd: int) -> str:
+    from reference_engine.model.make import make_model
+
+    path, preset, seed = ALSO[rnd]
+    if not (Path(path) / "config.json").is_file():
+        make_model(path, preset, seed=seed)
+    return path
+
+
+def measure(config: Path, out: Path, log: bool = True) -> Path:
+    """`inferlab run` of the config (with its step log) into OUT/measured, once: a measured run is never redone."""
+    run = out / "measured" / name(config)
+    if not run.is_dir():
+        sh("run", str(logged(config, out) if log else config), "--out", str(out / "measured"), "--no-progress")
+    return run
+
+
+def phase(what: str, rnd: int, out: Path) -> None:
+    s, prof, pred = suite(rnd), out / "profile.json", out / "predicted"
+    if what == "calibrate":
+        sh("simulate", str(s["calibrate"]), "--calibrate", "--also-model", also_model(rnd), "--profile", str(prof))
+    elif what == "served-cal":
+        run = measure(s["served_cal"], out)
+        sh("simulate", str(s["served_cal"]), "--profile", str(prof), "--fit-served", str(run),
+           "--steps-log", str(out / "steps" / f"{name(s['served_cal'])}.jsonl"), "--out", str(out / "fit"))
+    elif what == "predict":
+        for cfg in (s["closed"], s["search"]):
+            sh("simulate", str(cfg), "--profile", str(prof), "--out", str(pred))
+    elif what == "trace":
+        from experiments.simulate.calibrate import shares
+        from experiments.simulate.step_model import ModelShape, Profile
+        from experiments.workload.config import load
+
+        res = bench.teacher_forced(s["closed"], prof, out, requests=TRACE_REQUESTS, options=True)
+        cfg = load(s["closed"])  # the terms' parts of the held-out model's decode step, under the profile
+        res["shares"] = shares(Profile.load(prof), ModelShape.from_dir(cfg.model, cfg.dtype))
+        (out / "teacher_forced.json").write_text(json.dumps(res, indent=1))
+    elif what in ("closed", "search"):
+        measure(s[what], out, log=what == "closed")
+    elif what == "poisson":
+        cap = search_rate(out / "measured" / name(s["search"]), subject())
+        if not cap:
+            raise SystemExit("poisson: the measured search found no capacity (run the search phase first)")
+        pcfg = bench.poisson_config(s["search"], [f * cap for f in LOADS], out, name=f"heldout{rnd}_test_poisson")
+        if not (pred / f"{name(pcfg)}-simulated").is_dir():
+            sh("simulate", str(pcfg), "--profile", str(prof), "--out", str(pred))
+        measure(pcfg, out)
+    elif what == "report":
+        (out / "round.json").write_text(json.dumps(report(rnd, out), indent=1, default=str))
+        print(f"written {out / 'round.json'}", file=sys.stderr)
+    else:
+        raise SystemExit(f"unknown phase {what!r}")
+
+
+def errors_with_intervals(meas_run: Path, pred_run: Path) -> dict:
+    """A measured run folder against its simulated one; per common level: p50 TTFT and TPOT (signed error, 95 % bootstrap interval, resolvable) and throughput."""
+    from experiments.report.predicted import BAR, errors, interval, pairs
+    from experiments.report.summary import load_runs, summarize
+
+    runs = load_runs([meas_run, pred_run])
+    summarize(runs)
+    m, p = pairs(runs)[0]
+    out = {}
+    for lv in [lv for lv in runs.levels if lv in m.summary and lv in p.summary]:
+        e, row = errors(m.summary[lv], p.summary[lv]), {}
+        for key, st, short in KEYS:
+            ci = interval(m.records.get(lv) or [], p.records.get(lv) or [], key, st)
+            row[short] = {"measured": (m.summary[lv].get(key) or {}).get(st),
+                          "predicted": (p.summary[lv].get(key) or {}).get(st), "error": e[short], "interval": ci,
+                          "resolvable": ci is not None and (ci[1] - ci[0]) / 2 < BAR}
+        row["throughput"] = {"measured": m.summary[lv].get("output_throughput"),
+                             "predicted": p.summary[lv].get("output_throughput"), "error": e["throughput"]}
+        out[lv] = row
+    return out
+
+
+def report(rnd: int, out: Path) -> dict:
+    """Everything the round's record reads; merged reports beside it."""
+    from experiments.simulate.step_model import ModelShape, Profile
+
+    s, meas, pred = suite(rnd), out / "measured", out / "predicted"
+    res: dict = {"profile": json.loads((out / "profile.json").read_text())}
+    for key, f in (("teacher_forced", "teacher_forced.json"), ("load", "load.json")):
+        if (out / f).is_file():
+            res[key] = json.loads((out / f).read_text())
+    names = [name(s["closed"]), f"heldout{rnd}_test_poisson"]
+    for n in names:
+        if (meas / n).is_dir() and (pred / f"{n}-simulated").is_dir():
+            sh("report", str(meas / n), str(pred / f"{n}-simulated"), "--out", str(out / f"merged-{n}"))
+            res[n] = errors_with_intervals(meas / n, pred / f"{n}-simulated")
+    search = name(s["search"])
+    if (meas / search).is_dir():
+        m, p = search_rate(meas / search, subject()), search_rate(pred / f"{search}-simulated", f"{subject()}-simulated")
+        res["capacity"] = {"measured": m, "predicted": p, "error": p / m - 1 if m and p else None}
+    from experiments.workload.config import load
+
+    cfg = load(s["closed"])
+    shape, prof = ModelShape.from_dir(cfg.model, cfg.dtype), Profile.load(out / "profile.json")
+    res["served_steps"] = {n: bench.served_steps(out / "steps" / f"{n}.jsonl", prof, shape)
+                           for n in names if (out / "steps" / f"{n}.jsonl").is_file()}
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.simulate.validate")
+    ap.add_argument("phase", choices=["calibrate", "served-cal", "predict", "trace", "closed", "search", "poisson",
+                                      "report"])
+    ap.add_argument("--round", type=int, default=1)
+    ap.add_argument("--out", default=None, help="default results/heldout-roundN")
+    a = ap.parse_args(argv)
+    out = Path(a.out or f"results/heldout-round{a.round}")
+    out.mkdir(parents=True, exist_ok=True)
+    record_load(out, a.phase, "start")
+    phase(a.phase, a.round, out)
+    record_load(out, a.phase, "end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
