@@ -95,8 +95,10 @@ def phase(what: str, rnd: int, out: Path) -> None:
             sh("simulate", str(pcfg), "--profile", str(prof), "--out", str(pred))
         measure(pcfg, out)
     elif what == "report":
-        (out / "round.json").write_text(json.dumps(report(rnd, out), indent=1, default=str))
-        print(f"written {out / 'round.json'}", file=sys.stderr)
+        res = report(rnd, out)
+        (out / "round.json").write_text(json.dumps(res, indent=1, default=str))
+        (out / "round.md").write_text(markdown(res))
+        print(f"written {out / 'round.json'} and {out / 'round.md'}", file=sys.stderr)
     else:
         raise SystemExit(f"unknown phase {what!r}")
 
@@ -148,6 +150,46 @@ def report(rnd: int, out: Path) -> dict:
     res["served_steps"] = {n: bench.served_steps(out / "steps" / f"{n}.jsonl", prof, shape)
                            for n in names if (out / "steps" / f"{n}.jsonl").is_file()}
     return res
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{v:+.1%}"
+
+
+def markdown(res: dict) -> str:
+    """round.json as the record's tables: the step level, each level's errors with intervals, the capacity."""
+    md = ["| teacher-forced steps (held-out model, in-process) | steps | median abs error | p90 abs error | median signed |",
+          "|---|---|---|---|---|"]
+    for k, e in (res.get("teacher_forced") or {}).items():
+        if k != "shares" and e.get("steps"):
+            md.append(f"| {k} | {e['steps']} | {e['median_abs']:.1%} | {e['p90_abs']:.1%} | {e.get('median_signed', 0):+.1%} |")
+    for k, parts in ((res.get("teacher_forced") or {}).get("shares") or {}).items():
+        md.append(f"\nHeld-out model, {k} at context 1024: {parts['seconds'] * 1e3:.2f} ms predicted = " + ", ".join(
+            f"{t} {v:.0%}" for t, v in parts.items() if t != "seconds" and v >= 0.005))
+    for n, levels in res.items():
+        if not isinstance(levels, dict) or not n.startswith("heldout"):
+            continue
+        md += ["", f"**{n}** (error = predicted / measured - 1; 95 % bootstrap interval; resolvable: half-width < 10 %)",
+               "", "| level | metric | measured | predicted | error | 95 % interval | resolvable | within 10 % |",
+               "|---|---|---|---|---|---|---|---|"]
+        for lv, row in levels.items():
+            for key in ("ttft_p50", "tpot_p50", "throughput"):
+                r = row[key]
+                ci = r.get("interval")
+                md.append(f"| {lv} | {key} | {r['measured']:.1f} | {r['predicted']:.1f} | {_pct(r['error'])} | "
+                          + (f"[{ci[0]:+.1%}, {ci[1]:+.1%}] | {'yes' if r['resolvable'] else 'no'}" if ci else "– | –")
+                          + f" | {'yes' if r['error'] is not None and abs(r['error']) <= 0.10 else 'NO'} |")
+    cap = res.get("capacity")
+    if cap:
+        met = cap["error"] is not None and abs(cap["error"]) <= 0.15
+        md += ["", (f"Capacity (SLO search): measured {cap['measured']} req/s, predicted {cap['predicted']} req/s, "
+                    f"error {_pct(cap['error'])} (bar 15 %: {'met' if met else 'MISSED'}).")]
+    for n, st in (res.get("served_steps") or {}).items():
+        a = st.get("all") or {}
+        if a.get("steps"):
+            md.append(f"\nServed steps of {n} (step log) against the profile with its served terms: {a['steps']} steps, "
+                      f"median |error| {a['median_abs']:.1%}, p90 {a['p90_abs']:.1%}, median signed {a.get('median_signed', 0):+.1%}.")
+    return "\n".join(md) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
