@@ -92,6 +92,7 @@ def watch(task_pid: int, stdin: IO[bytes]) -> None:
         ready, _, _ = select.select([stdin], [], [], PERIOD_S)
         if ready and not os.read(stdin.fileno(), 4096):  # end of file: the task's process is gone or done
             break
+    _note(task, seen)  # a task that closed the pipe itself still runs: what it started since the last look counts
     sweep(seen, own_group, own_too=not _alive(task, EXIT_S))
 
 
