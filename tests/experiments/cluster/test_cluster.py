@@ -299,7 +299,9 @@ def test_two_clients_keep_one_client_s_schedule_and_a_planted_slow_client_is_cli
 
 def test_ctrl_c_on_the_driver_stops_every_remote_engine(cluster, tiny_llama, tmp_path):
     mark = _mark(tmp_path)
-    cfg = write_config(tmp_path / "i.toml", tiny_llama, KILL.format(mark=mark, cluster="attempts = 1"), name="i")
+    # 24 requests: the rate=2 level lasts ~12 s, so Ctrl-C lands inside it however late its first record is seen
+    cfg = write_config(tmp_path / "i.toml", tiny_llama, KILL.format(mark=mark, cluster="attempts = 1")
+                       .replace("num_requests = 6", "num_requests = 24"), name="i")
     records = tmp_path / "res/i/reference/requests.jsonl"
     driver = subprocess.Popen([sys.executable, "-m", "experiments.cli", "run", str(cfg), "--out", str(tmp_path / "res"),
                                "--no-progress", "--cluster", cluster.address],
