@@ -15,6 +15,12 @@ are the same column and the fit may put the weight read into the constant (round
 weight coefficient of 0.0005, so a model 50x larger was predicted as fast). Fitted together on models whose
 weight bytes differ 10x or more, the constant is shared and the weight term must carry the difference;
 `shares` prints each term's part of a decode step at 1 and 64 rows, per model, to show it did.
+
+The per-layer cost (step_model.py's `c_layer`) needs a third, independent (layers, weight bytes) point: on
+models of one width a layer's bytes are fixed, so layers and weight bytes move together, and with two models a
+constant, a per-layer cost and the bandwidth term are three unknowns on two points. `identifiable` keeps
+`per_layer` out of the fit (at 0) unless the models' rows [1, layers, weight bytes] have rank 3, as three models of
+at least two widths give (held-out round 2: tiny, deep and wide).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from experiments.simulate.step_model import (TERMS, ModelShape, Profile, StepSha
                                              regime)
 
 FOLDED = "per_step"  # collinear with `weights` when one model is calibrated (summed form only)
+LAYERED = "per_layer"  # fitted only where the models tell it apart from the weights and the constant
 RATIOS = np.geomspace(1e-3, 1e3, 241)
 TILES = (1, 12)  # linear rows unpadded, or padded to the AVX-512 panel GEMM's register tile (cpp_gemm.py)
 
@@ -58,13 +65,22 @@ def per_row(rows: list, m: Models) -> list[ModelShape]:
     return list(m)
 
 
+def identifiable(ms: Sequence[ModelShape]) -> int:
+    """The rank of the models' rows [1, layers, weight bytes]: 1 (one model: the weight read and any constant are one
+    column), 2 (a constant and the bytes apart), 3 (a per-layer cost apart too)."""
+    pts = {(1.0, float(mi.layers), mi.weight_bytes / 1e9) for mi in ms}
+    return int(np.linalg.matrix_rank(np.array(sorted(pts)), tol=1e-6)) if pts else 0
+
+
 def fit(rows: list[tuple[StepShape, float]], m: Models, prof: Profile,
         terms: tuple[str, ...] | None = None) -> dict[str, float]:
     """The summed form: non-negative relative least squares of the measured seconds on the features. With one
-    model the per-step constant is folded into the weights (the same column); with several it is fitted."""
+    model the per-step constant is folded into the weights (the same column); with several it is fitted, and the
+    per-layer cost with models of rank 3 (`identifiable`)."""
     ms = per_row(rows, m)
     if terms is None:
-        terms = tuple(t for t in TERMS if t != FOLDED or len(set(ms)) > 1)
+        rank = identifiable(ms)
+        terms = tuple(t for t in TERMS if (t != FOLDED or rank > 1) and (t != LAYERED or rank > 2))
     X = np.array([[features(s, mi, prof)[k] for k in terms] for (s, _), mi in zip(rows, ms)])
     t = np.array([d for _, d in rows])
     sol = _nnls(X / t[:, None], np.ones(len(t)))
@@ -73,15 +89,17 @@ def fit(rows: list[tuple[StepShape, float]], m: Models, prof: Profile,
     return coef
 
 
-REST = ("per_step", "kv", "attention", "per_seq")
+REST = ("per_step", "kv", "attention", "per_seq", "per_layer")
 
 
 def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, tile: int,
                fixed: dict[str, float] | None = None) -> dict[str, float]:
     """One regime's coefficients in the overlapped form (module docstring); `fixed` terms (of REST)
-    are held at the given values and the rest fitted to what they leave."""
-    fixed = fixed or {}
-    F = [features(s, mi, prof, tile) for (s, _), mi in zip(rows, per_row(rows, m))]
+    are held at the given values and the rest fitted to what they leave (the per-layer cost held at 0 unless
+    the regime's models identify it)."""
+    ms = per_row(rows, m)
+    fixed = {**({} if identifiable(ms) > 2 else {LAYERED: 0.0}), **(fixed or {})}
+    F = [features(s, mi, prof, tile) for (s, _), mi in zip(rows, ms)]
     t = np.array([d - sum(v * f[k] for k, v in fixed.items()) for (_, d), f in zip(rows, F)])
     t = np.maximum(t, 1e-9)
     w, lin = np.array([f["weights"] for f in F]), np.array([f["linear"] for f in F])
@@ -162,7 +180,7 @@ def shares(prof: Profile, m: ModelShape, context: int = 1024) -> dict[str, dict[
         f = features(shape, m, prof)
         coef = (prof.regimes.get(regime(shape, prof.fused_max_rows)) or prof.regimes["mixed"]) if prof.regimes \
             else prof.coef
-        parts = {k: coef[k] * f[k] for k in TERMS}
+        parts = {k: coef.get(k, 0.0) * f[k] for k in TERMS}
         if prof.regimes:  # the overlapped pair: only the larger of weights and linear counts
             lo = min(("weights", "linear"), key=lambda k: parts[k])
             parts[lo] = 0.0
@@ -192,4 +210,4 @@ def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: fl
     return prof
 
 
-__all__ = ["fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine", "shares", "per_row"]
+__all__ = ["identifiable", "fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine", "shares", "per_row"]

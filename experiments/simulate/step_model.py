@@ -3,7 +3,7 @@ coefficient (issue 40).
 
 Spec-sheet profiles (no `regimes`) sum the terms:
 
-    t = a_w * W/BW + a_kv * KV/BW + a_lin * F/FLOPS + a_att * A/FLOPS + c_seq * B + c_step
+    t = a_w * W/BW + a_kv * KV/BW + a_lin * F/FLOPS + a_att * A/FLOPS + c_seq * B + c_layer * L + c_step
 
 A calibrated profile has one coefficient set per *regime*, the code path the engine's dispatch
 table (reference_engine/worker/paths.py) takes for the step's shape: "decode" (every sequence one
@@ -12,15 +12,19 @@ chunk in the step, or more decode rows: the module path). In a regime the weight
 linear layers' FLOPs overlap (the GEMM streams the weight panels while it multiplies), so they
 enter as a max, the rest as a sum:
 
-    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_kv * KV/BW + a_att * A/FLOPS + c_seq * B
+    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_kv * KV/BW + a_att * A/FLOPS + c_seq * B + c_layer * L
 
 where F' counts the linear rows padded to the GEMM's register tile (`tile_rows`; 1 = no padding).
 
 W: weight bytes read once per step; KV: bytes of every scheduled sequence's context read (sum of
 contexts x KV bytes per token); F: the linear layers' FLOPs (2 x layer params x new tokens, plus the
 LM head on the rows that sample); A: attention's quadratic FLOPs (4 x layers x heads x head_dim x new
-tokens x mean attended context); B: sequences in the step. BW and FLOPS are the device profile's peaks,
-so each `a_*` is 1 / efficiency (1.0 = at the roofline); `c_seq` and `c_step` are seconds.
+tokens x mean attended context); B: sequences in the step; L: the model's layers. BW and FLOPS are the device
+profile's peaks, so each `a_*` is 1 / efficiency (1.0 = at the roofline); `c_seq`, `c_layer` and `c_step` are
+seconds. `c_layer` is what a layer costs besides its bytes and FLOPs: the dozen kernel calls of a layer (norms,
+RoPE, the KV write, attention, the activation, each a parallel region on CPU, a launch on GPU) and the call into
+the layer. Models of one width cannot tell it from the weight read (a layer's bytes are fixed), so it was
+invisible until round 1 tested a wider model: 16 layers of 1024 read the same 856 MB 10 % faster than 30 of 768.
 
 Invariant: `predict` is a pure function of (profile, model shape, step shape): the same batch always
 costs the same simulated time, on any machine.
@@ -31,7 +35,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-TERMS = ("weights", "kv", "linear", "attention", "per_seq", "per_step")
+TERMS = ("weights", "kv", "linear", "attention", "per_seq", "per_layer", "per_step")
+OPTIONAL = ("per_layer",)  # terms a profile written before them may lack: read as 0
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
@@ -114,6 +119,9 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path) -> "Profile":
         raw = json.loads(Path(path).read_text())
+        for coef in [raw.get("coef", {}), *raw.get("regimes", {}).values()]:
+            for k in OPTIONAL:
+                coef.setdefault(k, 0.0)
         unknown = set(TERMS) ^ set(raw.get("coef", {}))
         if unknown:
             raise ValueError(f"profile {path}: coef must have exactly the terms {', '.join(TERMS)}")
@@ -144,7 +152,7 @@ def features(shape: StepShape, m: ModelShape, prof: Profile, tile_rows: int | No
     return {"weights": m.weight_bytes / bw, "kv": ctx * m.kv_bytes_per_token / bw,
             "linear": 2 * (m.layer_params * _pad(new, tile) + m.vocab * m.hidden * _pad(rows, tile)) / fl,
             "attention": 4 * m.layers * m.heads * m.head_dim * att / fl,
-            "per_seq": float(len(shape.seqs)), "per_step": 1.0}
+            "per_seq": float(len(shape.seqs)), "per_layer": float(m.layers), "per_step": 1.0}
 
 
 def regime(shape: StepShape, fused_max_rows: int) -> str:
@@ -157,7 +165,8 @@ def regime(shape: StepShape, fused_max_rows: int) -> str:
 def combine(coef: dict[str, float], f: dict[str, float]) -> float:
     """One regime's time: weights and linear overlap (max), the rest add."""
     return (coef["per_step"] * f["per_step"] + max(coef["weights"] * f["weights"], coef["linear"] * f["linear"])
-            + coef["kv"] * f["kv"] + coef["attention"] * f["attention"] + coef["per_seq"] * f["per_seq"])
+            + coef["kv"] * f["kv"] + coef["attention"] * f["attention"] + coef["per_seq"] * f["per_seq"]
+            + coef.get("per_layer", 0.0) * f["per_layer"])
 
 
 def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:
@@ -167,7 +176,7 @@ def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:
     if prof.regimes:
         r = regime(shape, prof.fused_max_rows)
         return combine(prof.regimes.get(r) or prof.regimes["mixed"], f)
-    return sum(prof.coef[k] * f[k] for k in TERMS)
+    return sum(prof.coef.get(k, 0.0) * f[k] for k in TERMS)
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -1,7 +1,7 @@
 """`python -m experiments.simulate.validate PHASE [--round N] [--out DIR]`: a held-out round of the simulator's
 validation (experiments/simulate/heldout/README.md), phase by phase, predict first, measure second.
 
-    calibrate   (timed) fit/calibrate.toml --calibrate on its model and the round's second size: DIR/profile.json
+    calibrate   (timed) fit/calibrate.toml --calibrate on its model and the round's other sizes: DIR/profile.json
     served-cal  (timed) fit/served_cal.toml measured with its step log; the served overhead fitted into the profile
     predict     test/closed.toml and test/search.toml simulated with the fitted profile: DIR/predicted/ (before
                 any test-suite number is measured; commit it)
@@ -28,8 +28,11 @@ from experiments.simulate import bench
 from experiments.simulate.bench import logged, record_load, search_rate, sh, subject
 
 HELDOUT = Path(__file__).parent / "heldout"
-# the second model of each round's calibration (fit/calibrate.toml names the first): directory, preset, seed
-ALSO = {1: ("models/heldout-deep", "deep", 23)}
+# the other models of each round's calibration (fit/calibrate.toml names the first): directory, preset, seed.
+# Round 2 adds `wide` (round 1's spent test model, now fit data): a second width, so the per-layer cost is told
+# apart from the weight read (calibrate.identifiable)
+ALSO = {1: [("models/heldout-deep", "deep", 23)],
+        2: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23)]}
 LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
 TRACE_REQUESTS = 8
 KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
@@ -47,13 +50,13 @@ def name(config: Path) -> str:
     return load(config).name
 
 
-def also_model(rnd: int) -> str:
+def also_models(rnd: int) -> list[str]:
     from reference_engine.model.make import make_model
 
-    path, preset, seed = ALSO[rnd]
-    if not (Path(path) / "config.json").is_file():
-        make_model(path, preset, seed=seed)
-    return path
+    for path, preset, seed in ALSO[rnd]:
+        if not (Path(path) / "config.json").is_file():
+            make_model(path, preset, seed=seed)
+    return [path for path, _, _ in ALSO[rnd]]
 
 
 def measure(config: Path, out: Path, log: bool = True) -> Path:
@@ -67,7 +70,8 @@ def measure(config: Path, out: Path, log: bool = True) -> Path:
 def phase(what: str, rnd: int, out: Path) -> None:
     s, prof, pred = suite(rnd), out / "profile.json", out / "predicted"
     if what == "calibrate":
-        sh("simulate", str(s["calibrate"]), "--calibrate", "--also-model", also_model(rnd), "--profile", str(prof))
+        also = [a for m in also_models(rnd) for a in ("--also-model", m)]
+        sh("simulate", str(s["calibrate"]), "--calibrate", *also, "--profile", str(prof))
     elif what == "served-cal":
         run = measure(s["served_cal"], out)
         sh("simulate", str(s["served_cal"]), "--profile", str(prof), "--fit-served", str(run),

@@ -53,6 +53,11 @@ PRESETS = {
     "wide": dict(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=16,
                  num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
                  rope_theta=500000.0, tie_word_embeddings=True),
+    # ~300 M parameters (1.21 GB in fp32): 10 layers of 1536 with 128-wide heads (12 query, 4 KV), as Llama 3
+    # has them: round 2's held-out model, a width, depth and head size no round has fitted or tested
+    "broad": dict(vocab_size=32768, hidden_size=1536, intermediate_size=4096, num_hidden_layers=10,
+                  num_attention_heads=12, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
+                  rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
