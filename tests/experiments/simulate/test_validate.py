@@ -1,6 +1,7 @@
 """The held-out rounds keep their protocol (experiments/simulate/heldout/README.md): the test suite differs from
-the fit suite in model, workload shape, step budget and seeds; the fit's two sizes are 10x apart with the larger
-past a last-level cache; the Poisson levels are the search config at fixed rates under their own name."""
+the fit suite in model, workload shape, step budget and seeds; the fit's sizes span 10x with the largest past a
+last-level cache; a round after the first fits models of two widths (the per-layer cost) and tests a model no
+earlier round has seen; the Poisson levels are the search config at fixed rates under their own name."""
 from __future__ import annotations
 
 import re
@@ -21,9 +22,9 @@ def _bytes(preset: str) -> int:
 @pytest.mark.parametrize("rnd", sorted(validate.ALSO))
 def test_a_rounds_suites_keep_the_protocol(rnd):
     s = {k: load(v) for k, v in validate.suite(rnd).items()}
-    fit = [s["calibrate"].make_model.preset, validate.ALSO[rnd][1]]
+    fit = [s["calibrate"].make_model.preset] + [preset for _, preset, _ in validate.ALSO[rnd]]
     sizes = sorted(_bytes(p) for p in fit)
-    assert sizes[1] >= 10 * sizes[0] and sizes[1] > 2 * L3
+    assert sizes[-1] >= 10 * sizes[0] and sizes[-1] > 2 * L3
     test_models = {s["closed"].make_model.preset, s["search"].make_model.preset}
     assert len(test_models) == 1 and not test_models & set(fit + [s["served_cal"].make_model.preset])
     assert s["closed"].model == s["search"].model != s["calibrate"].model
@@ -35,6 +36,19 @@ def test_a_rounds_suites_keep_the_protocol(rnd):
         budget = t.engine_options["reference"].get("max_num_batched_tokens")
         assert budget and budget != s["served_cal"].engine_options["reference"].get("max_num_batched_tokens")
         assert validate.name(validate.suite(rnd)["closed"]) == t.name or t.load.mode == "search"
+    if rnd > 1:  # a fresh test suite: a model no earlier round fitted or tested, and fit models of two widths
+        from experiments.simulate.calibrate import identifiable
+        from experiments.simulate.step_model import ModelShape
+
+        seen = set()
+        for r in range(1, rnd):
+            e = {k: load(v) for k, v in validate.suite(r).items()}
+            seen |= {c.make_model.preset for c in e.values()} | {preset for _, preset, _ in validate.ALSO[r]}
+        assert not test_models & seen
+        shapes = [ModelShape(c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
+                             c["num_key_value_heads"], c["head_dim"], c["intermediate_size"], c["vocab_size"])
+                  for c in map(build_config, fit)]
+        assert identifiable(shapes) == 3
 
 
 def test_poisson_levels_are_the_search_config_at_fixed_rates(tmp_path):
