@@ -32,7 +32,8 @@ HELDOUT = Path(__file__).parent / "heldout"
 # Round 2 adds `wide` (round 1's spent test model, now fit data): a second width, so the per-layer cost is told
 # apart from the weight read (calibrate.identifiable)
 ALSO = {1: [("models/heldout-deep", "deep", 23)],
-        2: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23)]}
+        2: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23)],
+        3: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23)]}
 LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
 TRACE_REQUESTS = 8
 KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
@@ -59,6 +60,24 @@ def also_models(rnd: int) -> list[str]:
     return [path for path, _, _ in ALSO[rnd]]
 
 
+def control_model(rnd: int) -> str:
+    """The round's largest fit model past the cache: the drift control's and the speed probe's model."""
+    from experiments.simulate.step_model import ModelShape
+
+    return max(also_models(rnd), key=lambda d: ModelShape.from_dir(d).weight_bytes)
+
+
+def record_probe(out: Path, rnd: int, what: str, when: str) -> None:
+    """The speed probe (probe.gemm_pass of the control model, 2 threads) beside the phase's load average."""
+    from experiments.simulate import probe
+    from experiments.simulate.step_model import ModelShape
+
+    path = out / "load.json"
+    d = json.loads(path.read_text())
+    d[what][when]["gemm_pass_ms"] = probe.gemm_pass(ModelShape.from_dir(control_model(rnd)), 2) * 1e3
+    path.write_text(json.dumps(d, indent=1))
+
+
 def measure(config: Path, out: Path, log: bool = True) -> Path:
     """`inferlab run` of the config (with its step log) into OUT/measured, once: a measured run is never redone."""
     run = out / "measured" / name(config)
@@ -80,13 +99,18 @@ def phase(what: str, rnd: int, out: Path) -> None:
         for cfg in (s["closed"], s["search"]):
             sh("simulate", str(cfg), "--profile", str(prof), "--out", str(pred))
     elif what == "trace":
+        from experiments.simulate import probe
         from experiments.simulate.calibrate import shares
         from experiments.simulate.step_model import ModelShape, Profile
         from experiments.workload.config import load
 
+        p = Profile.load(prof)
+        control = [probe.one_row(control_model(rnd), p, p.threads or 2)]  # the drift control, before and after
         res = bench.teacher_forced(s["closed"], prof, out, requests=TRACE_REQUESTS, options=True)
+        control.append(probe.one_row(control_model(rnd), p, p.threads or 2))
         cfg = load(s["closed"])  # the terms' parts of the held-out model's decode step, under the profile
-        res["shares"] = shares(Profile.load(prof), ModelShape.from_dir(cfg.model, cfg.dtype))
+        res["shares"] = shares(p, ModelShape.from_dir(cfg.model, cfg.dtype))
+        res["control"] = control
         (out / "teacher_forced.json").write_text(json.dumps(res, indent=1))
     elif what in ("closed", "search"):
         measure(s[what], out, log=what == "closed")
@@ -165,8 +189,22 @@ def markdown(res: dict) -> str:
     md = ["| teacher-forced steps (held-out model, in-process) | steps | median abs error | p90 abs error | median signed |",
           "|---|---|---|---|---|"]
     for k, e in (res.get("teacher_forced") or {}).items():
-        if k != "shares" and e.get("steps"):
+        if k not in ("shares", "control") and e.get("steps"):
             md.append(f"| {k} | {e['steps']} | {e['median_abs']:.1%} | {e['p90_abs']:.1%} | {e.get('median_signed', 0):+.1%} |")
+    control = (res.get("teacher_forced") or {}).get("control") or []
+    for c in control:
+        md.append(f"\nDrift control at {c['utc']}: {c['model']}'s one-row decode {c['measured_ms']:.2f} ms measured, "
+                  f"{c['predicted_ms']:.2f} ms predicted ({c['error']:+.1%}: the machine against its calibration).")
+    dec = ((res.get("teacher_forced") or {}).get("1 streams: decode") or {}).get("median_signed")
+    if control and dec is not None:
+        c = sum(x["error"] for x in control) / len(control)
+        md.append(f"\nThe held-out model's 1-stream decode error against the control's: (1 {dec:+.1%}) / (1 {c:+.1%}) "
+                  f"- 1 = {(1 + dec) / (1 + c) - 1:+.1%} (transfer, with the drift divided out).")
+    probes = {k: v for k, v in (res.get("load") or {}).items() if "gemm_pass_ms" in v.get("start", {})}
+    if probes:
+        md += ["", "| phase | start (UTC) | speed probe, ms | end (UTC) | speed probe, ms |", "|---|---|---|---|---|"]
+        md += [f"| {k} | {v['start']['utc']} | {v['start']['gemm_pass_ms']:.1f} | {v.get('end', {}).get('utc', '–')} | "
+               f"{v.get('end', {}).get('gemm_pass_ms', float('nan')):.1f} |" for k, v in probes.items()]
     for k, parts in ((res.get("teacher_forced") or {}).get("shares") or {}).items():
         md.append(f"\nHeld-out model, {k} at context 1024: {parts['seconds'] * 1e3:.2f} ms predicted = " + ", ".join(
             f"{t} {v:.0%}" for t, v in parts.items() if t != "seconds" and v >= 0.005))
@@ -205,9 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out or f"results/heldout-round{a.round}")
     out.mkdir(parents=True, exist_ok=True)
-    record_load(out, a.phase, "start")
-    phase(a.phase, a.round, out)
-    record_load(out, a.phase, "end")
+    timed = a.phase not in ("predict", "report")
+    for when in ("start", "end"):
+        if when == "end":
+            phase(a.phase, a.round, out)
+        record_load(out, a.phase, when)
+        if timed and a.round > 2:  # rounds 1 and 2 ran before the probe existed
+            record_probe(out, a.round, a.phase, when)
     return 0
 
 

@@ -4,7 +4,12 @@ teacher-forced steps are used here only to choose the form, which round 3 then t
 Today's steps: round 2's calibration sweep (tiny, deep, wide; split at the step where each model's sweep began)
 and broad's teacher-forced trace. Each model's decode GEMMs timed in the engine's kernel (operators.py). Fits on
 pairs and triples, bytes over bandwidth against the timed passes; the median signed error of each left-out model's
-decode steps. Run quiet: `PYTHONPATH=. python results/heldout-round2/diagnostics/operators_loo.py`."""
+decode steps. Run quiet: `PYTHONPATH=. python results/heldout-round2/diagnostics/operators_loo.py`.
+
+It ran once (01:54, outputs.txt) against a weight term that was then removed, never committed: `calibrate(...,
+operators={signature: seconds})` made each model's `weights` feature its timed GEMM pass (now probe.gemm_pass;
+the module was `operators.time_pass`) instead of bytes over bandwidth. It predicted the left-out broad worse than
+bytes did (+17.9 % against +12.6 % from tiny + deep), so it went, and the pass stayed as the speed probe."""
 import json
 from pathlib import Path
 
