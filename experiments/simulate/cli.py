@@ -203,8 +203,9 @@ def _calibrate(cfg, engine: str, a) -> int:
     if not peak.get("gflops"):
         return fail(f"compute ceiling not measured: {peak.get('error')}")
     rows, shapes = [], []
-    for model in [cfg.model, *a.also_model]:
-        got, paths = sweep.sweep(sweep.engine_config(model, cfg.dtype, opts, kv_cache_tokens=65536, max_model_len=4096))
+    dirs = [cfg.model, *a.also_model]  # swept interleaved, level by level (sweep.sweep_many: the machine's drift)
+    for model, (got, paths) in zip(dirs, sweep.sweep_many(
+            [sweep.engine_config(m, cfg.dtype, opts, kv_cache_tokens=65536, max_model_len=4096) for m in dirs])):
         rows += got
         shapes += [ModelShape.from_dir(model, cfg.dtype)] * len(got)
     models = ", ".join(f"{Path(m).name} ({ModelShape.from_dir(m, cfg.dtype).weight_bytes / 1e6:.0f} MB)"

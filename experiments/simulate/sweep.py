@@ -107,17 +107,29 @@ def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 3) -> tuple[list[tupl
     token computed): each step's median over `repeats` runs of the same requests (the trace is timed
     the same way). Also returns the engine's dispatch settings (`effective_config()["paths"]`: the
     one-call layer's row limit)."""
+    return sweep_many([cfg], seed, repeats)[0]
+
+
+def sweep_many(cfgs: list[EngineConfig], seed: int = 0, repeats: int = 3) -> list[tuple[list[tuple[StepShape, float]], dict]]:
+    """`sweep` of several models, interleaved: every engine is up at once, and each closed-loop level runs on
+    every model before the next level starts. On a machine whose speed drifts within minutes (held-out round 2:
+    a model's one-row step 57.9 ms, then 51.2 ms an hour later; docs/perf/2026-12-07-heldout-round2.md), models
+    swept one after another are timed in different phases, and the fit reads the drift as a difference between
+    them; interleaved, the drift lands on every model alike. Per model the same steps as `sweep` alone."""
     from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
 
-    eng = LLMEngine(EngineConfig(**{**cfg.__dict__, "record_steps": True, "enable_prefix_caching": False}))
-    reqs = ragged(seed, eng.model_config.vocab_size)
-    runs = []
+    engs = [LLMEngine(EngineConfig(**{**c.__dict__, "record_steps": True, "enable_prefix_caching": False}))
+            for c in cfgs]
+    reqs = [ragged(seed, e.model_config.vocab_size) for e in engs]
+    runs: list[list] = [[] for _ in engs]
     for _ in range(repeats):
-        start = len(eng.step_records)
+        start = [len(e.step_records) for e in engs]
         for c in LEVELS:
-            closed_loop(eng, [(p, m) for cc, p, m in reqs if cc == c], c)
-        runs.append(shapes(eng.step_records[start:])[WARM_STEPS:])
-    return median_of(runs), dict(eng.effective_config().get("paths") or {})
+            for e, r in zip(engs, reqs):
+                closed_loop(e, [(p, m) for cc, p, m in r if cc == c], c)
+        for run, e, s0 in zip(runs, engs, start):
+            run.append(shapes(e.step_records[s0:])[WARM_STEPS:])
+    return [(median_of(run), dict(e.effective_config().get("paths") or {})) for run, e in zip(runs, engs)]
 
 
 def trace(cfg: EngineConfig, prompts: list[list[int]], max_tokens: list[int], concurrency: int,

@@ -36,3 +36,36 @@ def test_eos_lengths_are_the_greedy_answers_lengths(smollm2, tmp_path):
         max_tokens=it.output_len, temperature=0.0, ignore_eos=False))[0].token_ids) for it in items}
     assert got == want
     assert any(n < it.output_len for n, it in zip(want.values(), items))
+
+
+def test_several_models_are_swept_level_by_level_with_the_steps_each_alone_gives(exp_model, monkeypatch):
+    """sweep_many runs each closed-loop level on every model before the next (a drift of the machine's speed lands
+    on all of them alike), and gives each model the same steps as sweeping it alone."""
+    import random
+
+    from experiments.simulate import sweep
+
+    monkeypatch.setattr(sweep, "LEVELS", (1, 3))
+
+    def ragged(seed, vocab):  # a short sweep: 2 + 4 requests
+        rng = random.Random(seed)
+        return [(c, [rng.randrange(3, vocab) for _ in range(rng.randint(4, 24))], rng.randint(2, 6))
+                for c in (1, 1, 3, 3, 3, 3)]
+
+    monkeypatch.setattr(sweep, "ragged", ragged)
+    calls, real = [], sweep.closed_loop
+
+    def spy(eng, work, c, *a, **k):
+        calls.append((id(eng), c))
+        return real(eng, work, c, *a, **k)
+
+    monkeypatch.setattr(sweep, "closed_loop", spy)
+    cfg = sweep.engine_config(str(exp_model), "float32", {"num_threads": 1}, kv_cache_tokens=2048, max_model_len=512)
+    both = sweep.sweep_many([cfg, cfg], repeats=2)
+    engines = list(dict.fromkeys(e for e, _ in calls))
+    assert len(engines) == 2
+    assert [(engines.index(e), c) for e, c in calls] == [(0, 1), (1, 1), (0, 3), (1, 3)] * 2
+    alone, _ = sweep.sweep(cfg, repeats=2)
+    for rows, paths in both:
+        assert [s for s, _ in rows] == [s for s, _ in alone] and all(t > 0 for _, t in rows)
+        assert "fused_decode_max_rows" in paths
