@@ -155,6 +155,17 @@ def errors(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, served
             "p90_abs": float(np.percentile(np.abs(e), 90)), "median_signed": float(np.median(e))}
 
 
+def runs(ms: list[ModelShape]) -> list[list]:
+    """[signature, rows] of each contiguous run of one model's rows, in order (how the steps file splits)."""
+    out: list[list] = []
+    for mi in ms:
+        if out and out[-1][0] == mi.signature:
+            out[-1][1] += 1
+        else:
+            out.append([mi.signature, 1])
+    return out
+
+
 def machine() -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor() or "cpu")
@@ -206,7 +217,8 @@ def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: fl
     ms = per_row(rows, m)
     prof.fit = {"sweep": errors(rows, m, prof), "sweep_summed_form": summed, "steps_per_regime": counts,
                 "shapes": sorted({(len(s.seqs), max(n for n, _, _ in s.seqs)) for s, _ in rows})[:64],
-                "models": {f"{mi.weight_bytes / 1e6:.0f} MB": shares(prof, mi) for mi in dict.fromkeys(ms)}}
+                "models": {f"{mi.weight_bytes / 1e6:.0f} MB": shares(prof, mi) for mi in dict.fromkeys(ms)},
+                "rows_per_model": runs(ms)}
     return prof
 
 

@@ -74,6 +74,12 @@ class ModelShape:
         return (self.layer_params + self.vocab * self.hidden) * DTYPE_BYTES[self.dtype]
 
     @property
+    def signature(self) -> str:
+        """The shape as one line (which model a calibration row came from)."""
+        return (f"{self.layers} x (hidden {self.hidden}, heads {self.heads}/{self.kv_heads} x {self.head_dim}, "
+                f"mlp {self.intermediate}), vocab {self.vocab}, {self.dtype}")
+
+    @property
     def kv_bytes_per_token(self) -> float:
         return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.kv_dtype]
 

@@ -67,6 +67,26 @@ def control_model(rnd: int) -> str:
     return max(also_models(rnd), key=lambda d: ModelShape.from_dir(d).weight_bytes)
 
 
+def two_models(prof, out: Path, held_out, fit_dirs: list[str]) -> dict:
+    """A profile refitted on the calibration sweep's first two models only (tiny + deep: "fitted on A and B"), the
+    held-out trace's decode steps against it, per stream count."""
+    from experiments.simulate import calibrate, sweep
+    from experiments.simulate.step_model import ModelShape, regime
+
+    rows, runs = sweep.load_rows(out / "profile.steps.json"), prof.fit["rows_per_model"]
+    n = sum(c for _, c in runs[:2])
+    shapes = {m.signature: m for m in (ModelShape.from_dir(d, held_out.dtype) for d in fit_dirs)}
+    ms = [shapes[sig] for sig, c in runs[:2] for _ in range(c)]
+    two = calibrate.calibrate(rows[:n], ms, prof.bandwidth_gbps, prof.peak_tflops(held_out.dtype), prof.engine,
+                              fused_max_rows=prof.fused_max_rows)
+    res = {"fitted_on": [sig for sig, _ in runs[:2]]}
+    for c in (1, 4, 8):
+        trace = [(s, d) for s, d in sweep.load_rows(out / f"trace-c{c}.steps.json")
+                 if regime(s, two.fused_max_rows) == "decode"]
+        res[f"{c} streams: decode"] = calibrate.errors(trace, held_out, two)
+    return res
+
+
 def record_probe(out: Path, rnd: int, what: str, when: str) -> None:
     """The speed probe (probe.gemm_pass of the control model, 2 threads) beside the phase's load average."""
     from experiments.simulate import probe
@@ -111,6 +131,9 @@ def phase(what: str, rnd: int, out: Path) -> None:
         cfg = load(s["closed"])  # the terms' parts of the held-out model's decode step, under the profile
         res["shares"] = shares(p, ModelShape.from_dir(cfg.model, cfg.dtype))
         res["control"] = control
+        if rnd > 2:  # declared before round 3 ran: the same sweep's first two models alone, on the same trace
+            fit_dirs = [load(s["calibrate"]).model, *also_models(rnd)]
+            res["two_models"] = two_models(p, out, ModelShape.from_dir(cfg.model, cfg.dtype), fit_dirs)
         (out / "teacher_forced.json").write_text(json.dumps(res, indent=1))
     elif what in ("closed", "search"):
         measure(s[what], out, log=what == "closed")
@@ -189,8 +212,13 @@ def markdown(res: dict) -> str:
     md = ["| teacher-forced steps (held-out model, in-process) | steps | median abs error | p90 abs error | median signed |",
           "|---|---|---|---|---|"]
     for k, e in (res.get("teacher_forced") or {}).items():
-        if k not in ("shares", "control") and e.get("steps"):
+        if k not in ("shares", "control", "two_models") and e.get("steps"):
             md.append(f"| {k} | {e['steps']} | {e['median_abs']:.1%} | {e['p90_abs']:.1%} | {e.get('median_signed', 0):+.1%} |")
+    two = (res.get("teacher_forced") or {}).get("two_models") or {}
+    if two:
+        md.append("\nFitted on the sweep's first two models only (" + " and ".join(two["fitted_on"]) + "), the held-out "
+                  "decode steps: " + ", ".join(f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in two.items()
+                                               if k != "fitted_on" and v.get("steps")) + " (median signed).")
     control = (res.get("teacher_forced") or {}).get("control") or []
     for c in control:
         md.append(f"\nDrift control at {c['utc']}: {c['model']}'s one-row decode {c['measured_ms']:.2f} ms measured, "

@@ -60,3 +60,40 @@ def test_poisson_levels_are_the_search_config_at_fixed_rates(tmp_path):
     assert got.workload.model_dump(exclude={"num_requests"}) == want.workload.model_dump(exclude={"num_requests"})
     assert got.workload.num_requests == max(want.workload.num_requests, 15)  # 0.5 req/s for a 30 s level
     assert len(re.findall(r"(?m)^name = ", path.read_text())) == 1
+
+
+def test_the_two_model_fit_takes_the_sweeps_first_two_models_only(tmp_path):
+    """Round 3's "fitted on A and B" variant: refit on the calibration's first two models' rows (rows_per_model), then
+    the held-out trace's decode steps against it. Planted: a third fitted model whose steps are off by 3x would pull
+    any fit that read its rows."""
+    import json
+
+    from experiments.simulate import sweep
+    from experiments.simulate.calibrate import calibrate
+    from experiments.simulate.step_model import TERMS, ModelShape, Profile, predict
+
+    from tests.experiments.simulate.test_calibrate import decode_steps
+
+    def model(name, layers, hidden):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers, "hidden_size": hidden,
+                                                    "num_attention_heads": hidden // 64, "num_key_value_heads": 2,
+                                                    "intermediate_size": 3 * hidden, "vocab_size": 4096}))
+        return str(d)
+
+    dirs = [model("a", 4, 256), model("b", 40, 768), model("c", 16, 1024)]
+    held = ModelShape.from_dir(model("held", 10, 1536))
+    shapes = [ModelShape.from_dir(d) for d in dirs]
+    truth = Profile("t", 20.0, {"float32": 1.0}, dict.fromkeys(TERMS, 0.0), fused_max_rows=64, regimes={
+        "decode": {**dict.fromkeys(TERMS, 0.0), "per_step": 1e-3, "weights": 1.2, "kv": 1.5}})
+    dec = decode_steps(30)
+    rows = [(s, predict(s, m, truth) * (3.0 if m is shapes[2] else 1.0)) for m in shapes for s in dec]
+    prof = calibrate(rows, [m for m in shapes for _ in dec], 20.0, 1.0, "test", fused_max_rows=64)
+    assert prof.fit["rows_per_model"] == [[m.signature, len(dec)] for m in shapes]
+    sweep.dump(rows, tmp_path / "profile.steps.json")
+    for c in (1, 4, 8):
+        sweep.dump([(s, predict(s, held, truth)) for s in dec], tmp_path / f"trace-c{c}.steps.json")
+    got = validate.two_models(prof, tmp_path, held, dirs)
+    assert got["fitted_on"] == [shapes[0].signature, shapes[1].signature]
+    assert all(abs(got[f"{c} streams: decode"]["median_signed"]) < 0.01 for c in (1, 4, 8))
