@@ -58,9 +58,9 @@ PRESETS = {
     "broad": dict(vocab_size=32768, hidden_size=1536, intermediate_size=4096, num_hidden_layers=10,
                   num_attention_heads=12, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
                   rope_theta=500000.0, tie_word_embeddings=True),
-    # ~346 M parameters (1.38 GB in fp32): 16 layers of 1280, 10 heads of 128 on 2 KV heads, a 49k vocabulary:
+    # ~335 M parameters (1.34 GB in fp32): 16 layers of 1280, 10 heads of 128 on 2 KV heads, a 40k vocabulary:
     # round 3's held-out model, a width, head grouping and vocabulary no round has fitted or tested
-    "mid": dict(vocab_size=49152, hidden_size=1280, intermediate_size=3584, num_hidden_layers=16,
+    "mid": dict(vocab_size=40960, hidden_size=1280, intermediate_size=3584, num_hidden_layers=16,
                 num_attention_heads=10, num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
                 rope_theta=500000.0, tie_word_embeddings=True),
 }
