@@ -111,6 +111,11 @@ def lengths_for(config: Path, out: Path) -> Path:
     return path
 
 
+def calibration_threads(prof) -> int | None:
+    """The threads the profile's sweep ran with (its notes say `num_threads=N`), or None."""
+    return int(prof.notes.split("num_threads=")[1].split(";")[0]) if "num_threads=" in prof.notes else None
+
+
 def teacher_forced(config: Path, profile_path: Path, out: Path | None = None, requests: int | None = None,
                    options: bool = False) -> dict:
     """The engine serves the config's prompts (the first `requests` of them) in-process at 1, 4 and 8 streams
@@ -125,7 +130,7 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None, re
     cfg, prof = load(config), Profile.load(profile_path)
     items, _ = workloads.build(cfg.model, cfg.workload, 0)
     items = items[:requests]
-    threads = int(prof.notes.split("num_threads=")[1].split(";")[0]) if "num_threads=" in prof.notes else None
+    threads = calibration_threads(prof)
     opts = cfg.engine_options.get(cfg.engine_list()[0], {}) if options else {}
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, opts, kv_cache_tokens=cfg.kv.tokens, num_threads=threads)
     shape, res = ModelShape.from_dir(cfg.model, cfg.dtype), {}

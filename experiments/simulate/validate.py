@@ -125,9 +125,10 @@ def phase(what: str, rnd: int, out: Path) -> None:
         from experiments.workload.config import load
 
         p = Profile.load(prof)
-        control = [probe.one_row(control_model(rnd), p, p.threads or 2)]  # the drift control, before and after
+        threads = bench.calibration_threads(p) or 2  # as the trace runs (bench.teacher_forced)
+        control = [probe.one_row(control_model(rnd), p, threads)]  # the drift control, before and after
         res = bench.teacher_forced(s["closed"], prof, out, requests=TRACE_REQUESTS, options=True)
-        control.append(probe.one_row(control_model(rnd), p, p.threads or 2))
+        control.append(probe.one_row(control_model(rnd), p, threads))
         cfg = load(s["closed"])  # the terms' parts of the held-out model's decode step, under the profile
         res["shares"] = shares(p, ModelShape.from_dir(cfg.model, cfg.dtype))
         res["control"] = control

@@ -46,3 +46,13 @@ def test_served_steps_are_the_logged_steps_against_the_profile(tiny_llama, tmp_p
     e = sorted(abs((predict(s, shape, prof) + 0.004 + 0.001 * len(s.seqs)) / d - 1) for s, d in want)
     assert res["all"]["median_abs"] == pytest.approx(float(np.median(e)))
     assert res["speed"][str(os.getpid())] == calibrate.errors(logged, shape, prof)
+
+
+def test_the_calibration_threads_are_read_from_the_profiles_notes():
+    from experiments.simulate.bench import calibration_threads
+    from experiments.simulate.step_model import TERMS, Profile
+
+    prof = Profile("p", 20.0, {"float32": 1.0}, dict.fromkeys(TERMS, 0.0), notes="num_threads=2; a sweep of ...")
+    assert calibration_threads(prof) == 2
+    prof.notes = "steps timed elsewhere"
+    assert calibration_threads(prof) is None
