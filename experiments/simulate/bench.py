@@ -146,15 +146,16 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None, re
     return res
 
 
-def poisson_config(search_cfg: Path, rates: list[float], out: Path, name: str = "sim_poisson") -> Path:
+def poisson_config(search_cfg: Path, rates: list[float], out: Path, name: str = "sim_poisson",
+                   min_requests: int = 0) -> Path:
     """The search config at fixed rates, measured in REPEATS fresh server processes like served.toml.
     Each level lasts as a search level does: its requests are the highest rate's level_s seconds of
-    arrivals (experiments/running/search.py), so the lower rates run longer."""
+    arrivals (experiments/running/search.py), so the lower rates run longer; `min_requests` at least."""
     from experiments.running import search
     from experiments.workload.config import load
 
     cfg = load(search_cfg)
-    n = search.level_size(max(rates), cfg.workload.num_requests, cfg.load.search.level_s)
+    n = max(min_requests, search.level_size(max(rates), cfg.workload.num_requests, cfg.load.search.level_s))
     text = re.sub(r'(?m)^name = ".*"$', f'name = "{name}"\nrepeats = {REPEATS}', search_cfg.read_text(), count=1)
     text = re.sub(r"(?m)^num_requests = \d+", f"num_requests = {n}", text)
     text = text.replace('mode = "search"', f'mode = "open"\nrate = [{", ".join(f"{r:.3f}" for r in rates)}]')

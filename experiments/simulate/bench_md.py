@@ -37,10 +37,11 @@ def render(res: dict) -> str:
           f"one-call decode layer up to {p.get('fused_max_rows')} rows. Sweep fit over {fit['sweep']['steps']} steps: "
           f"|error| median {fit['sweep']['median_abs']:.1%}, p90 {fit['sweep']['p90_abs']:.1%} (one sum of terms: "
           f"{fit['sweep_summed_form']['median_abs']:.1%}, {fit['sweep_summed_form']['p90_abs']:.1%}).", "",
-          "| regime | per step ms | per layer ms | weights | linear | kv | attention | per seq ms |",
-          "|---|---|---|---|---|---|---|---|"]
+          "| regime | per step ms | per layer ms | weights | cached weights | linear (overlapped) | linear (added) | kv | "
+          "attention | per seq ms |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r, c in p.get("regimes", {}).items():
-        md.append(f"| {r} | {c['per_step'] * 1e3:.2f} | {c.get('per_layer', 0.0) * 1e3:.3f} | {c['weights']:.3g} | {c['linear']:.3g} | {c['kv']:.3g} | "
+        md.append(f"| {r} | {c['per_step'] * 1e3:.2f} | {c.get('per_layer', 0.0) * 1e3:.3f} | {c['weights']:.3g} | "
+                  f"{c.get('cached', 0.0):.3g} | {c['linear']:.3g} | {c.get('linear_add', 0.0):.3g} | {c['kv']:.3g} | "
                   f"{c['attention']:.3g} | {c['per_seq'] * 1e3:.3f} |")
     if p.get("served"):
         s = p["served"]

@@ -34,7 +34,8 @@ import numpy as np
 from experiments.simulate.step_model import (TERMS, ModelShape, Profile, StepShape, combine, features, predict,
                                              regime)
 
-FOLDED = "per_step"  # collinear with `weights` when one model is calibrated (summed form only)
+FOLDED = "per_step"  # collinear with `weights` when one model (past the cache) is calibrated (summed form only)
+ADDED = "linear_add"  # the overlapped form's: in the summed form it is `linear` again
 LAYERED = "per_layer"  # fitted only where the models tell it apart from the weights and the constant
 RATIOS = np.geomspace(1e-3, 1e3, 241)
 TILES = (1, 12)  # linear rows unpadded, or padded to the AVX-512 panel GEMM's register tile (cpp_gemm.py)
@@ -65,10 +66,13 @@ def per_row(rows: list, m: Models) -> list[ModelShape]:
     return list(m)
 
 
-def identifiable(ms: Sequence[ModelShape]) -> int:
-    """The rank of the models' rows [1, layers, weight bytes]: 1 (one model: the weight read and any constant are one
-    column), 2 (a constant and the bytes apart), 3 (a per-layer cost apart too)."""
-    pts = {(1.0, float(mi.layers), mi.weight_bytes / 1e9) for mi in ms}
+def identifiable(ms: Sequence[ModelShape], cache_bytes: float = 0.0) -> int:
+    """The rank of the rows [1, layers, weight bytes] of the models past the cache (`cache_bytes`; all of them where
+    none is): 1 (one model: the weight read and any constant are one column), 2 (a constant and the bytes apart), 3
+    (a per-layer cost apart too). A model whose weights fit in the cache has its own column ("cached"), so it tells
+    nothing about the memory's bandwidth (round 4: docs/perf/2026-12-07-heldout-round4.md)."""
+    past = [mi for mi in ms if mi.weight_bytes > cache_bytes] or list(ms)
+    pts = {(1.0, float(mi.layers), mi.weight_bytes / 1e9) for mi in past}
     return int(np.linalg.matrix_rank(np.array(sorted(pts)), tol=1e-6)) if pts else 0
 
 
@@ -79,8 +83,8 @@ def fit(rows: list[tuple[StepShape, float]], m: Models, prof: Profile,
     per-layer cost with models of rank 3 (`identifiable`)."""
     ms = per_row(rows, m)
     if terms is None:
-        rank = identifiable(ms)
-        terms = tuple(t for t in TERMS if (t != FOLDED or rank > 1) and (t != LAYERED or rank > 2))
+        rank = identifiable(ms, prof.cache_bytes)
+        terms = tuple(t for t in TERMS if (t != FOLDED or rank > 1) and (t != LAYERED or rank > 2) and t != ADDED)
     X = np.array([[features(s, mi, prof)[k] for k in terms] for (s, _), mi in zip(rows, ms)])
     t = np.array([d for _, d in rows])
     sol = _nnls(X / t[:, None], np.ones(len(t)))
@@ -89,7 +93,7 @@ def fit(rows: list[tuple[StepShape, float]], m: Models, prof: Profile,
     return coef
 
 
-REST = ("per_step", "kv", "attention", "per_seq", "per_layer")
+REST = ("per_step", "cached", "kv", "linear_add", "attention", "per_seq", "per_layer")
 
 
 def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, tile: int,
@@ -98,7 +102,8 @@ def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, ti
     are held at the given values and the rest fitted to what they leave (the per-layer cost held at 0 unless
     the regime's models identify it)."""
     ms = per_row(rows, m)
-    fixed = {**({} if identifiable(ms) > 2 else {LAYERED: 0.0}), **(fixed or {})}
+    rank = identifiable(ms, prof.cache_bytes)
+    fixed = {**({} if rank > 2 else {LAYERED: 0.0}), **(fixed or {})}
     F = [features(s, mi, prof, tile) for (s, _), mi in zip(rows, ms)]
     t = np.array([d - sum(v * f[k] for k, v in fixed.items()) for (_, d), f in zip(rows, F)])
     t = np.maximum(t, 1e-9)
@@ -166,6 +171,31 @@ def runs(ms: list[ModelShape]) -> list[list]:
     return out
 
 
+RESIDENT = 0.5  # of the last-level cache a model's weights may fill and still be read from it between steps
+
+
+def resident_bytes() -> int:
+    """The weight bytes this machine reads from its last-level cache, not its memory: half the LLC (the rest holds
+    the KV, the activations and, in a VM, other tenants' lines). Measured on a 480 MiB L3 (held-out round 4's
+    record): `tiny` (24 MB) streams at twice the memory's speed, `small` (403 MB, 0.8x the L3) on the memory's line."""
+    return int(llc_bytes() * RESIDENT)
+
+
+def llc_bytes() -> int:
+    """This machine's last-level cache in bytes (sysfs: the highest cache level of cpu0), 0 where unknown."""
+    from pathlib import Path
+
+    best = (0, 0)
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level, size = int((d / "level").read_text()), (d / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        best = max(best, (level, int(size.rstrip("KMG")) * unit))
+    return best[1]
+
+
 def machine() -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor() or "cpu")
@@ -201,12 +231,15 @@ def shares(prof: Profile, m: ModelShape, context: int = 1024) -> dict[str, dict[
 
 
 def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: float, tflops: float,
-              engine: str, notes: str = "", fused_max_rows: int = 0, share_kv: bool = False) -> Profile:
+              engine: str, notes: str = "", fused_max_rows: int = 0, share_kv: bool = False,
+              cache_bytes: float = 0.0) -> Profile:
     """A calibrated profile from timed steps, at the measured peaks (so each a = 1 / efficiency): the
-    per-regime overlapped form, with the summed form's coefficients kept in `coef` for comparison."""
+    per-regime overlapped form, with the summed form's coefficients kept in `coef` for comparison. `cache_bytes`:
+    the machine's last-level cache (`llc_bytes`); a model whose weights fit in it reads them from there."""
     dtype = per_row(rows, m)[0].dtype if rows else m.dtype
     prof = Profile(name=f"{engine} on {platform.node()}", bandwidth_gbps=bandwidth_gbps,
                    tflops={dtype: tflops}, coef={k: 0.0 for k in TERMS}, calibrated=True, machine=machine(),
+                   cache_bytes=cache_bytes,
                    engine=engine, version=commit(), date=date.today().isoformat(), notes=notes)
     prof.coef = fit(rows, m, prof)
     summed = errors(rows, m, prof)
@@ -222,4 +255,4 @@ def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: fl
     return prof
 
 
-__all__ = ["identifiable", "fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine", "shares", "per_row"]
+__all__ = ["resident_bytes", "llc_bytes", "identifiable", "fit", "fit_regime", "fit_regimes", "errors", "calibrate", "combine", "shares", "per_row"]

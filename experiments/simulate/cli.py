@@ -215,7 +215,8 @@ def _calibrate(cfg, engine: str, a) -> int:
                                      f"(each step the median of 3 repeats) on {models}; measure it quiet (under the "
                                      f"bench lock); paths {paths.get('linear')}, one-call decode layer up to "
                                      f"{paths.get('fused_decode_max_rows')} rows; peaks measured at calibration",
-                               fused_max_rows=int(paths.get("fused_decode_max_rows") or 0))
+                               fused_max_rows=int(paths.get("fused_decode_max_rows") or 0),
+                               cache_bytes=calibrate.resident_bytes())
     for size, parts in prof.fit["models"].items():
         for rows_, p in parts.items():
             print(f"inferlab: {size} model, {rows_} at context 1024: {p['seconds'] * 1e3:.2f} ms = " + ", ".join(

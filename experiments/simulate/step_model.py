@@ -12,9 +12,16 @@ chunk in the step, or more decode rows: the module path). In a regime the weight
 linear layers' FLOPs overlap (the GEMM streams the weight panels while it multiplies), so they
 enter as a max, the rest as a sum:
 
-    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_kv * KV/BW + a_att * A/FLOPS + c_seq * B + c_layer * L
+    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_add * F/FLOPS + a_c * Wc/BW + a_kv * KV/BW + a_att * A/FLOPS
+        + c_seq * B + c_layer * L
 
-where F' counts the linear rows padded to the GEMM's register tile (`tile_rows`; 1 = no padding).
+where F' counts the linear rows padded to the GEMM's register tile (`tile_rows`; 1 = no padding), and F the
+rows as they are ("linear_add"): the part of each row's multiply the weight stream does not hide. Round 3's sweep
+showed it (docs/perf/2026-12-07-heldout-round4.md): with the pair alone, flat from 1 to 12 rows, one-row steps came
+out 3-6 % slow and 2-8 rows 2-13 % fast on every model. Wc ("cached") is the weight read of a model whose weights
+fit in the profile's `cache_bytes` (half the last-level cache, calibrate.resident_bytes); its W is then 0: a model
+read from the cache says nothing about the memory's bandwidth, and fitted in one column with the others, `tiny`
+(24 MB) held the per-layer cost at 12 us where the models past the cache say ~0.1 ms.
 
 W: weight bytes read once per step; KV: bytes of every scheduled sequence's context read (sum of
 contexts x KV bytes per token); F: the linear layers' FLOPs (2 x layer params x new tokens, plus the
@@ -35,8 +42,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-TERMS = ("weights", "kv", "linear", "attention", "per_seq", "per_layer", "per_step")
-OPTIONAL = ("per_layer",)  # terms a profile written before them may lack: read as 0
+TERMS = ("weights", "cached", "kv", "linear", "linear_add", "attention", "per_seq", "per_layer", "per_step")
+OPTIONAL = ("per_layer", "cached", "linear_add")  # terms a profile written before them may lack: read as 0
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
@@ -106,6 +113,7 @@ class Profile:
     fused_max_rows: int = 0  # most rows of an all-decode step on the "decode" path (0: no such path)
     tile_rows: int = 1  # the GEMM's rows per register tile (linear FLOPs padded to a multiple)
     served: dict = field(default_factory=dict)  # served overhead terms and their source (served_overhead.py)
+    cache_bytes: float = 0  # the last-level cache: a model whose weights fit is read from it ("cached", not "weights")
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype not in self.tflops:
@@ -155,8 +163,11 @@ def features(shape: StepShape, m: ModelShape, prof: Profile, tile_rows: int | No
         ctx += c
         rows += r
         att += n * (c - (n - 1) / 2)  # causal: query i attends to c - n + i + 1 keys
-    return {"weights": m.weight_bytes / bw, "kv": ctx * m.kv_bytes_per_token / bw,
+    w = m.weight_bytes / bw
+    cached = m.weight_bytes <= prof.cache_bytes
+    return {"weights": 0.0 if cached else w, "cached": w if cached else 0.0, "kv": ctx * m.kv_bytes_per_token / bw,
             "linear": 2 * (m.layer_params * _pad(new, tile) + m.vocab * m.hidden * _pad(rows, tile)) / fl,
+            "linear_add": 2 * (m.layer_params * new + m.vocab * m.hidden * rows) / fl,
             "attention": 4 * m.layers * m.heads * m.head_dim * att / fl,
             "per_seq": float(len(shape.seqs)), "per_layer": float(m.layers), "per_step": 1.0}
 
@@ -172,7 +183,7 @@ def combine(coef: dict[str, float], f: dict[str, float]) -> float:
     """One regime's time: weights and linear overlap (max), the rest add."""
     return (coef["per_step"] * f["per_step"] + max(coef["weights"] * f["weights"], coef["linear"] * f["linear"])
             + coef["kv"] * f["kv"] + coef["attention"] * f["attention"] + coef["per_seq"] * f["per_seq"]
-            + coef.get("per_layer", 0.0) * f["per_layer"])
+            + sum(coef.get(k, 0.0) * f[k] for k in OPTIONAL))
 
 
 def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:

@@ -63,6 +63,11 @@ PRESETS = {
     "mid": dict(vocab_size=40960, hidden_size=1280, intermediate_size=3584, num_hidden_layers=16,
                 num_attention_heads=10, num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
                 rope_theta=500000.0, tie_word_embeddings=True),
+    # ~326 M parameters (1.30 GB in fp32): 20 layers of 1152, 9 heads of 128 on 3 KV heads, a 36k vocabulary:
+    # round 4's held-out model, a width, depth, head count and vocabulary no round has fitted or tested
+    "stout": dict(vocab_size=36864, hidden_size=1152, intermediate_size=3072, num_hidden_layers=20,
+                  num_attention_heads=9, num_key_value_heads=3, head_dim=128, max_position_embeddings=4096,
+                  rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 

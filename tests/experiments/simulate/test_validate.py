@@ -49,6 +49,17 @@ def test_a_rounds_suites_keep_the_protocol(rnd):
                              c["num_key_value_heads"], c["head_dim"], c["intermediate_size"], c["vocab_size"])
                   for c in map(build_config, fit)]
         assert identifiable(shapes) == 3
+        if rnd > 3:  # round 4: tiny reads from the cache, so three models past it (rank 3 without tiny)
+            from experiments.simulate.calibrate import RESIDENT
+
+            assert identifiable(shapes, L3 * RESIDENT) == 3
+
+
+def test_round_4s_poisson_levels_take_64_requests_at_least(tmp_path):
+    src = validate.suite(4)["search"]
+    path = bench.poisson_config(src, [0.3, 0.6], tmp_path, name="heldout4_test_poisson",
+                                min_requests=validate.POISSON_REQUESTS[4])
+    assert load(path).workload.num_requests == 64 > load(bench.poisson_config(src, [0.3, 0.6], tmp_path)).workload.num_requests
 
 
 def test_poisson_levels_are_the_search_config_at_fixed_rates(tmp_path):
