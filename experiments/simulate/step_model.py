@@ -18,7 +18,7 @@ enter as a max, the rest as a sum:
 where F' counts the linear rows padded to the GEMM's register tile (`tile_rows`; 1 = no padding), and F the
 rows as they are ("linear_add"): the part of each row's multiply the weight stream does not hide. Round 3's sweep
 showed it (docs/perf/2026-12-07-heldout-round4.md): with the pair alone, flat from 1 to 12 rows, one-row steps came
-out 3-6 % slow and 2-8 rows 2-13 % fast on every model. Wc ("cached") is the weight read of a model whose weights
+out 3-6 % slow and 2-8 rows up to 9-14 % fast on the models past the cache. Wc ("cached") is the weight read of a model whose weights
 fit in the profile's `cache_bytes` (half the last-level cache, calibrate.resident_bytes); its W is then 0: a model
 read from the cache says nothing about the memory's bandwidth, and fitted in one column with the others, `tiny`
 (24 MB) held the per-layer cost at 12 us where the models past the cache say ~0.1 ms.

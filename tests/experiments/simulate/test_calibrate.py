@@ -215,7 +215,7 @@ def test_a_model_in_the_cache_reads_its_weights_in_its_own_column():
 
 
 def test_linear_flops_that_add_to_the_weight_read_are_fitted():
-    """Round 3's sweep: one-row steps predicted 3-6 % slow and 2-8 rows 2-13 % fast, on every model, by a form in
+    """Round 3's sweep: one-row steps of the models past the cache predicted 3-6 % slow and 2-8 rows up to 9-14 % fast, by a form in
     which the linear FLOPs only overlap the weight read (a max, the rows padded to the register tile: flat from 1 to 12
     rows). Planted: each row's multiply adds (linear_add 1.1 at the FLOP roofline) besides the overlapped pair. On
     one model a decode row's FLOPs are a per-sequence cost; models of two sizes tell them apart, and the fit recovers
