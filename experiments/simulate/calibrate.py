@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from experiments.simulate.step_model import (TERMS, ModelShape, Profile, StepShape, combine, features, predict,
-                                             regime)
+from experiments.simulate.step_model import (AS_KV, TERMS, ModelShape, Profile, StepShape, coefficient, combine,
+                                             features, predict, regime)
 
 FOLDED = "per_step"  # collinear with `weights` when one model (past the cache) is calibrated (summed form only)
 ADDED = "linear_add"  # the overlapped form's: in the summed form it is `linear` again
@@ -85,15 +85,19 @@ def fit(rows: list[tuple[StepShape, float]], m: Models, prof: Profile,
     if terms is None:
         rank = identifiable(ms, prof.cache_bytes)
         terms = tuple(t for t in TERMS if (t != FOLDED or rank > 1) and (t != LAYERED or rank > 2) and t != ADDED)
+    unshared = not any(s.shared for s, _ in rows)  # no shared read to fit: it costs what a KV read does (AS_KV)
+    terms = tuple(t for t in terms if not (t == AS_KV and unshared))
     X = np.array([[features(s, mi, prof)[k] for k in terms] for (s, _), mi in zip(rows, ms)])
     t = np.array([d for _, d in rows])
     sol = _nnls(X / t[:, None], np.ones(len(t)))
     coef = {k: 0.0 for k in TERMS}
     coef.update({k: float(v) for k, v in zip(terms, sol)})
+    if unshared:
+        coef[AS_KV] = coef["kv"]
     return coef
 
 
-REST = ("per_step", "cached", "kv", "linear_add", "attention", "per_seq", "per_layer")
+REST = ("per_step", "cached", "kv", "kv_shared", "linear_add", "attention", "per_seq", "per_layer")
 
 
 def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, tile: int,
@@ -108,7 +112,8 @@ def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, ti
     t = np.array([d - sum(v * f[k] for k, v in fixed.items()) for (_, d), f in zip(rows, F)])
     t = np.maximum(t, 1e-9)
     w, lin = np.array([f["weights"] for f in F]), np.array([f["linear"] for f in F])
-    free = [k for k in REST if k not in fixed]
+    unshared = not any(s.shared for s, _ in rows)  # then the shared read takes the KV coefficient (AS_KV)
+    free = [k for k in REST if k not in fixed and not (k == AS_KV and unshared)]
     rest = np.array([[f[k] for k in free] for f in F]).reshape(len(F), len(free))
     best = None
     for r in RATIOS:
@@ -118,8 +123,11 @@ def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, ti
         if best is None or err < best[0]:
             best = (err, r, sol)
     _, r, sol = best
-    return {"weights": float(sol[0]), "linear": float(sol[0] * r), **{k: float(v) for k, v in zip(free, sol[1:])},
-            **{k: float(v) for k, v in fixed.items()}}
+    out = {"weights": float(sol[0]), "linear": float(sol[0] * r), **{k: float(v) for k, v in zip(free, sol[1:])},
+           **{k: float(v) for k, v in fixed.items()}}
+    if unshared and AS_KV not in fixed:
+        out[AS_KV] = out["kv"]
+    return out
 
 
 def fit_regimes(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, fused_max_rows: int,
@@ -221,7 +229,7 @@ def shares(prof: Profile, m: ModelShape, context: int = 1024) -> dict[str, dict[
         f = features(shape, m, prof)
         coef = (prof.regimes.get(regime(shape, prof.fused_max_rows)) or prof.regimes["mixed"]) if prof.regimes \
             else prof.coef
-        parts = {k: coef.get(k, 0.0) * f[k] for k in TERMS}
+        parts = {k: coefficient(coef, k) * f[k] for k in TERMS}
         if prof.regimes:  # the overlapped pair: only the larger of weights and linear counts
             lo = min(("weights", "linear"), key=lambda k: parts[k])
             parts[lo] = 0.0

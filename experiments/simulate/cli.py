@@ -211,7 +211,7 @@ def _calibrate(cfg, engine: str, a) -> int:
     models = ", ".join(f"{Path(m).name} ({ModelShape.from_dir(m, cfg.dtype).weight_bytes / 1e6:.0f} MB)"
                        for m in [cfg.model, *a.also_model])
     prof = calibrate.calibrate(rows, shapes, bw, peak["gflops"] / 1e3, engine,
-                               notes=f"num_threads={ecfg.num_threads}; step wall times of a ragged closed-loop sweep "
+                               notes=f"num_threads={ecfg.num_threads}; step wall times of a ragged closed-loop sweep and its shared-prefix levels "
                                      f"(each step the median of 3 repeats) on {models}; measure it quiet (under the "
                                      f"bench lock); paths {paths.get('linear')}, one-call decode layer up to "
                                      f"{paths.get('fused_decode_max_rows')} rows; peaks measured at calibration",

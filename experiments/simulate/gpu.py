@@ -101,7 +101,7 @@ def allreduce_s(shape: StepShape, m: ModelShape, tensor: int, profile: Profile) 
 def explain(profile: Profile, m: ModelShape, tensor: int = 1, **kw) -> str:
     """What `inferlab simulate --explain-profile` prints: the sizing and each term of a decode step at 1 and
     64 rows and of a 2,048-token prefill, with the sources."""
-    from experiments.simulate.step_model import TERMS, features
+    from experiments.simulate.step_model import TERMS, coefficient, features
 
     s = size(profile, m, tensor, **kw)
     rank = shard(m, tensor)
@@ -110,7 +110,7 @@ def explain(profile: Profile, m: ModelShape, tensor: int = 1, **kw) -> str:
                          (f"decode x64, context 1024", StepShape(tuple((1, 1024, 1) for _ in range(64)))),
                          ("prefill 2048", StepShape(((2048, 2048, 1),)))):
         f = features(shape, rank, profile)
-        parts = {k: profile.coef.get(k, 0.0) * f[k] for k in TERMS}
+        parts = {k: coefficient(profile.coef, k) * f[k] for k in TERMS}
         parts["all-reduce"] = allreduce_s(shape, m, tensor, profile)
         total = sum(parts.values())
         out.append(f"  {label}: {total * 1e3:.3f} ms = " + ", ".join(

@@ -26,6 +26,7 @@ from typing import NamedTuple
 from reference_engine import EngineConfig, SamplingParams
 from reference_engine.core.request import Request
 from reference_engine.core.scheduler import Scheduler
+from reference_engine.worker.step_record import shared
 
 from experiments.simulate.gpu import allreduce_s, shard
 from experiments.simulate.served_overhead import served_step
@@ -114,7 +115,7 @@ class Replica:
         if out.is_empty:
             return None
         shape = StepShape(tuple((len(s.token_ids), s.start + len(s.token_ids), 1 + len(s.drafts) if s.samples else 0)
-                                for s in out.seqs))
+                                for s in out.seqs), shared([s.req.block_table for s in out.seqs], self.cfg.block_size))
         emitted, accepted, drafts = [], {}, {}
         for s in out.seqs:
             if not s.samples:

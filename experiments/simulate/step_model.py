@@ -12,8 +12,8 @@ chunk in the step, or more decode rows: the module path). In a regime the weight
 linear layers' FLOPs overlap (the GEMM streams the weight panels while it multiplies), so they
 enter as a max, the rest as a sum:
 
-    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_add * F/FLOPS + a_c * Wc/BW + a_kv * KV/BW + a_att * A/FLOPS
-        + c_seq * B + c_layer * L
+    t = c_step + max(a_w * W/BW, a_lin * F'/FLOPS) + a_add * F/FLOPS + a_c * Wc/BW + a_kv * KV/BW + a_sh * KVs/BW
+        + a_att * A/FLOPS + c_seq * B + c_layer * L
 
 where F' counts the linear rows padded to the GEMM's register tile (`tile_rows`; 1 = no padding), and F the
 rows as they are ("linear_add"): the part of each row's multiply the weight stream does not hide. Round 3's sweep
@@ -21,7 +21,11 @@ showed it (docs/perf/2026-12-07-heldout-round4.md): with the pair alone, flat fr
 out 3-6 % slow and 2-8 rows up to 9-14 % fast on the models past the cache. Wc ("cached") is the weight read of a model whose weights
 fit in the profile's `cache_bytes` (half the last-level cache, calibrate.resident_bytes); its W is then 0: a model
 read from the cache says nothing about the memory's bandwidth, and fitted in one column with the others, `tiny`
-(24 MB) held the per-layer cost at 12 us where the models past the cache say ~0.1 ms.
+(24 MB) held the per-layer cost at 12 us where the models past the cache say ~0.1 ms. KVs ("kv_shared") is the
+KV that a step's sequences read in blocks another of them reads too (a cached prefix several hold), every read after
+the first (StepShape.shared); KV is the rest. Round 4's load levels showed why: decode steps of 17-64 rows on 3 shared
+prefixes came out 12-24 % slow with every context read whole from memory. A sweep without shared blocks cannot fit
+a_sh, and a profile from before it has none: then a_sh = a_kv (`coefficient`), the old prediction.
 
 W: weight bytes read once per step; KV: bytes of every scheduled sequence's context read (sum of
 contexts x KV bytes per token); F: the linear layers' FLOPs (2 x layer params x new tokens, plus the
@@ -42,8 +46,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-TERMS = ("weights", "cached", "kv", "linear", "linear_add", "attention", "per_seq", "per_layer", "per_step")
-OPTIONAL = ("per_layer", "cached", "linear_add")  # terms a profile written before them may lack: read as 0
+TERMS = ("weights", "cached", "kv", "kv_shared", "linear", "linear_add", "attention", "per_seq", "per_layer",
+         "per_step")
+OPTIONAL = ("per_layer", "cached", "linear_add", "kv_shared")  # terms a profile written before them may lack: 0
+AS_KV = "kv_shared"  # where unfitted (no step of the sweep shared a block), a shared read costs what any KV read does
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
@@ -135,7 +141,7 @@ class Profile:
         raw = json.loads(Path(path).read_text())
         for coef in [raw.get("coef", {}), *raw.get("regimes", {}).values()]:
             for k in OPTIONAL:
-                coef.setdefault(k, 0.0)
+                coef.setdefault(k, coefficient(coef, k))
         unknown = set(TERMS) ^ set(raw.get("coef", {}))
         if unknown:
             raise ValueError(f"profile {path}: coef must have exactly the terms {', '.join(TERMS)}")
@@ -144,8 +150,11 @@ class Profile:
 
 @dataclass(frozen=True)
 class StepShape:
-    """One step's batch: per sequence (new tokens, context after the step, rows that sample)."""
+    """One step's batch: per sequence (new tokens, context after the step, rows that sample); `shared`: context tokens
+    in KV blocks that another sequence of the step also reads, every read after the first (a cached prefix that
+    several hold: StepRecord.shared_kv_tokens)."""
     seqs: tuple[tuple[int, int, int], ...]
+    shared: int = 0
 
 
 def _pad(n: int, tile: int) -> int:
@@ -165,7 +174,9 @@ def features(shape: StepShape, m: ModelShape, prof: Profile, tile_rows: int | No
         att += n * (c - (n - 1) / 2)  # causal: query i attends to c - n + i + 1 keys
     w = m.weight_bytes / bw
     cached = m.weight_bytes <= prof.cache_bytes
-    return {"weights": 0.0 if cached else w, "cached": w if cached else 0.0, "kv": ctx * m.kv_bytes_per_token / bw,
+    shared = min(shape.shared, ctx)
+    return {"weights": 0.0 if cached else w, "cached": w if cached else 0.0,
+            "kv": (ctx - shared) * m.kv_bytes_per_token / bw, "kv_shared": shared * m.kv_bytes_per_token / bw,
             "linear": 2 * (m.layer_params * _pad(new, tile) + m.vocab * m.hidden * _pad(rows, tile)) / fl,
             "linear_add": 2 * (m.layer_params * new + m.vocab * m.hidden * rows) / fl,
             "attention": 4 * m.layers * m.heads * m.head_dim * att / fl,
@@ -179,11 +190,16 @@ def regime(shape: StepShape, fused_max_rows: int) -> str:
     return "decode" if decode else "mixed"
 
 
+def coefficient(coef: dict[str, float], k: str) -> float:
+    """A term's coefficient; one a profile lacks is 0, but a shared KV read costs what any KV read does (AS_KV)."""
+    return coef.get(k, coef.get("kv", 0.0) if k == AS_KV else 0.0)
+
+
 def combine(coef: dict[str, float], f: dict[str, float]) -> float:
     """One regime's time: weights and linear overlap (max), the rest add."""
     return (coef["per_step"] * f["per_step"] + max(coef["weights"] * f["weights"], coef["linear"] * f["linear"])
             + coef["kv"] * f["kv"] + coef["attention"] * f["attention"] + coef["per_seq"] * f["per_seq"]
-            + sum(coef.get(k, 0.0) * f[k] for k in OPTIONAL))
+            + sum(coefficient(coef, k) * f[k] for k in OPTIONAL))
 
 
 def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:
@@ -193,7 +209,7 @@ def predict(shape: StepShape, m: ModelShape, prof: Profile) -> float:
     if prof.regimes:
         r = regime(shape, prof.fused_max_rows)
         return combine(prof.regimes.get(r) or prof.regimes["mixed"], f)
-    return sum(prof.coef.get(k, 0.0) * f[k] for k in TERMS)
+    return sum(coefficient(prof.coef, k) * f[k] for k in TERMS)
 
 
 def load_profile(name_or_path: str) -> Profile:

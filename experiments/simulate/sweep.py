@@ -55,7 +55,7 @@ def shapes(records: Iterable[Any], seconds: list[float] | None = None) -> list[t
             done[rid] = start + n - (rec.spec_proposed.get(rid, 0) - rec.spec_accepted.get(rid, 0))
         for rid in rec.finished:
             done.pop(rid, None)
-        out.append((StepShape(tuple(seqs)), rec.duration_s))
+        out.append((StepShape(tuple(seqs), getattr(rec, "shared_kv_tokens", 0)), rec.duration_s))
     if seconds is not None:
         out = [(sh, t) for (sh, _), t in zip(out, seconds, strict=True)]
     return out
@@ -72,6 +72,25 @@ def ragged(seed: int, vocab: int) -> list[tuple[int, list[int], int]]:
         for _ in range(c + 6):
             p = int(round(16 * 64 ** rng.random()))  # log-uniform 16-1024
             out.append((c, [rng.randrange(3, vocab) for _ in range(p)], rng.randint(1, 96)))
+    return out
+
+
+SHARED_LEVELS = (4, 8, 16, 32)  # closed-loop streams of the requests that share a prefix
+PREFIXES = 2  # cached prefixes a shared level's requests begin with
+
+
+def shared_prefix(seed: int, vocab: int) -> list[tuple[int, list[int], int]]:
+    """(streams, prompt, output tokens) per request of the shared levels: each level's requests begin with one of
+    PREFIXES prefixes (log-uniform 128-512 tokens, new each level) and go on with their own tokens (log-uniform 16-256),
+    so with prefix caching on, a step's sequences read the same cached KV blocks (StepShape.shared): what every
+    held-out test suite serves and the ragged levels never had (held-out round 4: docs/perf/2026-12-07-heldout-round4.md)."""
+    rng = random.Random(seed + 1)
+    out = []
+    for c in SHARED_LEVELS:
+        heads = [[rng.randrange(3, vocab) for _ in range(int(round(128 * 4 ** rng.random())))] for _ in range(PREFIXES)]
+        for i in range(c + 6):
+            tail = [rng.randrange(3, vocab) for _ in range(int(round(16 * 16 ** rng.random())))]
+            out.append((c, heads[i % PREFIXES] + tail, rng.randint(1, 96)))
     return out
 
 
@@ -103,9 +122,9 @@ def median_of(runs: list[list[tuple[StepShape, float]]]) -> list[tuple[StepShape
 
 
 def sweep(cfg: EngineConfig, seed: int = 0, repeats: int = 3) -> tuple[list[tuple[StepShape, float]], dict]:
-    """Time the ragged sweep's steps (wall clock) on the engine of `cfg`, prefix caching off (every
-    token computed): each step's median over `repeats` runs of the same requests (the trace is timed
-    the same way). Also returns the engine's dispatch settings (`effective_config()["paths"]`: the
+    """Time the sweep's steps (wall clock) on the engine of `cfg`: the ragged levels (their prompts share nothing, so
+    every token is computed), then the shared-prefix levels (`shared_prefix`), prefix caching on and emptied before
+    each repeat; each step's median over `repeats` runs of the same requests (the trace is timed the same way). Also returns the engine's dispatch settings (`effective_config()["paths"]`: the
     one-call layer's row limit)."""
     return sweep_many([cfg], seed, repeats)[0]
 
@@ -118,15 +137,18 @@ def sweep_many(cfgs: list[EngineConfig], seed: int = 0, repeats: int = 3) -> lis
     them; interleaved, the drift lands on every model alike. Per model the same steps as `sweep` alone."""
     from reference_engine import LLMEngine  # the engine only where it runs: replay needs none
 
-    engs = [LLMEngine(EngineConfig(**{**c.__dict__, "record_steps": True, "enable_prefix_caching": False}))
+    engs = [LLMEngine(EngineConfig(**{**c.__dict__, "record_steps": True, "enable_prefix_caching": True}))
             for c in cfgs]
-    reqs = [ragged(seed, e.model_config.vocab_size) for e in engs]
+    reqs = [[("ragged", *x) for x in ragged(seed, e.model_config.vocab_size)]
+            + [("shared", *x) for x in shared_prefix(seed, e.model_config.vocab_size)] for e in engs]
     runs: list[list] = [[] for _ in engs]
     for _ in range(repeats):
         start = [len(e.step_records) for e in engs]
-        for c in LEVELS:
+        for e in engs:  # every repeat from an empty cache, so the repeats schedule the same steps
+            e.reset_prefix_cache()
+        for kind, c in [("ragged", c) for c in LEVELS] + [("shared", c) for c in SHARED_LEVELS]:
             for e, r in zip(engs, reqs):
-                closed_loop(e, [(p, m) for cc, p, m in r if cc == c], c)
+                closed_loop(e, [(p, m) for k, cc, p, m in r if (k, cc) == (kind, c)], c)
         for run, e, s0 in zip(runs, engs, start):
             run.append(shapes(e.step_records[s0:])[WARM_STEPS:])
     return [(median_of(run), dict(e.effective_config().get("paths") or {})) for run, e in zip(runs, engs)]
@@ -172,15 +194,16 @@ def eos_lengths(cfg: EngineConfig, items: list[Any], ignore_eos: bool, temperatu
 
 
 def dump(rows: list[tuple[StepShape, float]], path) -> None:
-    """Timed steps as JSON ([[[new, context, rows], ...], seconds] per step): refits need no rerun."""
+    """Timed steps as JSON ([[[new, context, rows], ...], seconds(, shared KV tokens where any)] per step): refits
+    need no rerun."""
     import json
     from pathlib import Path
 
-    Path(path).write_text(json.dumps([[list(map(list, s.seqs)), d] for s, d in rows]))
+    Path(path).write_text(json.dumps([[list(map(list, s.seqs)), d] + ([s.shared] if s.shared else []) for s, d in rows]))
 
 
 def load_rows(path) -> list[tuple[StepShape, float]]:
     import json
     from pathlib import Path
 
-    return [(StepShape(tuple(tuple(x) for x in s)), d) for s, d in json.loads(Path(path).read_text())]
+    return [(StepShape(tuple(tuple(x) for x in s), *rest), d) for s, d, *rest in json.loads(Path(path).read_text())]

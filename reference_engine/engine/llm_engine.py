@@ -30,7 +30,7 @@ from reference_engine.core.request import Request
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.core.scheduler import Scheduler
 from reference_engine.engine.step_log import StepLog
-from reference_engine.worker.step_record import StepRecord
+from reference_engine.worker.step_record import StepRecord, shared
 from reference_engine.tokenizer.tokenizer import Tokenizer
 
 
@@ -129,6 +129,9 @@ class LLMEngine:
             return []
         kinds = [(r.request_id, n, s.kind) for (r, n), s in zip(sched.scheduled, sched.seqs)]
         out = self.runner.run(sched.seqs)
+        # read before a finished request's blocks are freed; only for a record or a log
+        shared_kv = shared([r.block_table for r, _ in sched.scheduled], self.cfg.block_size) \
+            if self.step_records is not None or self.step_log else 0
         deltas = []
         now = time.monotonic()
         for req, toks, lps in zip(out.reqs, out.token_ids, out.logprobs):
@@ -144,10 +147,10 @@ class LLMEngine:
             self._forget(req)
         self._steps += 1
         if self.step_records is not None:
-            self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0)
+            self._record(kinds, sched, out, [r.request_id for r in finished], time.perf_counter() - t0, shared_kv)
         if self.step_log:
             self.step_log.write(self._steps, start, time.perf_counter() - t0, kinds, sched, out,
-                                [r.request_id for r in finished])
+                                [r.request_id for r in finished], shared_kv)
         return deltas
 
     def _count_spec(self, sched, num_accepted: dict[str, int]) -> None:
@@ -167,7 +170,7 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self.num_requests_finished += 1
 
-    def _record(self, kinds, sched, out, finished, dt) -> None:
+    def _record(self, kinds, sched, out, finished, dt, shared_kv: int) -> None:
         kv = self.scheduler.stats()
         bs = kv.block_size
         n, b = sched.num_tokens, len(sched.scheduled)
@@ -184,6 +187,7 @@ class LLMEngine:
             prefix_hits=dict(sched.prefix_hits),
             prefix_hit_blocks={r.request_id: r.num_cached_tokens // bs for r in self.scheduler.running},
             prefix_cache_queries=sched.prefix_cache_queries, prefix_cache_hits=sched.prefix_cache_hits,
+            shared_kv_tokens=shared_kv,
             spec_proposed={rid: len(d) for rid, d in sched.spec_tokens.items()},
             spec_accepted={rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
             new_tokens={r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},

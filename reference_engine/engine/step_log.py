@@ -9,8 +9,8 @@ The log keeps nothing: each step writes the fields a step's shape is rebuilt fro
 A line: {"pid", "t" (time.time() at the step's end), "t0" (time.monotonic() at its start), "step",
 "duration_s", "scheduled": [[request id, tokens, "prefill" | "decode" | "verify"], ...], "prefix_hits", "arrived"
 ({request id: time.monotonic() when the core queued it} for those admitted this step: the keys of
-prefix_hits), "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted"}. CLOCK_MONOTONIC is
-one clock for every process of a machine, so "arrived" and "t0" line up with a client's monotonic
+prefix_hits), "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted", "shared_kv_tokens"}.
+CLOCK_MONOTONIC is one clock for every process of a machine, so "arrived" and "t0" line up with a client's monotonic
 timestamps: how long a request took to reach the core, waited there, and was prefilled. Several processes may append to one file (a harness's repeats
 each start a server): the file is opened for appending, so a line lands whole at the end, and `pid`
 tells the processes apart.
@@ -32,7 +32,7 @@ class StepLog:
         except OSError as e:
             raise ValueError(f"step_log {path!r}: cannot append to it ({e.strerror})") from None
 
-    def write(self, step: int, t0: float, dt: float, kinds, sched, out, finished: list[str]) -> None:
+    def write(self, step: int, t0: float, dt: float, kinds, sched, out, finished: list[str], shared_kv: int = 0) -> None:
         arrived = {r.request_id: round(r.arrival_time, 6) for r, _ in sched.scheduled if r.request_id in sched.prefix_hits}
         self.f.write(json.dumps({
             "pid": self.pid, "t": round(time.time(), 6), "t0": round(t0, 6), "step": step, "duration_s": dt,
@@ -41,6 +41,7 @@ class StepLog:
             "new_tokens": {r.request_id: len(t) for r, t in zip(out.reqs, out.token_ids)},
             "spec_proposed": {rid: len(d) for rid, d in sched.spec_tokens.items()},
             "spec_accepted": {rid: out.num_accepted.get(rid, 0) for rid in sched.spec_tokens},
+            "shared_kv_tokens": shared_kv,
         }, separators=(",", ":")) + "\n")
 
 
@@ -60,6 +61,7 @@ class LoggedStep:
     new_tokens: dict = field(default_factory=dict)
     spec_proposed: dict = field(default_factory=dict)
     spec_accepted: dict = field(default_factory=dict)
+    shared_kv_tokens: int = 0  # absent from logs written before it: read as 0
 
 
 NAMES = {f.name for f in fields(LoggedStep)}

@@ -32,6 +32,7 @@ class StepRecord:
     prefix_hit_blocks: dict[str, int] = field(default_factory=dict)
     prefix_cache_queries: int = 0  # tokens looked up this step
     prefix_cache_hits: int = 0  # tokens found
+    shared_kv_tokens: int = 0  # context tokens this step's sequences read in blocks another of them reads too (`shared`)
     # speculative decoding: per request whose drafts were verified this step
     spec_proposed: dict[str, int] = field(default_factory=dict)  # draft tokens verified
     spec_accepted: dict[str, int] = field(default_factory=dict)  # of which accepted
@@ -45,3 +46,15 @@ class StepRecord:
     cuda_graph_bucket: int | None = None  # the captured batch size replayed for this step; None: eager
     # tensor parallelism: rank 0's all-reduces in this step, in order: {"layer", "shape", "bytes", "ms"}
     allreduces: list[dict] = field(default_factory=list)
+
+
+def shared(tables, block_size: int) -> int:
+    """Tokens of KV that the step's sequences read more than once: for each block in more than one of their block
+    tables, every read after the first, times the block size. Sequences that share a cached prefix hold the same
+    blocks, so a step reads them once from memory and again from the cache (the simulator's step model prices the
+    two apart: experiments/simulate/step_model.py)."""
+    seen, total = set(), 0
+    for t in tables:
+        seen.update(t)
+        total += len(t)
+    return (total - len(seen)) * block_size

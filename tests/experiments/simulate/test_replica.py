@@ -17,8 +17,8 @@ MAX_TOKENS = 14
 
 
 def cfg(model, **kw) -> EngineConfig:
-    return EngineConfig(model=str(model), kv_cache_tokens=48, block_size=4, max_num_batched_tokens=32,
-                        max_num_seqs=8, **kw)
+    return EngineConfig(model=str(model), **{"kv_cache_tokens": 48, "block_size": 4, "max_num_batched_tokens": 32,
+                                             "max_num_seqs": 8, **kw})
 
 
 def prompts(vocab: int) -> list[list[int]]:
@@ -47,6 +47,37 @@ def test_preemption_under_a_tiny_kv_budget_matches_the_engine_step_for_step(exp_
     assert sum(len(p) for _, p in real) >= 2  # the budget really forces preemptions
     assert sim == real
     assert [s for s, _ in shapes(eng.step_records)] == sim_shapes
+
+
+def test_sequences_on_a_cached_prefix_share_blocks_in_the_simulation_as_in_the_engine(exp_model):
+    """Requests on one 12-token prefix (3 blocks of 4), after one that cached it: the simulated replica's steps carry
+    the KV blocks its sequences share (StepShape.shared, priced apart by the step model) exactly as the engine's
+    records do, step for step."""
+    def run_engine(ps):
+        eng = LLMEngine(cfg(exp_model, record_steps=True, kv_cache_tokens=512))
+        for i, p in enumerate(ps):
+            eng.add_request(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), request_id=f"r{i}")
+            if i == 0:
+                while eng.has_unfinished():
+                    eng.step()
+        while eng.has_unfinished():
+            eng.step()
+        return [s for s, _ in shapes(eng.step_records)]
+
+    head = list(range(3, 15))
+    ps = [head + p[:2] for p in prompts(ModelShape.from_dir(exp_model).vocab)]
+    real = run_engine(ps)
+    rep = Replica(cfg(exp_model, kv_cache_tokens=512), 512 // 4, ModelShape.from_dir(exp_model), planted())
+    sim = []
+    for i, p in enumerate(ps):
+        rep.add(f"r{i}", p, MAX_TOKENS)
+        if i == 0:
+            while rep.has_work():
+                sim.append(rep.step().shape)
+    while rep.has_work():
+        sim.append(rep.step().shape)
+    assert sim == real
+    assert max(s.shared for s in sim) == 3 * 3 * 4  # 4 sequences on the prefix's 3 blocks: 3 reads beyond the first
 
 
 def test_speculation_emits_accepted_drafts(exp_model):

@@ -53,6 +53,15 @@ def test_several_models_are_swept_level_by_level_with_the_steps_each_alone_gives
                 for c in (1, 1, 3, 3, 3, 3)]
 
     monkeypatch.setattr(sweep, "ragged", ragged)
+    monkeypatch.setattr(sweep, "SHARED_LEVELS", (2,))
+
+    def shared_prefix(seed, vocab):  # 4 requests, 2 at a time, on one 40-token prefix: 2 full blocks they share
+        rng = random.Random(seed + 1)
+        head = [rng.randrange(3, vocab) for _ in range(40)]
+        return [(2, head + [rng.randrange(3, vocab) for _ in range(rng.randint(4, 12))], rng.randint(3, 6))
+                for _ in range(4)]
+
+    monkeypatch.setattr(sweep, "shared_prefix", shared_prefix)
     calls, real = [], sweep.closed_loop
 
     def spy(eng, work, c, *a, **k):
@@ -64,8 +73,12 @@ def test_several_models_are_swept_level_by_level_with_the_steps_each_alone_gives
     both = sweep.sweep_many([cfg, cfg], repeats=2)
     engines = list(dict.fromkeys(e for e, _ in calls))
     assert len(engines) == 2
-    assert [(engines.index(e), c) for e, c in calls] == [(0, 1), (1, 1), (0, 3), (1, 3)] * 2
+    assert [(engines.index(e), c) for e, c in calls] == [(0, 1), (1, 1), (0, 3), (1, 3), (0, 2), (1, 2)] * 2
     alone, _ = sweep.sweep(cfg, repeats=2)
     for rows, paths in both:
         assert [s for s, _ in rows] == [s for s, _ in alone] and all(t > 0 for _, t in rows)
         assert "fused_decode_max_rows" in paths
+        # the shared level's steps read the prefix's 2 blocks twice (round 4: the sweep never had such a step);
+        # the ragged levels' prompts share nothing
+        assert {s.shared for s, _ in rows} == {0, 32}
+        assert all(s.shared == 0 for s, _ in rows if len(s.seqs) == 3)

@@ -22,7 +22,8 @@ def test_log_holds_the_recorded_steps(tiny_llama, tmp_path):
     assert len(steps) == len(recs) and any(r.preempted for r in recs)
     for s, r in zip(steps, recs):
         assert s.step == r.step and isinstance(s.duration_s, float)  # a wall time was recorded; its size is no test's business
-        for k in ("scheduled", "prefix_hits", "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted"):
+        for k in ("scheduled", "prefix_hits", "preempted", "finished", "new_tokens", "spec_proposed", "spec_accepted",
+                  "shared_kv_tokens"):
             assert getattr(s, k) == getattr(r, k), k
     assert sum(sum(s.new_tokens.values()) for s in steps) == 16 * 64
     # each admission (re-admissions after preemption too) with the core's queueing time, on the monotonic clock
@@ -59,3 +60,24 @@ def test_a_torn_line_is_skipped_and_processes_kept_apart(tmp_path):
     got = read(str(path))
     assert {p: [s.step for s in v] for p, v in got.items()} == {7: [0, 1], 9: [0]}
     assert got[7][0].scheduled == [("a", 3, "prefill")]
+    assert got[7][0].shared_kv_tokens == 0  # a line written before the field: nothing shared
+
+
+def test_sequences_on_one_cached_prefix_log_the_blocks_they_share(tiny_llama, tmp_path):
+    """Three requests on one 32-token prefix (4 blocks of 8): the first computes it, the other two find it cached and
+    hold the same 4 blocks; while they decode side by side, a step reads those blocks 3 times, so 8 blocks (64 tokens)
+    beyond the first read. Requests that share nothing share no block. The step record and the log agree."""
+    from reference_engine.worker.step_record import shared
+
+    assert shared([[1, 2, 3], [1, 2, 4], [1, 5]], 8) == 3 * 8 and shared([[1], [2]], 16) == 0
+    path = tmp_path / "steps.jsonl"
+    llm = LLM(str(tiny_llama), block_size=8, record_steps=True, step_log=str(path))
+    head = list(range(10, 42))
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    llm.generate([head + [50, 51]], sp)  # caches the prefix
+    llm.generate([head + [60 + i, 70 + i] for i in range(3)], sp)
+    recs, [steps] = llm.engine.step_records, read(str(path)).values()
+    assert max(r.shared_kv_tokens for r in recs) == 2 * 32
+    assert [s.shared_kv_tokens for s in steps] == [r.shared_kv_tokens for r in recs]
+    llm.generate(random_prompts(llm.engine.model_config.vocab_size, 3), sp)
+    assert all(r.shared_kv_tokens == 0 for r in llm.engine.step_records[len(recs):])
