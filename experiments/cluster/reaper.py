@@ -52,8 +52,9 @@ def _note(task: psutil.Process, seen: dict[int, tuple[float, int]]) -> None:
     for k in kids:
         if k.pid == os.getpid():
             continue
-        try:
-            seen.setdefault(k.pid, (k.create_time(), os.getpgid(k.pid)))
+        try:  # the latest look wins: a child noted between its fork and its setpgid (Popen's process_group) was
+            # still in the task's group, and kept so it would have been spared as the task's own helper
+            seen[k.pid] = (k.create_time(), os.getpgid(k.pid))
         except (psutil.Error, OSError):
             continue
 

@@ -70,3 +70,28 @@ def test_a_task_that_ends_normally_keeps_its_own_helpers_and_loses_its_engines()
         for pid in (engine, helper):
             if psutil.pid_exists(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_that_leaves_the_tasks_group_after_it_was_first_noted_is_noted_in_its_new_group():
+    """The race behind a failed CI run (2026-12-07): the reaper looked at the task's children between an engine's fork
+    and its setpgid, noted it in the task's own group and kept that, so a task that ended normally spared its engine
+    as one of its own helpers. Planted: a child that moves to a group of its own when told, after it was first noted."""
+    from experiments.cluster.reaper import _note
+
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys, time; sys.stdin.readline(); os.setpgid(0, 0); "
+                              "time.sleep(60)"], stdin=subprocess.PIPE, text=True)
+    try:
+        seen: dict = {}
+        _note(psutil.Process(), seen)
+        assert seen[child.pid][1] == os.getpgid(0)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        for _ in range(600):
+            if os.getpgid(child.pid) == child.pid:
+                break
+            time.sleep(0.05)
+        _note(psutil.Process(), seen)
+        assert seen[child.pid][1] == child.pid
+    finally:
+        child.kill()
+        child.wait()
