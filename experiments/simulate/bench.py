@@ -117,9 +117,9 @@ def calibration_threads(prof) -> int | None:
 
 
 def teacher_forced(config: Path, profile_path: Path, out: Path | None = None, requests: int | None = None,
-                   options: bool = False) -> dict:
-    """The engine serves the config's prompts (the first `requests` of them) in-process at 1, 4 and 8 streams
-    (the served levels), with the calibration's threads, prefix caching on (and with `options`, the config's
+                   options: bool = False, streams: tuple[int, ...] = (1, 4, 8)) -> dict:
+    """The engine serves the config's prompts (the first `requests` of them, at least twice the streams) in-process
+    at each of `streams`, with the calibration's threads, prefix caching on (and with `options`, the config's
     engine options: its step budget); each step's wall time against the profile's prediction for its batch.
     The timed steps go to OUT/trace-c{N}.steps.json."""
     from experiments.simulate import calibrate, sweep
@@ -128,13 +128,13 @@ def teacher_forced(config: Path, profile_path: Path, out: Path | None = None, re
     from experiments.workload.config import load
 
     cfg, prof = load(config), Profile.load(profile_path)
-    items, _ = workloads.build(cfg.model, cfg.workload, 0)
-    items = items[:requests]
+    every, _ = workloads.build(cfg.model, cfg.workload, 0)
     threads = calibration_threads(prof)
     opts = cfg.engine_options.get(cfg.engine_list()[0], {}) if options else {}
     ecfg = sweep.engine_config(cfg.model, cfg.dtype, opts, kv_cache_tokens=cfg.kv.tokens, num_threads=threads)
     shape, res = ModelShape.from_dir(cfg.model, cfg.dtype), {}
-    for c in (1, 4, 8):
+    for c in streams:
+        items = every[:max(requests, 2 * c)] if requests else every
         rows = sweep.trace(ecfg, [it.prompt_token_ids for it in items], [it.output_len for it in items], c,
                            cfg.sampling.ignore_eos, temperature=cfg.sampling.temperature)
         if out is not None:

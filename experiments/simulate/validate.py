@@ -36,9 +36,14 @@ ALSO = {1: [("models/heldout-deep", "deep", 23)],
         3: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23)],
         # round 4: `tiny` reads its weights from the cache (its own column), so three models past it tell the
         # per-layer cost apart; `mid` is round 3's spent test model, fit data now
-        4: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
+        4: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
+        5: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
 LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
-POISSON_REQUESTS = {4: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
+POISSON_REQUESTS = {4: 64, 5: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
+# round 5: the trace up to the batch the load levels reach (round 4's 60 / 85 % levels ran 17-31 requests in flight,
+# where its decode steps missed and the 8-stream trace could not see it), and the control at the sweep's contexts
+TRACE_STREAMS = {5: (1, 8, 24)}
+CONTROL_PROMPT = {5: 768}
 TRACE_REQUESTS = 8
 KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
 
@@ -71,7 +76,7 @@ def control_model(rnd: int) -> str:
     return max(also_models(rnd), key=lambda d: ModelShape.from_dir(d).weight_bytes)
 
 
-def two_models(prof, out: Path, held_out, fit_dirs: list[str]) -> dict:
+def two_models(prof, out: Path, held_out, fit_dirs: list[str], streams: tuple[int, ...] = (1, 4, 8)) -> dict:
     """A profile refitted on the calibration sweep's first two models only (tiny + deep: "fitted on A and B"), the
     held-out trace's decode steps against it, per stream count."""
     from experiments.simulate import calibrate, sweep
@@ -84,7 +89,7 @@ def two_models(prof, out: Path, held_out, fit_dirs: list[str]) -> dict:
     two = calibrate.calibrate(rows[:n], ms, prof.bandwidth_gbps, prof.peak_tflops(held_out.dtype), prof.engine,
                               fused_max_rows=prof.fused_max_rows, cache_bytes=prof.cache_bytes)
     res = {"fitted_on": [sig for sig, _ in runs[:2]]}
-    for c in (1, 4, 8):
+    for c in streams:
         trace = [(s, d) for s, d in sweep.load_rows(out / f"trace-c{c}.steps.json")
                  if regime(s, two.fused_max_rows) == "decode"]
         res[f"{c} streams: decode"] = calibrate.errors(trace, held_out, two)
@@ -130,15 +135,16 @@ def phase(what: str, rnd: int, out: Path) -> None:
 
         p = Profile.load(prof)
         threads = bench.calibration_threads(p) or 2  # as the trace runs (bench.teacher_forced)
-        control = [probe.one_row(control_model(rnd), p, threads)]  # the drift control, before and after
-        res = bench.teacher_forced(s["closed"], prof, out, requests=TRACE_REQUESTS, options=True)
-        control.append(probe.one_row(control_model(rnd), p, threads))
+        streams, prompt = TRACE_STREAMS.get(rnd, (1, 4, 8)), CONTROL_PROMPT.get(rnd, 64)
+        control = [probe.one_row(control_model(rnd), p, threads, prompt=prompt)]  # the drift control, before and after
+        res = bench.teacher_forced(s["closed"], prof, out, requests=TRACE_REQUESTS, options=True, streams=streams)
+        control.append(probe.one_row(control_model(rnd), p, threads, prompt=prompt))
         cfg = load(s["closed"])  # the terms' parts of the held-out model's decode step, under the profile
         res["shares"] = shares(p, ModelShape.from_dir(cfg.model, cfg.dtype))
         res["control"] = control
         if rnd > 2:  # declared before round 3 ran: the same sweep's first two models alone, on the same trace
             fit_dirs = [load(s["calibrate"]).model, *also_models(rnd)]
-            res["two_models"] = two_models(p, out, ModelShape.from_dir(cfg.model, cfg.dtype), fit_dirs)
+            res["two_models"] = two_models(p, out, ModelShape.from_dir(cfg.model, cfg.dtype), fit_dirs, streams)
         (out / "teacher_forced.json").write_text(json.dumps(res, indent=1))
     elif what in ("closed", "search"):
         measure(s[what], out, log=what == "closed")

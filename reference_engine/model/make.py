@@ -68,6 +68,11 @@ PRESETS = {
     "stout": dict(vocab_size=36864, hidden_size=1152, intermediate_size=3072, num_hidden_layers=20,
                   num_attention_heads=9, num_key_value_heads=3, head_dim=128, max_position_embeddings=4096,
                   rope_theta=500000.0, tie_word_embeddings=True),
+    # ~256 M parameters (1.03 GB in fp32): 28 layers of 896, 14 heads of 64 on 2 KV heads, a 24k vocabulary:
+    # round 5's held-out model, a width, depth, head grouping and vocabulary no round has fitted or tested
+    "lean": dict(vocab_size=24576, hidden_size=896, intermediate_size=2432, num_hidden_layers=28,
+                 num_attention_heads=14, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                 rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -38,6 +38,17 @@ def test_the_control_times_one_row_steps_against_the_profile(exp_model):
     assert got["error"] == pytest.approx(got["predicted_ms"] / got["measured_ms"] - 1)
 
 
+def test_the_control_runs_at_the_contexts_it_is_given(exp_model):
+    """Round 4's control at 64-token prompts read the profile's short-context error, not the machine: round 5 takes
+    it at the sweep's contexts. With a KV term in the profile, a longer prompt predicts a longer step."""
+    from experiments.simulate.step_model import ModelShape
+
+    prof = planted(kv=1.0)
+    short, long = (probe.one_row(exp_model, prof, threads=1, tokens=12, skip=2, prompt=n) for n in (16, 200))
+    per_token = ModelShape.from_dir(exp_model).kv_bytes_per_token / 100e9  # planted: 100 GB/s
+    assert long["predicted_ms"] - short["predicted_ms"] == pytest.approx(184 * per_token * 1e3)
+
+
 def test_the_record_divides_the_controls_drift_out():
     res = {"teacher_forced": {"1 streams: decode": {"steps": 100, "median_abs": 0.2, "p90_abs": 0.3,
                                                     "median_signed": 0.21},

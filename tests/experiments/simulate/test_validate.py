@@ -108,3 +108,12 @@ def test_the_two_model_fit_takes_the_sweeps_first_two_models_only(tmp_path):
     got = validate.two_models(prof, tmp_path, held, dirs)
     assert got["fitted_on"] == [shapes[0].signature, shapes[1].signature]
     assert all(abs(got[f"{c} streams: decode"]["median_signed"]) < 0.01 for c in (1, 4, 8))
+
+
+def test_round_5s_trace_reaches_the_batch_of_round_4s_load_levels():
+    """Round 4's 60 / 85 % levels ran 17-31 requests in flight, where its decode steps missed, and its trace stopped
+    at 8 streams; round 5's reaches 24, on prompts enough for twice that many, and its control runs at the sweep's
+    contexts."""
+    streams, cfg = validate.TRACE_STREAMS[5], load(validate.suite(5)["closed"])
+    assert max(streams) >= 16 and cfg.workload.num_requests >= 2 * max(streams)
+    assert validate.CONTROL_PROMPT[5] >= 512
