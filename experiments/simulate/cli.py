@@ -43,6 +43,9 @@ def parser() -> Parser:
                         "keep the weight read out of the per-step constant); repeatable")
     p.add_argument("--profile", help="profile JSON or a shipped spec sheet (h100, h200, a100, l40s); default: "
                                      "this machine's calibrated one, results/simulate/profiles/ENGINE-HOST.json")
+    p.add_argument("--anchor", metavar="MODEL_DIR", help="first re-time the profile's memory-bound terms on a model it "
+                                                        "was fitted on, timed now (~15 s): a shared VM's speed drifts "
+                                                        "(anchor.py)")
     p.add_argument("--engine", help="simulate only this engine of the config")
     p.add_argument("--cell", help="a matrix config ([[cells]]): simulate this cell (its settings merged in)")
     p.add_argument("--lengths", help="JSON {request_id: output tokens} (each answer's EOS length) or a measured "
@@ -114,6 +117,8 @@ def main(argv: list[str]) -> int:
         if a.calibrate_from:
             return _calibrate_from(cfg, engine, a)
         profile = _profile(a.profile, engine)
+        if a.anchor:
+            profile = _anchor(profile, a.anchor)
         lengths = _lengths(a.lengths)
         settings = None
         if a.settings_from:
@@ -150,6 +155,19 @@ def main(argv: list[str]) -> int:
     run_dir = replay(cfg, toml, profile, Path(a.out), lengths, a.accept, settings, engines)
     print(f"inferlab: simulated run ({profile.label}) written to {run_dir}/report.md", file=sys.stderr)
     return 0
+
+
+def _anchor(profile, model_dir: str):
+    from experiments.simulate import anchor, bench
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise ValueError(f"--anchor {model_dir}: no config.json there")
+    threads = bench.calibration_threads(profile) or os.cpu_count() or 1  # as the profile's sweep ran
+    got = anchor.anchor(profile, model_dir, threads)
+    x = got.anchored
+    print(f"inferlab: anchored on {model_dir}: one-row decode {x['measured_ms']:.1f} ms measured, "
+          f"{x['predicted_ms']:.1f} ms predicted: memory terms x{x['factor']:.3f}", file=sys.stderr)
+    return got
 
 
 def _profile(given: str | None, engine: str):

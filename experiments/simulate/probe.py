@@ -66,12 +66,10 @@ def gemm_pass(m: ModelShape, threads: int, repeats: int = 7) -> float:
         torch.set_num_threads(before)
 
 
-def one_row(model_dir: str | Path, prof: Profile, threads: int, tokens: int = 48, skip: int = 10,
-            prompt: int = 64) -> dict:
-    """The engine's one-row decode steps of the model in-process (two greedy `prompt`-token prompts, `tokens` each, the
-    first `skip` steps of each left out), measured against the profile: median seconds and the signed error. Round 4's
-    control at 64 tokens read +4-8 % where the sweep's one-row steps (contexts to 1,000+) read +0.5 %: take `prompt`
-    at the contexts the sweep ran, so that the control reads the machine, not the profile's short-context error."""
+def one_row_steps(model_dir: str | Path, threads: int, tokens: int = 48, skip: int = 10,
+                  prompt: int = 64) -> list:
+    """The engine's one-row decode steps of the model in-process: two greedy `prompt`-token prompts, `tokens` each,
+    the first `skip` steps of each left out; -> [(StepShape, seconds)]."""
     from experiments.simulate import sweep
     from reference_engine import EngineConfig, LLMEngine, SamplingParams
 
@@ -82,7 +80,15 @@ def one_row(model_dir: str | Path, prof: Profile, threads: int, tokens: int = 48
         while eng.has_unfinished():
             eng.step()
     steps = [(s, t) for s, t in sweep.shapes(eng.step_records) if len(s.seqs) == 1 and s.seqs[0][0] == 1]
-    steps = steps[skip:tokens - 1] + steps[tokens - 1 + skip:]  # each answer's steady steps
+    return steps[skip:tokens - 1] + steps[tokens - 1 + skip:]  # each answer's steady steps
+
+
+def one_row(model_dir: str | Path, prof: Profile, threads: int, tokens: int = 48, skip: int = 10,
+            prompt: int = 64) -> dict:
+    """`one_row_steps` measured against the profile: median seconds and the signed error. Round 4's control at 64
+    tokens read +4-8 % where the sweep's one-row steps (contexts to 1,000+) read +0.5 %: take `prompt` at the
+    contexts the sweep ran, so that the control reads the machine, not the profile's short-context error."""
+    steps = one_row_steps(model_dir, threads, tokens, skip, prompt)
     m = ModelShape.from_dir(model_dir)
     measured = statistics.median(t for _, t in steps)
     predicted = statistics.median(predict(s, m, prof) for s, _ in steps)
@@ -90,4 +96,4 @@ def one_row(model_dir: str | Path, prof: Profile, threads: int, tokens: int = 48
             "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3, "error": predicted / measured - 1}
 
 
-__all__ = ["matrices", "gemm_pass", "one_row"]
+__all__ = ["matrices", "gemm_pass", "one_row_steps", "one_row"]

@@ -106,6 +106,7 @@ def mark(path: Path, profile: Profile, engine: str, lengths: dict[str, int] | No
                                    if unknown else "")
     m["simulated"] = {"engine": engine, "profile": profile.label, "calibrated": profile.calibrated,
                       "profile_machine": profile.machine, "profile_date": profile.date,
+                      "anchored": profile.anchored or None,
                       "eos_lengths": given if lengths else "none: every answer runs to max_tokens"}
     # a frontier's "per device": the profile's device (a GPU spec sheet), else this machine's cores it was fitted on
     tp = ((m.get("info") or {}).get("effective") or {}).get("tensor_parallel_size") or 1

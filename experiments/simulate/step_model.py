@@ -120,6 +120,7 @@ class Profile:
     tile_rows: int = 1  # the GEMM's rows per register tile (linear FLOPs padded to a multiple)
     served: dict = field(default_factory=dict)  # served overhead terms and their source (served_overhead.py)
     cache_bytes: float = 0  # the last-level cache: a model whose weights fit is read from it ("cached", not "weights")
+    anchored: dict = field(default_factory=dict)  # re-timed on the machine's speed since calibration (anchor.py)
 
     def peak_tflops(self, dtype: str) -> float:
         if dtype not in self.tflops:
@@ -128,6 +129,8 @@ class Profile:
 
     @property
     def label(self) -> str:
+        if self.anchored:
+            return f"{self.name} (calibrated, anchored x{self.anchored['factor']:.3f} at {self.anchored['utc']})"
         return f"{self.name} ({'calibrated' if self.calibrated else 'uncalibrated'})"
 
     def save(self, path: str | Path) -> Path:

@@ -42,8 +42,12 @@ LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
 POISSON_REQUESTS = {4: 64, 5: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
 # round 5: the trace up to the batch the load levels reach (round 4's 60 / 85 % levels ran 17-31 requests in flight,
 # where its decode steps missed and the 8-stream trace could not see it), and the control at the sweep's contexts
-TRACE_STREAMS = {5: (1, 8, 24)}
-CONTROL_PROMPT = {5: 768}
+TRACE_STREAMS = {5: (1, 8, 24), 6: (1, 8, 24)}
+CONTROL_PROMPT = {5: 768, 6: 768}
+# round 6 on (after round 5: the machine ran 14 % faster at the test than at the calibration): each prediction is
+# made with the profile re-anchored just before it on the control model (anchor.py), the un-anchored one beside it;
+# the bar is read on the anchored one, and the control is timed at every timed phase's start and end
+ANCHOR = {6}
 TRACE_REQUESTS = 8
 KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
 
@@ -96,15 +100,61 @@ def two_models(prof, out: Path, held_out, fit_dirs: list[str], streams: tuple[in
     return res
 
 
+def unanchored(prof, out: Path, held_out, streams: tuple[int, ...]) -> dict:
+    """The held-out trace's decode steps (OUT/trace-cN.steps.json) against `prof`, per stream count."""
+    from experiments.simulate import calibrate, sweep
+    from experiments.simulate.step_model import regime
+
+    return {f"{c} streams: decode": calibrate.errors([(s, d) for s, d in sweep.load_rows(out / f"trace-c{c}.steps.json")
+                                                      if regime(s, prof.fused_max_rows) == "decode"], held_out, prof)
+            for c in streams}
+
+
 def record_probe(out: Path, rnd: int, what: str, when: str) -> None:
-    """The speed probe (probe.gemm_pass of the control model, 2 threads) beside the phase's load average."""
+    """The speed probe (probe.gemm_pass of the control model, 2 threads) beside the phase's load average; in an
+    anchored round also the control (the control model's one-row steps against the un-anchored profile), so the
+    record says how far the machine moved during each phase."""
     from experiments.simulate import probe
-    from experiments.simulate.step_model import ModelShape
+    from experiments.simulate.step_model import ModelShape, Profile
 
     path = out / "load.json"
     d = json.loads(path.read_text())
     d[what][when]["gemm_pass_ms"] = probe.gemm_pass(ModelShape.from_dir(control_model(rnd)), 2) * 1e3
+    if rnd in ANCHOR and (out / "profile.json").is_file() and what != "calibrate":
+        p = Profile.load(out / "profile.json")
+        c = probe.one_row(control_model(rnd), p, bench.calibration_threads(p) or 2, prompt=CONTROL_PROMPT[rnd])
+        d[what][when]["control_ms"], d[what][when]["control_error"] = c["measured_ms"], c["error"]
     path.write_text(json.dumps(d, indent=1))
+
+
+def anchored(rnd: int, out: Path, tag: str) -> Path:
+    """The round's profile re-anchored now on its control model (anchor.py), saved as OUT/profile-anchored-TAG.json."""
+    from experiments.simulate import anchor
+    from experiments.simulate.step_model import Profile
+
+    p = Profile.load(out / "profile.json")
+    got = anchor.anchor(p, control_model(rnd), bench.calibration_threads(p) or 2, prompt=CONTROL_PROMPT.get(rnd, 768))
+    x = got.anchored
+    print(f"anchored ({tag}) on {x['model']}: {x['measured_ms']:.1f} ms measured, {x['predicted_ms']:.1f} ms "
+          f"predicted: memory terms x{x['factor']:.3f}", file=sys.stderr)
+    return got.save(out / f"profile-anchored-{tag}.json")
+
+
+def simulate(cfg: Path, rnd: int, out: Path, tag: str) -> None:
+    """Predict the config into OUT/predicted: with the profile anchored just before (and un-anchored into
+    OUT/predicted-unanchored) in an anchored round, else with the profile as calibrated."""
+    prof = out / "profile.json"
+    if rnd in ANCHOR:
+        sh("simulate", str(cfg), "--profile", str(anchored(rnd, out, tag)), "--out", str(out / "predicted"))
+        sh("simulate", str(cfg), "--profile", str(prof), "--out", str(out / "predicted-unanchored"))
+    else:
+        sh("simulate", str(cfg), "--profile", str(prof), "--out", str(out / "predicted"))
+
+
+def judged(rnd: int, out: Path, tag: str) -> Path:
+    """The profile a prediction of the round was made with (anchored.TAG where the round anchors)."""
+    p = out / f"profile-anchored-{tag}.json"
+    return p if rnd in ANCHOR and p.is_file() else out / "profile.json"
 
 
 def measure(config: Path, out: Path, log: bool = True) -> Path:
@@ -125,8 +175,14 @@ def phase(what: str, rnd: int, out: Path) -> None:
         sh("simulate", str(s["served_cal"]), "--profile", str(prof), "--fit-served", str(run),
            "--steps-log", str(out / "steps" / f"{name(s['served_cal'])}.jsonl"), "--out", str(out / "fit"))
     elif what == "predict":
-        for cfg in (s["closed"], s["search"]):
-            sh("simulate", str(cfg), "--profile", str(prof), "--out", str(pred))
+        if rnd in ANCHOR:
+            anchored(rnd, out, "predict")  # one anchor for both configs, the profile the trace is judged on too
+            for cfg in (s["closed"], s["search"]):
+                sh("simulate", str(cfg), "--profile", str(out / "profile-anchored-predict.json"), "--out", str(pred))
+                sh("simulate", str(cfg), "--profile", str(prof), "--out", str(out / "predicted-unanchored"))
+        else:
+            for cfg in (s["closed"], s["search"]):
+                simulate(cfg, rnd, out, "predict")
     elif what == "trace":
         from experiments.simulate import probe
         from experiments.simulate.calibrate import shares
@@ -137,10 +193,13 @@ def phase(what: str, rnd: int, out: Path) -> None:
         threads = bench.calibration_threads(p) or 2  # as the trace runs (bench.teacher_forced)
         streams, prompt = TRACE_STREAMS.get(rnd, (1, 4, 8)), CONTROL_PROMPT.get(rnd, 64)
         control = [probe.one_row(control_model(rnd), p, threads, prompt=prompt)]  # the drift control, before and after
-        res = bench.teacher_forced(s["closed"], prof, out, requests=TRACE_REQUESTS, options=True, streams=streams)
+        res = bench.teacher_forced(s["closed"], judged(rnd, out, "predict"), out, requests=TRACE_REQUESTS,
+                                   options=True, streams=streams)
         control.append(probe.one_row(control_model(rnd), p, threads, prompt=prompt))
         cfg = load(s["closed"])  # the terms' parts of the held-out model's decode step, under the profile
         res["shares"] = shares(p, ModelShape.from_dir(cfg.model, cfg.dtype))
+        if rnd in ANCHOR:  # the same trace against the profile as calibrated
+            res["unanchored"] = unanchored(p, out, ModelShape.from_dir(cfg.model, cfg.dtype), streams)
         res["control"] = control
         if rnd > 2:  # declared before round 3 ran: the same sweep's first two models alone, on the same trace
             fit_dirs = [load(s["calibrate"]).model, *also_models(rnd)]
@@ -155,7 +214,7 @@ def phase(what: str, rnd: int, out: Path) -> None:
         pcfg = bench.poisson_config(s["search"], [f * cap for f in LOADS], out, name=f"heldout{rnd}_test_poisson",
                                     min_requests=POISSON_REQUESTS.get(rnd, 0))
         if not (pred / f"{name(pcfg)}-simulated").is_dir():
-            sh("simulate", str(pcfg), "--profile", str(prof), "--out", str(pred))
+            simulate(pcfg, rnd, out, "poisson")  # anchored just before it is measured, where the round anchors
         measure(pcfg, out)
     elif what == "report":
         res = report(rnd, out)
@@ -198,20 +257,28 @@ def report(rnd: int, out: Path) -> dict:
         if (out / f).is_file():
             res[key] = json.loads((out / f).read_text())
     names = [name(s["closed"]), f"heldout{rnd}_test_poisson"]
+    un = out / "predicted-unanchored"
     for n in names:
         if (meas / n).is_dir() and (pred / f"{n}-simulated").is_dir():
             sh("report", str(meas / n), str(pred / f"{n}-simulated"), "--out", str(out / f"merged-{n}"))
             res[n] = errors_with_intervals(meas / n, pred / f"{n}-simulated")
+        if (meas / n).is_dir() and (un / f"{n}-simulated").is_dir():
+            res[f"{n} (un-anchored)"] = errors_with_intervals(meas / n, un / f"{n}-simulated")
+    res["anchors"] = {p.stem.removeprefix("profile-anchored-"): json.loads(p.read_text())["anchored"]
+                      for p in sorted(out.glob("profile-anchored-*.json"))}
     search = name(s["search"])
     if (meas / search).is_dir():
         m, p = search_rate(meas / search, subject()), search_rate(pred / f"{search}-simulated", f"{subject()}-simulated")
         res["capacity"] = {"measured": m, "predicted": p, "error": p / m - 1 if m and p else None}
+        if (un / f"{search}-simulated").is_dir():
+            u = search_rate(un / f"{search}-simulated", f"{subject()}-simulated")
+            res["capacity_unanchored"] = {"measured": m, "predicted": u, "error": u / m - 1 if m and u else None}
     from experiments.workload.config import load
 
     cfg = load(s["closed"])
-    shape, prof = ModelShape.from_dir(cfg.model, cfg.dtype), Profile.load(out / "profile.json")
-    res["served_steps"] = {n: bench.served_steps(out / "steps" / f"{n}.jsonl", prof, shape)
-                           for n in names if (out / "steps" / f"{n}.jsonl").is_file()}
+    shape = ModelShape.from_dir(cfg.model, cfg.dtype)
+    res["served_steps"] = {n: bench.served_steps(out / "steps" / f"{n}.jsonl", Profile.load(judged(rnd, out, tag)), shape)
+                           for n, tag in zip(names, ("predict", "poisson")) if (out / "steps" / f"{n}.jsonl").is_file()}
     return res
 
 
@@ -224,13 +291,20 @@ def markdown(res: dict) -> str:
     md = ["| teacher-forced steps (held-out model, in-process) | steps | median abs error | p90 abs error | median signed |",
           "|---|---|---|---|---|"]
     for k, e in (res.get("teacher_forced") or {}).items():
-        if k not in ("shares", "control", "two_models") and e.get("steps"):
+        if k not in ("shares", "control", "two_models", "unanchored") and e.get("steps"):
             md.append(f"| {k} | {e['steps']} | {e['median_abs']:.1%} | {e['p90_abs']:.1%} | {e.get('median_signed', 0):+.1%} |")
     two = (res.get("teacher_forced") or {}).get("two_models") or {}
     if two:
         md.append("\nFitted on the sweep's first two models only (" + " and ".join(two["fitted_on"]) + "), the held-out "
                   "decode steps: " + ", ".join(f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in two.items()
                                                if k != "fitted_on" and v.get("steps")) + " (median signed).")
+    un = (res.get("teacher_forced") or {}).get("unanchored") or {}
+    if un:
+        md.append("\nAgainst the profile as calibrated (not anchored), the same decode steps: " + ", ".join(
+            f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in un.items() if v.get("steps")) + " (median signed).")
+    for tag, x in (res.get("anchors") or {}).items():
+        md.append(f"\nAnchored for {tag} at {x['utc']} on {x['model']}: one-row decode {x['measured_ms']:.2f} ms "
+                  f"measured, {x['predicted_ms']:.2f} ms as calibrated: memory terms x{x['factor']:.3f}.")
     control = (res.get("teacher_forced") or {}).get("control") or []
     for c in control:
         md.append(f"\nDrift control at {c['utc']}: {c['model']}'s one-row decode {c['measured_ms']:.2f} ms measured, "
@@ -245,6 +319,12 @@ def markdown(res: dict) -> str:
         md += ["", "| phase | start (UTC) | speed probe, ms | end (UTC) | speed probe, ms |", "|---|---|---|---|---|"]
         md += [f"| {k} | {v['start']['utc']} | {v['start']['gemm_pass_ms']:.1f} | {v.get('end', {}).get('utc', '–')} | "
                f"{v.get('end', {}).get('gemm_pass_ms', float('nan')):.1f} |" for k, v in probes.items()]
+        ctl = {k: v for k, v in probes.items() if "control_ms" in v["start"]}
+        if ctl:
+            md += ["", "| phase | control at start, ms (error as calibrated) | control at end, ms |", "|---|---|---|"]
+            md += [f"| {k} | {v['start']['control_ms']:.1f} ({v['start']['control_error']:+.1%}) | "
+                   + (f"{v['end']['control_ms']:.1f} ({v['end']['control_error']:+.1%})" if "control_ms" in
+                      v.get("end", {}) else "–") + " |" for k, v in ctl.items()]
     for k, parts in ((res.get("teacher_forced") or {}).get("shares") or {}).items():
         md.append(f"\nHeld-out model, {k} at context 1024: {parts['seconds'] * 1e3:.2f} ms predicted = " + ", ".join(
             f"{t} {v:.0%}" for t, v in parts.items() if t != "seconds" and v >= 0.005))
@@ -261,11 +341,12 @@ def markdown(res: dict) -> str:
                 md.append(f"| {lv} | {key} | {r['measured']:.1f} | {r['predicted']:.1f} | {_pct(r['error'])} | "
                           + (f"[{ci[0]:+.1%}, {ci[1]:+.1%}] | {'yes' if r['resolvable'] else 'no'}" if ci else "– | –")
                           + f" | {'yes' if r['error'] is not None and abs(r['error']) <= 0.10 else 'NO'} |")
-    cap = res.get("capacity")
-    if cap:
-        met = cap["error"] is not None and abs(cap["error"]) <= 0.15
-        md += ["", (f"Capacity (SLO search): measured {cap['measured']} req/s, predicted {cap['predicted']} req/s, "
-                    f"error {_pct(cap['error'])} (bar 15 %: {'met' if met else 'MISSED'}).")]
+    for key, what in (("capacity", ""), ("capacity_unanchored", ", un-anchored")):
+        cap = res.get(key)
+        if cap:
+            met = cap["error"] is not None and abs(cap["error"]) <= 0.15
+            md += ["", (f"Capacity (SLO search{what}): measured {cap['measured']} req/s, predicted {cap['predicted']} "
+                        f"req/s, error {_pct(cap['error'])} (bar 15 %: {'met' if met else 'MISSED'}).")]
     for n, st in (res.get("served_steps") or {}).items():
         a = st.get("all") or {}
         if a.get("steps"):

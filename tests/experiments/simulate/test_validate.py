@@ -117,3 +117,44 @@ def test_round_5s_trace_reaches_the_batch_of_round_4s_load_levels():
     streams, cfg = validate.TRACE_STREAMS[5], load(validate.suite(5)["closed"])
     assert max(streams) >= 16 and cfg.workload.num_requests >= 2 * max(streams)
     assert validate.CONTROL_PROMPT[5] >= 512
+
+
+def test_an_anchored_round_reports_both_profiles_and_the_machines_path():
+    """Round 6 on (validate.ANCHOR): the record gives the anchors, the trace against the profile as calibrated beside
+    the anchored one, the un-anchored capacity, and the control at every timed phase."""
+    assert 6 in validate.ANCHOR and 5 not in validate.ANCHOR  # round 5 ran without: its record stays as measured
+    row = {"measured": 100.0, "predicted": 110.0, "error": 0.10, "interval": [0.05, 0.15], "resolvable": True}
+    lv = {"rate=1": {"ttft_p50": row, "tpot_p50": row, "throughput": {**row, "interval": None}}}
+    res = {"teacher_forced": {"1 streams: decode": {"steps": 50, "median_abs": 0.02, "p90_abs": 0.05, "median_signed": 0.02},
+                              "unanchored": {"1 streams: decode": {"steps": 50, "median_abs": 0.13, "p90_abs": 0.2,
+                                                                   "median_signed": 0.13}}},
+           "anchors": {"predict": {"utc": "01:00:00", "model": "models/heldout-mid", "measured_ms": 50.0,
+                                   "predicted_ms": 56.5, "factor": 0.87}},
+           "load": {"closed": {"start": {"utc": "01:01:00", "gemm_pass_ms": 55.0, "control_ms": 50.1,
+                                         "control_error": 0.128},
+                               "end": {"utc": "01:05:00", "gemm_pass_ms": 54.0, "control_ms": 49.0,
+                                       "control_error": 0.153}}},
+           "heldout6_test_poisson": lv, "heldout6_test_poisson (un-anchored)": lv,
+           "capacity": {"measured": 2.0, "predicted": 1.9, "error": -0.05},
+           "capacity_unanchored": {"measured": 2.0, "predicted": 1.6, "error": -0.2}}
+    md = validate.markdown(res)
+    assert "| 1 streams: decode | 50 | 2.0% |" in md and "(not anchored), the same decode steps: 1 streams +13.0%" in md
+    assert "Anchored for predict at 01:00:00 on models/heldout-mid" in md and "memory terms x0.870" in md
+    assert "| closed | 50.1 (+12.8%) | 49.0 (+15.3%) |" in md
+    assert "**heldout6_test_poisson (un-anchored)**" in md
+    assert "Capacity (SLO search): measured 2.0 req/s, predicted 1.9 req/s, error -5.0% (bar 15 %: met)" in md
+    assert "Capacity (SLO search, un-anchored): measured 2.0 req/s, predicted 1.6 req/s, error -20.0% (bar 15 %: MISSED)" in md
+
+
+def test_the_unanchored_trace_is_the_same_steps_against_the_calibrated_profile(tmp_path):
+    from experiments.simulate import anchor, sweep
+    from experiments.simulate.step_model import ModelShape, StepShape, predict
+    from tests.experiments.simulate.planted import planted
+
+    m = ModelShape(layers=16, hidden=1280, heads=10, kv_heads=2, head_dim=128, intermediate=3584, vocab=40960)
+    prof = planted(weights=1.0, kv=1.0)
+    prof.fused_max_rows = 64  # one-row steps take the decode path
+    steps = [StepShape(((1, c, 1),)) for c in range(600, 700, 5)]
+    sweep.dump([(s, predict(s, m, anchor.scaled(prof, 0.9))) for s in steps], tmp_path / "trace-c1.steps.json")
+    got = validate.unanchored(prof, tmp_path, m, (1,))["1 streams: decode"]
+    assert got["steps"] == len(steps) and 0.05 < got["median_signed"] < 0.12  # slower as calibrated: the drift

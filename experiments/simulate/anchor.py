@@ -1,0 +1,84 @@
+"""Re-anchor a calibrated CPU profile on the machine's speed now (held-out round 5's lesson:
+docs/perf/2026-12-07-heldout-round5.md).
+
+On a shared VM the memory-bound speed moves by 10-20 % within an hour: a fit model's one-row decode step took 57.5
+ms in round 5's calibration sweep, 50.5 ms at its test half an hour later and 47.4 ms an hour after that, while its
+compute-bound prefills moved a few per cent. A profile is a measurement of the machine at a time, and a 35-minute
+calibration cannot be redone before every prediction. So `anchor` times a model the profile was fitted on (its
+one-row decode steps in-process, `probe.one_row_steps`: about 15 s) and scales the profile's memory-bound terms
+(MEMORY) until the median of those steps comes out as measured; the compute terms stay as fitted. The factor, the
+model and the time go into `Profile.anchored` and the profile's label, so every report made with it says so.
+
+The anchor model must be one the profile was fitted on (else its transfer error would be read as the machine's
+drift) and past the cache (else its steps do not read memory)."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from experiments.simulate.step_model import ModelShape, Profile, predict
+
+MEMORY = ("weights", "kv", "kv_shared")  # the terms that read DRAM: what the host's neighbours slow down
+LIMITS = (0.5, 2.0)  # a factor outside: not drift (another machine, a wrong model): recalibrate
+
+
+def scaled(prof: Profile, factor: float) -> Profile:
+    """A copy of the profile with the MEMORY coefficients times `factor`, in `coef` and in every regime."""
+    def one(c: dict[str, float]) -> dict[str, float]:
+        return {k: v * factor if k in MEMORY else v for k, v in c.items()}
+    return replace(prof, coef=one(prof.coef), regimes={r: one(c) for r, c in prof.regimes.items()})
+
+
+def factor(prof: Profile, m: ModelShape, steps: list, limits: tuple[float, float] = LIMITS) -> float:
+    """The MEMORY scale at which the median predicted step of `steps` [(StepShape, seconds)] equals the median
+    measured one (bisection: a step's time never falls as a term grows)."""
+    want = statistics.median(t for _, t in steps)
+
+    def median_at(f: float) -> float:
+        p = scaled(prof, f)
+        return statistics.median(predict(s, m, p) for s, _ in steps)
+
+    lo, hi = limits
+    if not median_at(lo) <= want <= median_at(hi):
+        raise ValueError(f"anchor: the measured step ({want * 1e3:.1f} ms) needs the memory terms scaled outside "
+                         f"x{lo}-x{hi}: not drift; recalibrate on this machine")
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if median_at(mid) < want else (lo, mid)
+    return (lo + hi) / 2
+
+
+def check(prof: Profile, m: ModelShape, model_dir: str | Path) -> None:
+    """Refuse an anchor that cannot read the machine's memory speed against this profile."""
+    if not prof.calibrated:
+        raise ValueError(f"anchor: {prof.label} is a spec sheet, not a measurement: nothing to re-anchor")
+    fitted = {sig for sig, _ in prof.fit.get("rows_per_model", [])}
+    if m.signature not in fitted:
+        raise ValueError(f"anchor: {model_dir} is not a model the profile was fitted on (its error there would be "
+                         f"read as the machine's drift); fitted on: {'; '.join(sorted(fitted)) or 'none recorded'}")
+    if m.weight_bytes <= prof.cache_bytes:
+        raise ValueError(f"anchor: {model_dir} ({m.weight_bytes / 1e6:.0f} MB) reads its weights from the "
+                         f"{prof.cache_bytes / 2**20:.0f} MiB cache, not memory: anchor on a model past it")
+
+
+def anchor(prof: Profile, model_dir: str | Path, threads: int, prompt: int = 768, tokens: int = 48,
+           skip: int = 10, dtype: str = "float32", limits: tuple[float, float] = LIMITS) -> Profile:
+    """The profile re-anchored on `model_dir`'s one-row decode steps timed now (module docstring)."""
+    from experiments.simulate import probe
+
+    m = ModelShape.from_dir(model_dir, dtype)  # probe.one_row_steps runs float32
+    check(prof, m, model_dir)
+    steps = probe.one_row_steps(model_dir, threads, tokens, skip, prompt)
+    f = factor(prof, m, steps, limits)
+    before = statistics.median(predict(s, m, prof) for s, _ in steps)
+    got = scaled(prof, f)
+    got.anchored = {"utc": time.strftime("%H:%M:%S", time.gmtime()), "date": time.strftime("%Y-%m-%d"),
+                    "model": str(model_dir), "steps": len(steps), "threads": threads, "prompt": prompt,
+                    "measured_ms": statistics.median(t for _, t in steps) * 1e3, "predicted_ms": before * 1e3,
+                    "factor": f, "terms": list(MEMORY)}
+    return got
+
+
+__all__ = ["MEMORY", "LIMITS", "scaled", "factor", "check", "anchor"]

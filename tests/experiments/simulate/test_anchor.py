@@ -1,0 +1,111 @@
+"""Re-anchoring a calibrated profile on the machine's speed now (anchor.py; held-out round 5: a fit model's one-row
+step 57.5 ms in the calibration sweep, 50.5 ms at the test): only the memory-bound terms move, the factor is the one
+that makes the anchor model's measured steps come out, and an anchor that cannot read the drift is refused."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from experiments.cli import main
+from experiments.simulate import anchor, probe
+from experiments.simulate.step_model import ModelShape, StepShape, predict
+from tests.experiments.exp_util import write_config
+from tests.experiments.simulate.planted import planted
+
+BIG = ModelShape(layers=16, hidden=1280, heads=10, kv_heads=2, head_dim=128, intermediate=3584, vocab=40960)
+ONE_ROW = [StepShape(((1, c, 1),)) for c in range(700, 800, 4)]
+
+
+def fitted_on(m: ModelShape, **coef):
+    prof = planted(weights=1.0, kv=1.0, linear_add=1.0, **coef)
+    prof.fit = {"rows_per_model": [[m.signature, 100]]}
+    prof.regimes = {"decode": dict(prof.coef), "mixed": {**prof.coef, "attention": 3.0}}
+    return prof
+
+
+def test_only_the_memory_terms_are_scaled_everywhere():
+    prof = fitted_on(BIG)
+    got = anchor.scaled(prof, 0.8)
+    for before, after in [(prof.coef, got.coef), *((prof.regimes[r], got.regimes[r]) for r in prof.regimes)]:
+        for k, v in before.items():
+            assert after[k] == pytest.approx(v * 0.8 if k in anchor.MEMORY else v)
+    assert prof.coef["weights"] == 1.0  # the original is left as it was
+
+
+def test_the_factor_recovers_a_planted_drift():
+    """Steps timed on a machine whose memory reads take 0.85x the calibration's: the anchor finds 0.85, and the
+    re-anchored profile predicts those steps, including the terms it did not scale."""
+    prof = fitted_on(BIG)
+    now = anchor.scaled(prof, 0.85)
+    steps = [(s, predict(s, BIG, now)) for s in ONE_ROW]
+    f = anchor.factor(prof, BIG, steps)
+    assert f == pytest.approx(0.85, rel=1e-6)
+    again = anchor.scaled(prof, f)
+    assert all(predict(s, BIG, again) == pytest.approx(t, rel=1e-6) for s, t in steps)
+    assert predict(s := ONE_ROW[0], BIG, prof) > predict(s, BIG, again)  # the drift: faster now
+
+
+def test_a_factor_outside_the_limits_is_not_drift():
+    prof = fitted_on(BIG)
+    steps = [(s, predict(s, BIG, prof) * 5) for s in ONE_ROW]  # five times slower: another machine
+    with pytest.raises(ValueError, match="recalibrate"):
+        anchor.factor(prof, BIG, steps)
+
+
+def test_an_anchor_that_cannot_read_the_drift_is_refused():
+    prof = fitted_on(BIG)
+    other = ModelShape(layers=48, hidden=768, heads=12, kv_heads=4, head_dim=64, intermediate=2048, vocab=32768)
+    with pytest.raises(ValueError, match="not a model the profile was fitted on"):
+        anchor.check(prof, other, "deep")
+    prof.cache_bytes = 2 * BIG.weight_bytes
+    with pytest.raises(ValueError, match="reads its weights from the"):
+        anchor.check(prof, BIG, "mid")
+    prof.cache_bytes, prof.calibrated = 0, False
+    with pytest.raises(ValueError, match="spec sheet"):
+        anchor.check(prof, BIG, "mid")
+
+
+def test_anchoring_times_the_engine_and_labels_the_profile(exp_model):
+    """End to end on the engine's own steps, timed in the call: with the weight read the profile's only term, every
+    one-row step is predicted factor x the read, so the factor found must put that on the measured median."""
+    m = ModelShape.from_dir(exp_model)
+    prof = planted(weights=1.0, per_step=0.0, per_seq=0.0)
+    prof.fit = {"rows_per_model": [[m.signature, 10]]}
+    read = m.weight_bytes / (prof.bandwidth_gbps * 1e9)
+    got = anchor.anchor(prof, exp_model, threads=1, prompt=32, tokens=12, skip=2, limits=(1e-6, 1e6))
+    x = got.anchored
+    assert x["steps"] == 2 * (12 - 1 - 2) and x["model"] == str(exp_model) and x["terms"] == list(anchor.MEMORY)
+    assert x["factor"] * read * 1e3 == pytest.approx(x["measured_ms"], rel=1e-6)
+    assert x["predicted_ms"] == pytest.approx(read * 1e3) and got.coef["weights"] == pytest.approx(x["factor"])
+    assert "anchored x" in got.label and not prof.anchored
+
+
+def test_the_run_says_its_profile_was_anchored(exp_model, tmp_path):
+    from experiments.simulate.replay import replay
+    from experiments.workload.config import load
+
+    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
+    m = ModelShape.from_dir(exp_model)
+    prof = planted(weights=1.0)
+    prof.fit = {"rows_per_model": [[m.signature, 10]]}
+    steps = [(s, predict(s, m, anchor.scaled(prof, 0.9))) for s in ONE_ROW]
+    got = anchor.scaled(prof, anchor.factor(prof, m, steps))
+    got.anchored = {"factor": 0.9, "utc": "06:26:00", "model": str(exp_model)}
+    run = replay(load(cfg), cfg.read_text(), got, tmp_path / "out")
+    man = json.loads(next(run.glob("*/manifest.json")).read_text())
+    assert man["simulated"]["anchored"]["factor"] == 0.9 and "anchored x0.900 at 06:26:00" in man["simulated"]["profile"]
+
+
+BODY = '\nengine = "reference"\n[workload]\nkind = "random"\nnum_requests = 4\ninput_len = 16\noutput_len = 4\n[kv]\ntokens = 2048\n'
+
+
+def test_the_cli_refuses_a_bad_anchor_in_one_line(exp_model, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
+    prof = tmp_path / "p.json"
+    planted(weights=1.0).save(prof)
+    for model, says in [("/no/such/model", "no config.json"), (str(exp_model), "not a model the profile was fitted on")]:
+        assert main(["simulate", str(cfg), "--profile", str(prof), "--anchor", model, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1
