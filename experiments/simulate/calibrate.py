@@ -131,11 +131,13 @@ def fit_regime(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, ti
 
 
 def fit_regimes(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, fused_max_rows: int,
-                share_kv: bool = False) -> Profile:
+                share_kv: bool = False, fixed: dict[str, dict[str, float]] | None = None) -> Profile:
     """`prof` with `regimes` (and `tile_rows`, `fused_max_rows`) fitted on the timed steps. `share_kv`:
     the "mixed" regime takes the "decode" regime's KV coefficient instead of fitting one (when its
     steps are prefills only, as a sweep timed from outside gives: their context then equals their new
-    tokens, and the KV column is the linear one, not identifiable)."""
+    tokens, and the KV column is the linear one, not identifiable). `fixed`: per regime, terms held at a value
+    measured apart (`kernel_attention`) instead of fitted."""
+    fixed = fixed or {}
     best = None
     for tile in TILES:
         cand = Profile(**{**prof.__dict__, "tile_rows": tile, "fused_max_rows": fused_max_rows, "regimes": {}})
@@ -144,11 +146,11 @@ def fit_regimes(rows: list[tuple[StepShape, float]], m: Models, prof: Profile, f
         for (s, d), mi in zip(rows, per_row(rows, m)):
             groups.setdefault(regime(s, fused_max_rows), []).append((s, d))
             models.setdefault(regime(s, fused_max_rows), []).append(mi)
-        cand.regimes = {g: fit_regime(rs, models[g], cand, tile) for g, rs in groups.items()
+        cand.regimes = {g: fit_regime(rs, models[g], cand, tile, fixed.get(g)) for g, rs in groups.items()
                         if g == "decode" or not share_kv}
         if share_kv and "mixed" in groups:
             cand.regimes["mixed"] = fit_regime(groups["mixed"], models["mixed"], cand, tile,
-                                               {"kv": cand.regimes["decode"]["kv"]})
+                                               {**fixed.get("mixed", {}), "kv": cand.regimes["decode"]["kv"]})
         e = errors(rows, m, cand)
         if best is None or e["median_abs"] + e["p90_abs"] < best[0]:
             best = (e["median_abs"] + e["p90_abs"], cand)
@@ -240,10 +242,11 @@ def shares(prof: Profile, m: ModelShape, context: int = 1024) -> dict[str, dict[
 
 def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: float, tflops: float,
               engine: str, notes: str = "", fused_max_rows: int = 0, share_kv: bool = False,
-              cache_bytes: float = 0.0) -> Profile:
+              cache_bytes: float = 0.0, fixed: dict[str, dict[str, float]] | None = None) -> Profile:
     """A calibrated profile from timed steps, at the measured peaks (so each a = 1 / efficiency): the
     per-regime overlapped form, with the summed form's coefficients kept in `coef` for comparison. `cache_bytes`:
-    the machine's last-level cache (`llc_bytes`); a model whose weights fit in it reads them from there."""
+    the machine's last-level cache (`llc_bytes`); a model whose weights fit in it reads them from there. `fixed`:
+    per regime, coefficients measured apart and held (the prefill attention kernel's: kernels.py)."""
     dtype = per_row(rows, m)[0].dtype if rows else m.dtype
     prof = Profile(name=f"{engine} on {platform.node()}", bandwidth_gbps=bandwidth_gbps,
                    tflops={dtype: tflops}, coef={k: 0.0 for k in TERMS}, calibrated=True, machine=machine(),
@@ -251,7 +254,7 @@ def calibrate(rows: list[tuple[StepShape, float]], m: Models, bandwidth_gbps: fl
                    engine=engine, version=commit(), date=date.today().isoformat(), notes=notes)
     prof.coef = fit(rows, m, prof)
     summed = errors(rows, m, prof)
-    prof = fit_regimes(rows, m, prof, fused_max_rows, share_kv)
+    prof = fit_regimes(rows, m, prof, fused_max_rows, share_kv, fixed)
     counts: dict[str, int] = {}
     for s, _ in rows:
         counts[regime(s, fused_max_rows)] = counts.get(regime(s, fused_max_rows), 0) + 1

@@ -228,13 +228,21 @@ def _calibrate(cfg, engine: str, a) -> int:
         shapes += [ModelShape.from_dir(model, cfg.dtype)] * len(got)
     models = ", ".join(f"{Path(m).name} ({ModelShape.from_dir(m, cfg.dtype).weight_bytes / 1e6:.0f} MB)"
                        for m in [cfg.model, *a.also_model])
+    from experiments.simulate import kernels
+    from experiments.simulate.step_model import Profile, TERMS
+
+    at_peak = Profile("peaks", bw, {cfg.dtype: peak["gflops"] / 1e3}, dict.fromkeys(TERMS, 0.0))
+    att = kernels.prefill_attention([ModelShape.from_dir(m, cfg.dtype) for m in dirs], at_peak, ecfg.num_threads)
+    print(f"inferlab: the prefill attention kernel runs at {att['ratio']:.2f}x its FLOP roofline (median over "
+          f"{len(att['per_model'])} geometries): held in the fit", file=sys.stderr)
     prof = calibrate.calibrate(rows, shapes, bw, peak["gflops"] / 1e3, engine,
                                notes=f"num_threads={ecfg.num_threads}; step wall times of a ragged closed-loop sweep and its shared-prefix levels "
                                      f"(each step the median of 3 repeats) on {models}; measure it quiet (under the "
                                      f"bench lock); paths {paths.get('linear')}, one-call decode layer up to "
                                      f"{paths.get('fused_decode_max_rows')} rows; peaks measured at calibration",
                                fused_max_rows=int(paths.get("fused_decode_max_rows") or 0),
-                               cache_bytes=calibrate.resident_bytes())
+                               cache_bytes=calibrate.resident_bytes(), fixed={"mixed": {"attention": att["ratio"]}})
+    prof.fit["attention_kernel"] = att
     for size, parts in prof.fit["models"].items():
         for rows_, p in parts.items():
             print(f"inferlab: {size} model, {rows_} at context 1024: {p['seconds'] * 1e3:.2f} ms = " + ", ".join(
