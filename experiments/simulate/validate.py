@@ -37,9 +37,13 @@ ALSO = {1: [("models/heldout-deep", "deep", 23)],
         # round 4: `tiny` reads its weights from the cache (its own column), so three models past it tell the
         # per-layer cost apart; `mid` is round 3's spent test model, fit data now
         4: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
-        5: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
+        5: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
+        6: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
+# a round that refits an earlier round's calibration sweep (same session, same machine) instead of sweeping again:
+# round 6 takes round 5's sweep with the rule chosen after seeing round 5 (attention held at the kernel's ratio)
+FIT_FROM = {6: 5}
 LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
-POISSON_REQUESTS = {4: 64, 5: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
+POISSON_REQUESTS = {4: 64, 5: 64, 6: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
 # round 5: the trace up to the batch the load levels reach (round 4's 60 / 85 % levels ran 17-31 requests in flight,
 # where its decode steps missed and the 8-stream trace could not see it), and the control at the sweep's contexts
 TRACE_STREAMS = {5: (1, 8, 24), 6: (1, 8, 24)}
@@ -53,9 +57,36 @@ KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
 
 
 def suite(rnd: int) -> dict[str, Path]:
-    base = HELDOUT / f"round{rnd}"
-    return {"calibrate": base / "fit" / "calibrate.toml", "served_cal": base / "fit" / "served_cal.toml",
+    base, fit = HELDOUT / f"round{rnd}", HELDOUT / f"round{FIT_FROM.get(rnd, rnd)}" / "fit"
+    return {"calibrate": fit / "calibrate.toml", "served_cal": fit / "served_cal.toml",
             "closed": base / "test" / "closed.toml", "search": base / "test" / "search.toml"}
+
+
+def refit(rnd: int, out: Path) -> None:
+    """OUT/profile.json from round FIT_FROM[rnd]'s sweep (its profile.steps.json), refitted with the prefill
+    attention kernel's ratio measured now and held (kernels.py), at that calibration's peaks."""
+    import shutil
+
+    from experiments.simulate import calibrate, kernels, sweep
+    from experiments.simulate.step_model import ModelShape, Profile
+    from experiments.workload.config import load
+
+    src = Path(f"results/heldout-round{FIT_FROM[rnd]}")
+    old, rows = Profile.load(src / "profile.json"), sweep.load_rows(src / "profile.steps.json")
+    dirs = [load(suite(rnd)["calibrate"]).model, *also_models(rnd)]
+    shapes = {m.signature: m for m in (ModelShape.from_dir(d) for d in dirs)}
+    ms = [shapes[sig] for sig, n in old.fit["rows_per_model"] for _ in range(n)]
+    att = kernels.prefill_attention(list(shapes.values()), old, bench.calibration_threads(old) or 2)
+    prof = calibrate.calibrate(rows, ms, old.bandwidth_gbps, old.peak_tflops("float32"), old.engine,
+                               notes=f"{old.notes}; refitted from {src}/profile.steps.json (round {FIT_FROM[rnd]}'s "
+                                     f"sweep) with the prefill attention kernel's ratio held",
+                               fused_max_rows=old.fused_max_rows, cache_bytes=old.cache_bytes,
+                               fixed={"mixed": {"attention": att["ratio"]}})
+    prof.fit["attention_kernel"], prof.fit["refitted_from"] = att, str(src)
+    prof.save(out / "profile.json")
+    shutil.copy(src / "profile.steps.json", out / "profile.steps.json")
+    print(f"refitted {out / 'profile.json'} from {src}: attention kernel x{att['ratio']:.2f} held; sweep |error| "
+          f"{prof.fit['sweep']['median_abs']:.1%} / {prof.fit['sweep']['p90_abs']:.1%}", file=sys.stderr)
 
 
 def name(config: Path) -> str:
@@ -167,7 +198,9 @@ def measure(config: Path, out: Path, log: bool = True) -> Path:
 
 def phase(what: str, rnd: int, out: Path) -> None:
     s, prof, pred = suite(rnd), out / "profile.json", out / "predicted"
-    if what == "calibrate":
+    if what == "calibrate" and rnd in FIT_FROM:
+        refit(rnd, out)
+    elif what == "calibrate":
         also = [a for m in also_models(rnd) for a in ("--also-model", m)]
         sh("simulate", str(s["calibrate"]), "--calibrate", *also, "--profile", str(prof))
     elif what == "served-cal":

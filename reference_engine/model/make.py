@@ -73,6 +73,11 @@ PRESETS = {
     "lean": dict(vocab_size=24576, hidden_size=896, intermediate_size=2432, num_hidden_layers=28,
                  num_attention_heads=14, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
                  rope_theta=500000.0, tie_word_embeddings=True),
+    # ~306 M parameters (1.22 GB in fp32): 22 layers of 1024, 8 heads of 128 on 4 KV heads (2 query heads a KV head),
+    # a 28k vocabulary: round 6's held-out model, a depth, head grouping and vocabulary no round has fitted or tested
+    "pine": dict(vocab_size=28672, hidden_size=1024, intermediate_size=3072, num_hidden_layers=22,
+                 num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
+                 rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
