@@ -141,6 +141,10 @@ def test_an_anchored_round_reports_both_profiles_and_the_machines_path():
     assert "| 1 streams: decode | 50 | 2.0% |" in md and "(not anchored), the same decode steps: 1 streams +13.0%" in md
     assert "Anchored for predict at 01:00:00 on models/heldout-mid" in md and "memory terms x0.870" in md
     assert "| closed | 50.1 (+12.8%) | 49.0 (+15.3%) |" in md
+    res["teacher_forced"]["control"] = [{"utc": "01:00:00", "model": "mid", "measured_ms": 50.0, "predicted_ms": 55.0,
+                                         "error": 0.10}]
+    md = validate.markdown(res)  # the control is against the profile as calibrated: it divides the un-anchored error
+    assert "error as calibrated against the control's: (1 +13.0%) / (1 +10.0%) - 1 = +2.7%" in md
     assert "**heldout6_test_poisson (un-anchored)**" in md
     assert "Capacity (SLO search): measured 2.0 req/s, predicted 1.9 req/s, error -5.0% (bar 15 %: met)" in md
     assert "Capacity (SLO search, un-anchored): measured 2.0 req/s, predicted 1.6 req/s, error -20.0% (bar 15 %: MISSED)" in md
