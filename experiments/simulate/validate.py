@@ -26,6 +26,7 @@ from pathlib import Path
 
 from experiments.simulate import bench
 from experiments.simulate.bench import logged, record_load, search_rate, sh, subject
+from experiments.simulate.record import markdown
 
 HELDOUT = Path(__file__).parent / "heldout"
 # the other models of each round's calibration (fit/calibrate.toml names the first): directory, preset, seed.
@@ -313,82 +314,6 @@ def report(rnd: int, out: Path) -> dict:
     res["served_steps"] = {n: bench.served_steps(out / "steps" / f"{n}.jsonl", Profile.load(judged(rnd, out, tag)), shape)
                            for n, tag in zip(names, ("predict", "poisson")) if (out / "steps" / f"{n}.jsonl").is_file()}
     return res
-
-
-def _pct(v) -> str:
-    return "–" if v is None else f"{v:+.1%}"
-
-
-def markdown(res: dict) -> str:
-    """round.json as the record's tables: the step level, each level's errors with intervals, the capacity."""
-    md = ["| teacher-forced steps (held-out model, in-process) | steps | median abs error | p90 abs error | median signed |",
-          "|---|---|---|---|---|"]
-    for k, e in (res.get("teacher_forced") or {}).items():
-        if k not in ("shares", "control", "two_models", "unanchored") and e.get("steps"):
-            md.append(f"| {k} | {e['steps']} | {e['median_abs']:.1%} | {e['p90_abs']:.1%} | {e.get('median_signed', 0):+.1%} |")
-    two = (res.get("teacher_forced") or {}).get("two_models") or {}
-    if two:
-        md.append("\nFitted on the sweep's first two models only (" + " and ".join(two["fitted_on"]) + "), the held-out "
-                  "decode steps: " + ", ".join(f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in two.items()
-                                               if k != "fitted_on" and v.get("steps")) + " (median signed).")
-    un = (res.get("teacher_forced") or {}).get("unanchored") or {}
-    if un:
-        md.append("\nAgainst the profile as calibrated (not anchored), the same decode steps: " + ", ".join(
-            f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in un.items() if v.get("steps")) + " (median signed).")
-    for tag, x in (res.get("anchors") or {}).items():
-        md.append(f"\nAnchored for {tag} at {x['utc']} on {x['model']}: one-row decode {x['measured_ms']:.2f} ms "
-                  f"measured, {x['predicted_ms']:.2f} ms as calibrated: memory terms x{x['factor']:.3f}.")
-    control = (res.get("teacher_forced") or {}).get("control") or []
-    for c in control:
-        md.append(f"\nDrift control at {c['utc']}: {c['model']}'s one-row decode {c['measured_ms']:.2f} ms measured, "
-                  f"{c['predicted_ms']:.2f} ms predicted ({c['error']:+.1%}: the machine against its calibration).")
-    # the control is timed against the profile as calibrated, so an anchored round divides the un-anchored error
-    tf = (res.get("teacher_forced") or {})
-    dec = ((tf.get("unanchored") or tf).get("1 streams: decode") or {}).get("median_signed")
-    if control and dec is not None:
-        c = sum(x["error"] for x in control) / len(control)
-        md.append(f"\nThe held-out model's 1-stream decode error{' as calibrated' if tf.get('unanchored') else ''} "
-                  f"against the control's: (1 {dec:+.1%}) / (1 {c:+.1%}) - 1 = {(1 + dec) / (1 + c) - 1:+.1%} "
-                  f"(transfer, with the drift divided out).")
-    probes = {k: v for k, v in (res.get("load") or {}).items() if "gemm_pass_ms" in v.get("start", {})}
-    if probes:
-        md += ["", "| phase | start (UTC) | speed probe, ms | end (UTC) | speed probe, ms |", "|---|---|---|---|---|"]
-        md += [f"| {k} | {v['start']['utc']} | {v['start']['gemm_pass_ms']:.1f} | {v.get('end', {}).get('utc', '–')} | "
-               f"{v.get('end', {}).get('gemm_pass_ms', float('nan')):.1f} |" for k, v in probes.items()]
-        ctl = {k: v for k, v in probes.items() if "control_ms" in v["start"]}
-        if ctl:
-            md += ["", "| phase | control at start, ms (error as calibrated) | control at end, ms |", "|---|---|---|"]
-            md += [f"| {k} | {v['start']['control_ms']:.1f} ({v['start']['control_error']:+.1%}) | "
-                   + (f"{v['end']['control_ms']:.1f} ({v['end']['control_error']:+.1%})" if "control_ms" in
-                      v.get("end", {}) else "–") + " |" for k, v in ctl.items()]
-    for k, parts in ((res.get("teacher_forced") or {}).get("shares") or {}).items():
-        md.append(f"\nHeld-out model, {k} at context 1024: {parts['seconds'] * 1e3:.2f} ms predicted = " + ", ".join(
-            f"{t} {v:.0%}" for t, v in parts.items() if t != "seconds" and v >= 0.005))
-    for n, levels in res.items():
-        if not isinstance(levels, dict) or not n.startswith("heldout"):
-            continue
-        md += ["", f"**{n}** (error = predicted / measured - 1; 95 % bootstrap interval; resolvable: half-width < 10 %)",
-               "", "| level | metric | measured | predicted | error | 95 % interval | resolvable | within 10 % |",
-               "|---|---|---|---|---|---|---|---|"]
-        for lv, row in levels.items():
-            for key in ("ttft_p50", "tpot_p50", "throughput"):
-                r = row[key]
-                ci = r.get("interval")
-                md.append(f"| {lv} | {key} | {r['measured']:.1f} | {r['predicted']:.1f} | {_pct(r['error'])} | "
-                          + (f"[{ci[0]:+.1%}, {ci[1]:+.1%}] | {'yes' if r['resolvable'] else 'no'}" if ci else "– | –")
-                          + f" | {'yes' if r['error'] is not None and abs(r['error']) <= 0.10 else 'NO'} |")
-    for key, what in (("capacity", ""), ("capacity_unanchored", ", un-anchored")):
-        cap = res.get(key)
-        if cap:
-            met = cap["error"] is not None and abs(cap["error"]) <= 0.15
-            md += ["", (f"Capacity (SLO search{what}): measured {cap['measured']} req/s, predicted {cap['predicted']} "
-                        f"req/s, error {_pct(cap['error'])} (bar 15 %: {'met' if met else 'MISSED'}).")]
-    for n, st in (res.get("served_steps") or {}).items():
-        a = st.get("all") or {}
-        if a.get("steps"):
-            md.append(f"\nServed steps of {n} (step log) against the profile with its served terms: {a['steps']} steps, "
-                      f"median |error| {a['median_abs']:.1%}, p90 {a['p90_abs']:.1%}, median signed {a.get('median_signed', 0):+.1%}.")
-    return "\n".join(md) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
