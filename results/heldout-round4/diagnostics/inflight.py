@@ -1,13 +1,15 @@
-"""After round 4 was seen (a diagnostic): requests in flight at each Poisson level, measured against simulated
+"""After round 4 was seen (a diagnostic; `python inflight.py 5` for round 5, after it was seen): requests in flight at each Poisson level, measured against simulated
 (Little's law from the request records: the sum of each request's send-to-done time over the level's span), with
 the mean end-to-end latency and the mean time between a request's tokens."""
 import json
+import sys
 from collections import defaultdict
 
 import numpy as np
 
-RUNS = {"measured": "results/heldout-round4/measured/heldout4_test_poisson/reference/requests.jsonl",
-        "predicted": "results/heldout-round4/predicted/heldout4_test_poisson-simulated/reference-simulated/requests.jsonl"}
+R = int(sys.argv[1]) if len(sys.argv) > 1 else 4  # the round
+RUNS = {"measured": f"results/heldout-round{R}/measured/heldout{R}_test_poisson/reference/requests.jsonl",
+        "predicted": f"results/heldout-round{R}/predicted/heldout{R}_test_poisson-simulated/reference-simulated/requests.jsonl"}
 for what, path in RUNS.items():
     lv = defaultdict(lambda: defaultdict(list))
     for line in open(path):

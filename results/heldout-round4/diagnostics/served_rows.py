@@ -1,14 +1,17 @@
-"""After round 4 was seen (a diagnostic): the Poisson run's served steps (its step log) against the round's profile with
+"""After round 4 was seen (a diagnostic; `python served_rows.py 5` for round 5, after it was seen): the Poisson run's served steps (its step log) against the round's profile with
 its served terms, by rows in the step and by kind (all-decode or with a prefill chunk): median signed error, and
 each bucket's share of the run's step time."""
+import sys
+
 import numpy as np
 
 from experiments.simulate.served_overhead import logged_rows, served_step
 from experiments.simulate.step_model import ModelShape, Profile, predict, regime
 
-prof = Profile.load("results/heldout-round4/profile.json")
-m = ModelShape.from_dir("models/heldout-stout")
-rows = logged_rows("results/heldout-round4/steps/heldout4_test_poisson.jsonl")
+R = int(sys.argv[1]) if len(sys.argv) > 1 else 4  # the round; its held-out model below
+prof = Profile.load(f"results/heldout-round{R}/profile.json")
+m = ModelShape.from_dir(f"models/heldout-{ {4: 'stout', 5: 'lean'}[R]}")
+rows = logged_rows(f"results/heldout-round{R}/steps/heldout{R}_test_poisson.jsonl")
 total = sum(d for _, d in rows)
 buckets: dict = {}
 for s, d in rows:
