@@ -78,6 +78,11 @@ PRESETS = {
     "pine": dict(vocab_size=28672, hidden_size=1024, intermediate_size=3072, num_hidden_layers=22,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096,
                  rope_theta=500000.0, tie_word_embeddings=True),
+    # ~294 M parameters (1.18 GB in fp32): 18 layers of 1152, 18 heads of 64 on 6 KV heads (3 query heads a KV head),
+    # a 20k vocabulary: round 7's held-out model, a depth, head count and vocabulary no round has fitted or tested
+    "fir": dict(vocab_size=20480, hidden_size=1152, intermediate_size=3328, num_hidden_layers=18,
+                num_attention_heads=18, num_key_value_heads=6, head_dim=64, max_position_embeddings=4096,
+                rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
