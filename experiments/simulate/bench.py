@@ -168,9 +168,14 @@ def summary(run: Path, engine: str) -> dict:
     return json.loads((run / engine / "summary.json").read_text())["levels"]
 
 
-def search_rate(run: Path, engine: str) -> float | None:
+def search_of(run: Path, engine: str) -> dict:
+    """The run's SLO search (its manifest's first repeat): points, target, best_rate, failing_rate."""
     m = json.loads((run / engine / "manifest.json").read_text())
-    return ((m.get("repeats") or {}).get("1") or {}).get("search", {}).get("best_rate")
+    return ((m.get("repeats") or {}).get("1") or {}).get("search") or {}
+
+
+def search_rate(run: Path, engine: str) -> float | None:
+    return search_of(run, engine).get("best_rate")
 
 
 def compare(measured: Path, predicted: Path, name: str, out: Path, engine: str) -> dict:

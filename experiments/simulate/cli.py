@@ -43,9 +43,9 @@ def parser() -> Parser:
                         "keep the weight read out of the per-step constant); repeatable")
     p.add_argument("--profile", help="profile JSON or a shipped spec sheet (h100, h200, a100, l40s); default: "
                                      "this machine's calibrated one, results/simulate/profiles/ENGINE-HOST.json")
-    p.add_argument("--anchor", metavar="MODEL_DIR", help="first re-time the profile's memory-bound terms on a model it "
-                                                        "was fitted on, timed now (~15 s): a shared VM's speed drifts "
-                                                        "(anchor.py)")
+    p.add_argument("--anchor", metavar="MODEL_DIR", action="append",
+                   help="first re-time the profile's memory-bound terms on a model it was fitted on, timed now (~15 s "
+                        "a model): a shared VM's speed drifts (anchor.py); repeatable: the geometric mean over them")
     p.add_argument("--engine", help="simulate only this engine of the config")
     p.add_argument("--cell", help="a matrix config ([[cells]]): simulate this cell (its settings merged in)")
     p.add_argument("--lengths", help="JSON {request_id: output tokens} (each answer's EOS length) or a measured "
@@ -157,16 +157,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _anchor(profile, model_dir: str):
+def _anchor(profile, model_dirs: list[str]):
     from experiments.simulate import anchor, bench
 
-    if not (Path(model_dir) / "config.json").is_file():
-        raise ValueError(f"--anchor {model_dir}: no config.json there")
+    for d in model_dirs:
+        if not (Path(d) / "config.json").is_file():
+            raise ValueError(f"--anchor {d}: no config.json there")
     threads = bench.calibration_threads(profile) or os.cpu_count() or 1  # as the profile's sweep ran
-    got = anchor.anchor(profile, model_dir, threads)
+    got = anchor.anchor(profile, model_dirs, threads)
     x = got.anchored
-    print(f"inferlab: anchored on {model_dir}: one-row decode {x['measured_ms']:.1f} ms measured, "
-          f"{x['predicted_ms']:.1f} ms predicted: memory terms x{x['factor']:.3f}", file=sys.stderr)
+    for p in x.get("per_model") or [x]:
+        print(f"inferlab: anchored on {p['model']}: one-row decode {p['measured_ms']:.1f} ms measured, "
+              f"{p['predicted_ms']:.1f} ms predicted", file=sys.stderr)
+    print(f"inferlab: memory terms x{x['factor']:.3f}", file=sys.stderr)
     return got
 
 

@@ -25,8 +25,9 @@ def markdown(res: dict) -> str:
         md.append("\nAgainst the profile as calibrated (not anchored), the same decode steps: " + ", ".join(
             f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in un.items() if v.get("steps")) + " (median signed).")
     for tag, x in (res.get("anchors") or {}).items():
-        md.append(f"\nAnchored for {tag} at {x['utc']} on {x['model']}: one-row decode {x['measured_ms']:.2f} ms "
-                  f"measured, {x['predicted_ms']:.2f} ms as calibrated: memory terms x{x['factor']:.3f}.")
+        md.append(f"\nAnchored for {tag} at {x['utc']} on {x['model']}: one-row decode " + ", ".join(
+            f"{y['measured_ms']:.2f} ms measured, {y['predicted_ms']:.2f} ms as calibrated"
+            for y in x.get("per_model") or [x]) + f": memory terms x{x['factor']:.3f}.")
     control = (res.get("teacher_forced") or {}).get("control") or []
     for c in control:
         md.append(f"\nDrift control at {c['utc']}: {c['model']}'s one-row decode {c['measured_ms']:.2f} ms measured, "
@@ -72,6 +73,15 @@ def markdown(res: dict) -> str:
             met = cap["error"] is not None and abs(cap["error"]) <= 0.15
             md += ["", (f"Capacity (SLO search{what}): measured {cap['measured']} req/s, predicted {cap['predicted']} "
                         f"req/s, error {_pct(cap['error'])} (bar 15 %: {'met' if met else 'MISSED'}).")]
+            if cap.get("measured_interval"):  # round 7 on: the levels' counts redrawn (report/predicted.py)
+                mi, pi, ci = cap["measured_interval"], cap["predicted_interval"], cap.get("interval")
+                md.append(f"95 % intervals from the levels' counts: measured {mi[0]:g}-{mi[1]:g} req/s, predicted "
+                          f"{pi[0]:g}-{pi[1]:g} req/s, error " + (f"[{ci[0]:+.1%}, {ci[1]:+.1%}] (15 % "
+                          f"{'resolvable' if cap['resolvable'] else 'not resolvable'})" if ci else "–") + ".")
+            pts = cap.get("points") or {}
+            for side, ps in pts.items():
+                md.append(f"{side} levels (rate: in SLO / sent): " + ", ".join(
+                    f"{p['rate']:g}: {round(p['goodput_fraction'] * p['requests'])}/{p['requests']}" for p in ps) + ".")
     for n, st in (res.get("served_steps") or {}).items():
         a = st.get("all") or {}
         if a.get("steps"):

@@ -40,18 +40,39 @@ def test_the_factor_recovers_a_planted_drift():
     prof = fitted_on(BIG)
     now = anchor.scaled(prof, 0.85)
     steps = [(s, predict(s, BIG, now)) for s in ONE_ROW]
-    f = anchor.factor(prof, BIG, steps)
+    f = anchor.factor(prof, [(BIG, steps)])
     assert f == pytest.approx(0.85, rel=1e-6)
     again = anchor.scaled(prof, f)
     assert all(predict(s, BIG, again) == pytest.approx(t, rel=1e-6) for s, t in steps)
     assert predict(s := ONE_ROW[0], BIG, prof) > predict(s, BIG, again)  # the drift: faster now
 
 
+def test_over_two_models_the_factor_is_their_geometric_mean():
+    """Held-out round 7: one model's memory reads run 0.80x the calibration's, another's 0.90x (its own fit error on
+    top of the drift): each alone gives its own factor; anchored over both, the factor sits between them and the two
+    models' predicted/measured ratios multiply to one (the geometric mean), instead of one taken whole."""
+    prof = fitted_on(BIG)
+    deep = ModelShape(layers=48, hidden=768, heads=12, kv_heads=4, head_dim=64, intermediate=2048, vocab=32768)
+    prof.fit["rows_per_model"].append([deep.signature, 100])
+    a = [(s, predict(s, BIG, anchor.scaled(prof, 0.80))) for s in ONE_ROW]
+    b = [(s, predict(s, deep, anchor.scaled(prof, 0.90))) for s in ONE_ROW]
+    assert anchor.factor(prof, [(BIG, a)]) == pytest.approx(0.80, rel=1e-6)
+    assert anchor.factor(prof, [(deep, b)]) == pytest.approx(0.90, rel=1e-6)
+    both = anchor.factor(prof, [(BIG, a), (deep, b)])
+    at = anchor.scaled(prof, both)
+
+    def ratio(m, steps):  # the model's median predicted step at the factor over its measured one
+        return statistics.median(predict(s, m, at) for s, _ in steps) / statistics.median(t for _, t in steps)
+    ra, rb = ratio(BIG, a), ratio(deep, b)
+    assert 0.80 < both < 0.90 and ra > 1.02 and rb < 0.98  # each model off its own, the other way
+    assert ra * rb == pytest.approx(1.0, rel=1e-6)  # the geometric mean of the two ratios is one
+
+
 def test_a_factor_outside_the_limits_is_not_drift():
     prof = fitted_on(BIG)
     steps = [(s, predict(s, BIG, prof) * 5) for s in ONE_ROW]  # five times slower: another machine
     with pytest.raises(ValueError, match="recalibrate"):
-        anchor.factor(prof, BIG, steps)
+        anchor.factor(prof, [(BIG, steps)])
 
 
 def test_an_anchor_that_cannot_read_the_drift_is_refused():
@@ -91,7 +112,7 @@ def test_the_run_says_its_profile_was_anchored(exp_model, tmp_path):
     prof = planted(weights=1.0)
     prof.fit = {"rows_per_model": [[m.signature, 10]]}
     steps = [(s, predict(s, m, anchor.scaled(prof, 0.9))) for s in ONE_ROW]
-    got = anchor.scaled(prof, anchor.factor(prof, m, steps))
+    got = anchor.scaled(prof, anchor.factor(prof, [(m, steps)]))
     got.anchored = {"factor": 0.9, "utc": "06:26:00", "model": str(exp_model)}
     run = replay(load(cfg), cfg.read_text(), got, tmp_path / "out")
     man = json.loads(next(run.glob("*/manifest.json")).read_text())
