@@ -14,7 +14,8 @@ The SLO search's capacity gets one too (`capacity_interval`, held-out round 6's 
 50-60 requests a level turned a 2 % goodput error into a whole bisection step): each visited level's requests
 redrawn at its observed share in SLO, every level judged again by the search's own rule, the capacity read as the
 search reads it (the highest passing rate visited), measured and predicted drawn apart, the error recomputed;
-resolvable when the interval's half-width is under the capacity bar (15 %).
+resolvable when the interval's half-width is under the capacity bar (15 %), decided when the whole interval lies
+within the bar or outside it.
 
 Invariant: nothing here is shown unless a simulated engine and the measured engine it stands for are
 both in the runs; every predicted number is labelled with its profile and (un)calibrated.
@@ -107,7 +108,8 @@ def capacities(search: dict, draws: int, rng: np.random.Generator) -> np.ndarray
 
 def capacity_interval(meas: dict, pred: dict, seed: int = 0) -> dict:
     """The capacity error (predicted / measured - 1) of two searches with its 95 % bootstrap interval, each side's
-    95 % interval, and whether the 15 % bar is resolvable (module docstring)."""
+    95 % interval, whether the 15 % bar is resolvable (module docstring), and `decided`: "met" or "missed" where the
+    whole interval lies within or outside the bar, "undecided" where it spans the bar's edge."""
     rng = np.random.default_rng(seed)
     m, p = capacities(meas, BOOT * 5, rng), capacities(pred, BOOT * 5, rng)
     ok = m > 0
@@ -119,7 +121,9 @@ def capacity_interval(meas: dict, pred: dict, seed: int = 0) -> dict:
            "resolvable": False}
     if err.size:
         lo, hi = np.percentile(err, [2.5, 97.5])
-        out.update(interval=[float(lo), float(hi)], resolvable=bool((hi - lo) / 2 < CAP_BAR))
+        out.update(interval=[float(lo), float(hi)], resolvable=bool((hi - lo) / 2 < CAP_BAR),
+                   decided="met" if -CAP_BAR <= lo and hi <= CAP_BAR else
+                   "missed" if hi < -CAP_BAR or lo > CAP_BAR else "undecided")
     return out
 
 
@@ -164,7 +168,8 @@ def section(runs, out: Path) -> list[str]:
                    f"{fmt(c['measured_interval'][0])}-{fmt(c['measured_interval'][1])}), predicted {fmt(c['predicted'])} "
                    f"req/s ({fmt(c['predicted_interval'][0])}-{fmt(c['predicted_interval'][1])}): {_pct(c['error'])}"
                    + (f" [{c['interval'][0]:+.1%}, {c['interval'][1]:+.1%}], 15 % "
-                      f"{'resolvable' if c['resolvable'] else 'not resolvable'}" if c["interval"] else "") + "."]
+                      f"{'resolvable' if c['resolvable'] else 'not resolvable'}, {c['decided']}" if c["interval"] else "")
+                   + "."]
         md += [""] + [f"![{p.stem}](plots/{p.name})" for p in plot(m, s, runs.levels, out)] + [""]
     return md
 

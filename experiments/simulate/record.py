@@ -77,7 +77,7 @@ def markdown(res: dict) -> str:
                 mi, pi, ci = cap["measured_interval"], cap["predicted_interval"], cap.get("interval")
                 md.append(f"95 % intervals from the levels' counts: measured {mi[0]:g}-{mi[1]:g} req/s, predicted "
                           f"{pi[0]:g}-{pi[1]:g} req/s, error " + (f"[{ci[0]:+.1%}, {ci[1]:+.1%}] (15 % "
-                          f"{'resolvable' if cap['resolvable'] else 'not resolvable'})" if ci else "–") + ".")
+                          f"{'resolvable' if cap['resolvable'] else 'not resolvable'}; {cap.get('decided', '–')})" if ci else "–") + ".")
             pts = cap.get("points") or {}
             for side, ps in pts.items():
                 md.append(f"{side} levels (rate: in SLO / sent): " + ", ".join(
