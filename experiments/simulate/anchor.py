@@ -68,17 +68,22 @@ def check(prof: Profile, m: ModelShape, model_dir: str | Path) -> None:
 
 
 def anchor(prof: Profile, model_dir: str | Path | list, threads: int, prompt: int = 768, tokens: int = 48,
-           skip: int = 10, dtype: str = "float32", limits: tuple[float, float] = LIMITS) -> Profile:
+           skip: int = 10, dtype: str = "float32", limits: tuple[float, float] = LIMITS, rounds: int = 1) -> Profile:
     """The profile re-anchored on the one-row decode steps of `model_dir` (or of each of a list of model dirs) timed
-    now (module docstring)."""
+    now (module docstring). `rounds` > 1 times the models in turn that many times and pools each model's steps: on a
+    host whose memory speed swings by +-25 % within seconds (held-out round 7's machine: a fit model's one-row step
+    31-48 ms a minute apart), one ~12 s sample per model is a lottery; pooled over ~2 minutes it reads the mean."""
     from experiments.simulate import probe
 
     dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
-    runs = []
-    for d in dirs:
-        m = ModelShape.from_dir(d, dtype)  # probe.one_row_steps runs float32
+    shapes = [ModelShape.from_dir(d, dtype) for d in dirs]  # probe.one_row_steps runs float32
+    for m, d in zip(shapes, dirs):
         check(prof, m, d)
-        runs.append((m, probe.one_row_steps(d, threads, tokens, skip, prompt)))
+    pooled: list[list] = [[] for _ in dirs]
+    for _ in range(rounds):
+        for steps, d in zip(pooled, dirs):
+            steps += probe.one_row_steps(d, threads, tokens, skip, prompt)
+    runs = list(zip(shapes, pooled))
     f = factor(prof, runs, limits)
     per = [{"model": str(d), "steps": len(steps), "measured_ms": statistics.median(t for _, t in steps) * 1e3,
             "predicted_ms": statistics.median(predict(s, m, prof) for s, _ in steps) * 1e3}
@@ -86,7 +91,7 @@ def anchor(prof: Profile, model_dir: str | Path | list, threads: int, prompt: in
     got = scaled(prof, f)
     got.anchored = {"utc": time.strftime("%H:%M:%S", time.gmtime()), "date": time.strftime("%Y-%m-%d"),
                     "model": " + ".join(p["model"] for p in per), "steps": sum(p["steps"] for p in per),
-                    "threads": threads, "prompt": prompt, "measured_ms": per[0]["measured_ms"],
+                    "threads": threads, "prompt": prompt, "rounds": rounds, "measured_ms": per[0]["measured_ms"],
                     "predicted_ms": per[0]["predicted_ms"], "factor": f, "terms": list(MEMORY)}
     if len(per) > 1:
         got.anchored["per_model"] = per

@@ -57,6 +57,10 @@ ANCHOR = {6, 7}
 # round 7 on (after round 6: the control's drift read 15 %, the held-out model needed ~10 %): the anchor over the two
 # largest fit models (mid and deep: 16 x 1280 and 48 x 768), so that one model's own fit error is not read whole as drift
 ANCHOR_MODELS = {7: 2}
+# round 7, amended before any of its test suite was measured: this machine's memory speed swings +-25 % within
+# seconds (mid's one-row step 31-48 ms, deep's 37-53 ms, in ten alternating samples over two minutes, 09:37-09:39),
+# and the first predict's anchor (one sample each, x1.289) caught a slow moment: the anchor pools 4 turns of each model
+ANCHOR_ROUNDS = {7: 4}
 TRACE_REQUESTS = 8
 KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
 
@@ -176,7 +180,8 @@ def anchored(rnd: int, out: Path, tag: str) -> Path:
     from experiments.simulate.step_model import Profile
 
     p = Profile.load(out / "profile.json")
-    got = anchor.anchor(p, anchor_models(rnd), bench.calibration_threads(p) or 2, prompt=CONTROL_PROMPT.get(rnd, 768))
+    got = anchor.anchor(p, anchor_models(rnd), bench.calibration_threads(p) or 2, prompt=CONTROL_PROMPT.get(rnd, 768),
+                        rounds=ANCHOR_ROUNDS.get(rnd, 1))
     x = got.anchored
     print(f"anchored ({tag}) on {x['model']}: " + ", ".join(f"{y['measured_ms']:.1f} ms measured, {y['predicted_ms']:.1f}"
           f" ms predicted" for y in x.get("per_model") or [x]) + f": memory terms x{x['factor']:.3f}", file=sys.stderr)

@@ -98,6 +98,8 @@ def test_anchoring_times_the_engine_and_labels_the_profile(exp_model):
     got = anchor.anchor(prof, exp_model, threads=1, prompt=32, tokens=12, skip=2, limits=(1e-6, 1e6))
     x = got.anchored
     assert x["steps"] == 2 * (12 - 1 - 2) and x["model"] == str(exp_model) and x["terms"] == list(anchor.MEMORY)
+    pooled = anchor.anchor(prof, exp_model, threads=1, prompt=32, tokens=12, skip=2, limits=(1e-6, 1e6), rounds=3)
+    assert pooled.anchored["steps"] == 3 * x["steps"] and pooled.anchored["rounds"] == 3  # each turn's steps pooled
     assert x["factor"] * read * 1e3 == pytest.approx(x["measured_ms"], rel=1e-6)
     assert x["predicted_ms"] == pytest.approx(read * 1e3) and got.coef["weights"] == pytest.approx(x["factor"])
     assert "anchored x" in got.label and not prof.anchored
