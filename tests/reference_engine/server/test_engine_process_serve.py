@@ -172,10 +172,14 @@ def test_a_signal_early_in_start_up_exits_and_leaves_nothing(tmp_path, tiny_llam
 
 
 def test_a_second_signal_ends_the_drain(launch, mark):
-    """The first SIGTERM drains (the stream would run on for --shutdown-timeout); the second ends it."""
+    """The first SIGTERM drains (the stream would run on for --shutdown-timeout); the second ends it. The core is
+    stopped first, so that the stream cannot finish (and the server exit) between the two signals: on a fast
+    machine 240 tokens of the tiny model took less than the 0.3 s between them, and the second signal landed on an
+    interpreter already exiting (-15: a fresh-clone CI run, 2026-12-07)."""
     s = launch("--shutdown-timeout", "600")
     cm, lines = open_stream(s)
     core = core_of(s)
+    core.suspend()  # SIGSTOP: the drain now waits on the stream for as long as it takes
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert s.proc.poll() is None  # draining the stream
