@@ -40,16 +40,17 @@ ALSO = {1: [("models/heldout-deep", "deep", 23)],
         4: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
         5: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
         6: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
-        7: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
+        7: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
+        8: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
 # a round that refits an earlier round's calibration sweep (same session, same machine) instead of sweeping again:
 # round 6 takes round 5's sweep with the rule chosen after seeing round 5 (attention held at the kernel's ratio)
 FIT_FROM = {6: 5}
 LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
-POISSON_REQUESTS = {4: 64, 5: 64, 6: 64, 7: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
+POISSON_REQUESTS = {4: 64, 5: 64, 6: 64, 7: 64, 8: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
 # round 5: the trace up to the batch the load levels reach (round 4's 60 / 85 % levels ran 17-31 requests in flight,
 # where its decode steps missed and the 8-stream trace could not see it), and the control at the sweep's contexts
-TRACE_STREAMS = {5: (1, 8, 24), 6: (1, 8, 24), 7: (1, 8, 24)}
-CONTROL_PROMPT = {5: 768, 6: 768, 7: 768}
+TRACE_STREAMS = {5: (1, 8, 24), 6: (1, 8, 24), 7: (1, 8, 24), 8: (1, 8, 24)}
+CONTROL_PROMPT = {5: 768, 6: 768, 7: 768, 8: 768}
 # round 6 on (after round 5: the machine ran 14 % faster at the test than at the calibration): each prediction is
 # made with the profile re-anchored just before it on the control model (anchor.py), the un-anchored one beside it;
 # the bar is read on the anchored one, and the control is timed at every timed phase's start and end
