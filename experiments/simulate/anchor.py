@@ -32,16 +32,26 @@ def scaled(prof: Profile, factor: float) -> Profile:
     return replace(prof, coef=one(prof.coef), regimes={r: one(c) for r, c in prof.regimes.items()})
 
 
-def factor(prof: Profile, runs: list[tuple[ModelShape, list]], limits: tuple[float, float] = LIMITS) -> float:
+def stepped(s, m: ModelShape, p: Profile, served: bool) -> float:
+    """A step's predicted seconds: in-process, or as a served engine runs it (plus the profile's served step terms)."""
+    from experiments.simulate.served_overhead import served_step
+
+    t = predict(s, m, p)
+    return served_step(p, t, len(s.seqs)) if served else t
+
+
+def factor(prof: Profile, runs: list[tuple[ModelShape, list]], limits: tuple[float, float] = LIMITS,
+           served: bool = False) -> float:
     """The MEMORY scale at which each model's median predicted step of its `steps` [(StepShape, seconds)] comes out
     as its median measured one, in the geometric mean over the models (bisection: a step's time never falls as a term
     grows). Over two models of different shapes (held-out round 7 on), one model's own fit error is halved instead of
-    read whole as the machine's drift (round 6: the control's drift read 15 %, the held-out model needed ~10 %)."""
+    read whole as the machine's drift (round 6: the control's drift read 15 %, the held-out model needed ~10 %).
+    `served`: the steps ran in a served engine (a step log), so each prediction carries the served step terms."""
     want = [statistics.median(t for _, t in steps) for _, steps in runs]
 
     def gap(f: float) -> float:  # mean log(predicted / measured) over the models at scale f
         p = scaled(prof, f)
-        return statistics.fmean(math.log(statistics.median(predict(s, m, p) for s, _ in steps) / w)
+        return statistics.fmean(math.log(statistics.median(stepped(s, m, p, served) for s, _ in steps) / w)
                                 for (m, steps), w in zip(runs, want))
 
     lo, hi = limits
@@ -98,4 +108,42 @@ def anchor(prof: Profile, model_dir: str | Path | list, threads: int, prompt: in
     return got
 
 
-__all__ = ["MEMORY", "LIMITS", "scaled", "factor", "check", "anchor"]
+def served(prof: Profile, runs: list[tuple[str | Path, str | Path]], dtype: str = "float32",
+           limits: tuple[float, float] = LIMITS) -> Profile:
+    """The profile re-anchored on the decode steps that served engines of fit models logged (`[(model dir, step
+    log)]`: `inferlab serve --step-log`, one pid per server process), each against its served prediction.
+
+    Held-out round 7's lesson (docs/perf/2026-12-07-heldout-round7.md): the in-process probe (`anchor`) read two speeds
+    ~40 % apart from one engine to the next and caught the slow one both times (x1.29, x1.32), while the test's servers
+    ran within 4-6 % of the profile as calibrated all round: the anchor made every load prediction worse. A served
+    run is the process the prediction is for, so its steps are the speed to anchor on; a run of several server
+    processes (repeats) pools their steps, and `per_process` records each one's median, so a process that landed in
+    the other speed shows in the record instead of deciding the factor alone."""
+    from experiments.simulate import sweep
+    from experiments.simulate.step_model import regime
+    from reference_engine.engine.step_log import read
+
+    pooled, per = [], []
+    for d, log in runs:
+        m = ModelShape.from_dir(d, dtype)
+        check(prof, m, d)
+        procs = {pid: [(s, t) for s, t in sweep.shapes(rows) if regime(s, prof.fused_max_rows) == "decode"]
+                 for pid, rows in read(str(log)).items()}
+        steps = [x for v in procs.values() for x in v]
+        if not steps:
+            raise ValueError(f"anchor: {log} holds no decode step of a served engine")
+        pooled.append((m, steps))
+        per.append({"model": str(d), "log": str(log), "steps": len(steps),
+                    "measured_ms": statistics.median(t for _, t in steps) * 1e3,
+                    "predicted_ms": statistics.median(stepped(s, m, prof, True) for s, _ in steps) * 1e3,
+                    "per_process_ms": {str(k): statistics.median(t for _, t in v) * 1e3 for k, v in procs.items() if v}})
+    f = factor(prof, pooled, limits, served=True)
+    got = scaled(prof, f)
+    got.anchored = {"utc": time.strftime("%H:%M:%S", time.gmtime()), "date": time.strftime("%Y-%m-%d"),
+                    "how": "served step log", "model": " + ".join(p["model"] for p in per),
+                    "steps": sum(p["steps"] for p in per), "measured_ms": per[0]["measured_ms"],
+                    "predicted_ms": per[0]["predicted_ms"], "factor": f, "terms": list(MEMORY), "per_model": per}
+    return got
+
+
+__all__ = ["MEMORY", "LIMITS", "scaled", "stepped", "factor", "check", "anchor", "served"]

@@ -46,6 +46,9 @@ def parser() -> Parser:
     p.add_argument("--anchor", metavar="MODEL_DIR", action="append",
                    help="first re-time the profile's memory-bound terms on a model it was fitted on, timed now (~15 s "
                         "a model): a shared VM's speed drifts (anchor.py); repeatable: the geometric mean over them")
+    p.add_argument("--anchor-log", metavar="STEP_LOG", action="append",
+                   help="with --anchor: read that model's speed from a served run's step log (`inferlab serve "
+                        "--step-log`) instead of timing it in-process; one per --anchor, in order")
     p.add_argument("--engine", help="simulate only this engine of the config")
     p.add_argument("--cell", help="a matrix config ([[cells]]): simulate this cell (its settings merged in)")
     p.add_argument("--lengths", help="JSON {request_id: output tokens} (each answer's EOS length) or a measured "
@@ -117,8 +120,11 @@ def main(argv: list[str]) -> int:
         if a.calibrate_from:
             return _calibrate_from(cfg, engine, a)
         profile = _profile(a.profile, engine)
+        if a.anchor_log and len(a.anchor_log) != len(a.anchor or []):
+            raise ValueError(f"--anchor-log: {len(a.anchor_log)} step log(s) for {len(a.anchor or [])} --anchor model(s): "
+                             "give one log per model, in order")
         if a.anchor:
-            profile = _anchor(profile, a.anchor)
+            profile = _anchor(profile, a.anchor, a.anchor_log)
         lengths = _lengths(a.lengths)
         settings = None
         if a.settings_from:
@@ -157,17 +163,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _anchor(profile, model_dirs: list[str]):
+def _anchor(profile, model_dirs: list[str], logs: list[str] | None = None):
     from experiments.simulate import anchor, bench
 
     for d in model_dirs:
         if not (Path(d) / "config.json").is_file():
             raise ValueError(f"--anchor {d}: no config.json there")
-    threads = bench.calibration_threads(profile) or os.cpu_count() or 1  # as the profile's sweep ran
-    got = anchor.anchor(profile, model_dirs, threads)
+    for log in logs or []:
+        if not Path(log).is_file():
+            raise ValueError(f"--anchor-log {log}: no such file")
+    if logs:
+        got = anchor.served(profile, list(zip(model_dirs, logs)))
+    else:
+        threads = bench.calibration_threads(profile) or os.cpu_count() or 1  # as the profile's sweep ran
+        got = anchor.anchor(profile, model_dirs, threads)
     x = got.anchored
+    what = "served decode step" if logs else "one-row decode"
     for p in x.get("per_model") or [x]:
-        print(f"inferlab: anchored on {p['model']}: one-row decode {p['measured_ms']:.1f} ms measured, "
+        print(f"inferlab: anchored on {p['model']}: {what} {p['measured_ms']:.1f} ms measured, "
               f"{p['predicted_ms']:.1f} ms predicted", file=sys.stderr)
     print(f"inferlab: memory terms x{x['factor']:.3f}", file=sys.stderr)
     return got

@@ -25,8 +25,12 @@ def markdown(res: dict) -> str:
         md.append("\nAgainst the profile as calibrated (not anchored), the same decode steps: " + ", ".join(
             f"{k.split(':')[0]} {v['median_signed']:+.1%}" for k, v in un.items() if v.get("steps")) + " (median signed).")
     for tag, x in (res.get("anchors") or {}).items():
-        md.append(f"\nAnchored for {tag} at {x['utc']} on {x['model']}: one-row decode " + ", ".join(
+        served = x.get("how") == "served step log"  # round 8 on: the servers' decode steps, per process too
+        md.append(f"\nAnchored for {tag} at {x['utc']} on {x['model']}: "
+                  f"{'served decode steps (median)' if served else 'one-row decode'} " + ", ".join(
             f"{y['measured_ms']:.2f} ms measured, {y['predicted_ms']:.2f} ms as calibrated"
+            + (" (per process " + " / ".join(f"{v:.2f}" for v in y["per_process_ms"].values()) + " ms)"
+               if y.get("per_process_ms") else "")
             for y in x.get("per_model") or [x]) + f": memory terms x{x['factor']:.3f}.")
     control = (res.get("teacher_forced") or {}).get("control") or []
     for c in control:

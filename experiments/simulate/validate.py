@@ -54,7 +54,7 @@ CONTROL_PROMPT = {5: 768, 6: 768, 7: 768, 8: 768}
 # round 6 on (after round 5: the machine ran 14 % faster at the test than at the calibration): each prediction is
 # made with the profile re-anchored just before it on the control model (anchor.py), the un-anchored one beside it;
 # the bar is read on the anchored one, and the control is timed at every timed phase's start and end
-ANCHOR = {6, 7}
+ANCHOR = {6, 7, 8}
 # round 7 on (after round 6: the control's drift read 15 %, the held-out model needed ~10 %): the anchor over the two
 # largest fit models (mid and deep: 16 x 1280 and 48 x 768), so that one model's own fit error is not read whole as drift
 ANCHOR_MODELS = {7: 2}
@@ -62,6 +62,10 @@ ANCHOR_MODELS = {7: 2}
 # seconds (mid's one-row step 31-48 ms, deep's 37-53 ms, in ten alternating samples over two minutes, 09:37-09:39),
 # and the first predict's anchor (one sample each, x1.289) caught a slow moment: the anchor pools 4 turns of each model
 ANCHOR_ROUNDS = {7: 4}
+# round 8 on (after round 7: the in-process probe read ~40 % slower than the servers, which ran within 4-6 % of the
+# profile as calibrated): the anchor reads served runs of the fit models, fit/anchor_*.toml with their step logs
+# (anchor.served), measured afresh before each prediction into OUT/anchor-TAG
+ANCHOR_SERVED = {8}
 TRACE_REQUESTS = 8
 KEYS = (("ttft_ms", "median", "ttft_p50"), ("tpot_ms", "median", "tpot_p50"))
 
@@ -181,8 +185,20 @@ def anchored(rnd: int, out: Path, tag: str) -> Path:
     from experiments.simulate.step_model import Profile
 
     p = Profile.load(out / "profile.json")
-    got = anchor.anchor(p, anchor_models(rnd), bench.calibration_threads(p) or 2, prompt=CONTROL_PROMPT.get(rnd, 768),
-                        rounds=ANCHOR_ROUNDS.get(rnd, 1))
+    if rnd in ANCHOR_SERVED:
+        from experiments.workload.config import load
+
+        d, runs = out / f"anchor-{tag}", []
+        d.mkdir(exist_ok=True)
+        for cfg in sorted((HELDOUT / f"round{rnd}" / "fit").glob("anchor_*.toml")):
+            c = load(cfg)
+            if not (d / "measured" / c.name).is_dir():  # measured once a tag, never redone
+                sh("run", str(logged(cfg, d)), "--out", str(d / "measured"), "--no-progress")
+            runs.append((c.model, d / "steps" / f"{c.name}.jsonl"))
+        got = anchor.served(p, runs)
+    else:
+        got = anchor.anchor(p, anchor_models(rnd), bench.calibration_threads(p) or 2,
+                            prompt=CONTROL_PROMPT.get(rnd, 768), rounds=ANCHOR_ROUNDS.get(rnd, 1))
     x = got.anchored
     print(f"anchored ({tag}) on {x['model']}: " + ", ".join(f"{y['measured_ms']:.1f} ms measured, {y['predicted_ms']:.1f}"
           f" ms predicted" for y in x.get("per_model") or [x]) + f": memory terms x{x['factor']:.3f}", file=sys.stderr)

@@ -83,6 +83,11 @@ PRESETS = {
     "fir": dict(vocab_size=20480, hidden_size=1152, intermediate_size=3328, num_hidden_layers=18,
                 num_attention_heads=18, num_key_value_heads=6, head_dim=64, max_position_embeddings=4096,
                 rope_theta=500000.0, tie_word_embeddings=True),
+    # ~288 M parameters (1.15 GB in fp32): 26 layers of 960, 15 heads of 64 on 3 KV heads (5 query heads a KV head), a
+    # 30k vocabulary: round 8's held-out model, a width, depth, head count and grouping no round has fitted or tested
+    "ash": dict(vocab_size=30720, hidden_size=960, intermediate_size=2688, num_hidden_layers=26,
+                num_attention_heads=15, num_key_value_heads=3, head_dim=64, max_position_embeddings=4096,
+                rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -9,8 +9,9 @@ import statistics
 import pytest
 
 from experiments.cli import main
-from experiments.simulate import anchor, probe
+from experiments.simulate import anchor, probe, sweep
 from experiments.simulate.step_model import ModelShape, StepShape, predict
+from reference_engine.engine.step_log import read as read_log
 from tests.experiments.exp_util import write_config
 from tests.experiments.simulate.planted import planted
 
@@ -132,3 +133,79 @@ def test_the_cli_refuses_a_bad_anchor_in_one_line(exp_model, tmp_path, capsys):
         assert main(["simulate", str(cfg), "--profile", str(prof), "--anchor", model, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip()
         assert says in err and len(err.splitlines()) == 1
+
+
+def _served_log(model, path, steps_s: float, prefill_s: float = 1.0) -> None:
+    """A real engine's step log (two greedy requests side by side), its durations then set by hand: every decode step
+    `steps_s`, every step with a prefill `prefill_s`; the second half of the lines under a second pid (a repeat's
+    server process)."""
+    from reference_engine import EngineConfig, LLMEngine, SamplingParams
+
+    eng = LLMEngine(EngineConfig(model=str(model), dtype="float32", num_threads=1, kv_cache_tokens=2048,
+                                 step_log=str(path), enable_prefix_caching=False))
+    for i in range(2):
+        eng.add_request([5 + i + j for j in range(24)], SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0))
+    while eng.has_unfinished():
+        eng.step()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    for n, x in enumerate(lines):
+        prefill = any(kind == "prefill" for _, _, kind in x["scheduled"])
+        x["duration_s"] = prefill_s if prefill else steps_s
+        x["pid"] = 1000 + (n >= len(lines) // 2)
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_served_anchor_reads_the_decode_steps_of_a_step_log_with_the_served_terms(exp_model, tmp_path):
+    """Held-out round 8: the anchor reads what served engines of a fit model logged. The served step terms are part of
+    the prediction it matches (a served decode step = the in-process one + per_step_s), prefill steps are left out
+    (their time is compute, not the memory read the factor scales), and each server process's median is recorded."""
+    m = ModelShape.from_dir(exp_model)
+    prof = planted(weights=1.0, per_step=0.0, per_seq=0.0)
+    prof.fit, prof.fused_max_rows = {"rows_per_model": [[m.signature, 10]]}, 64
+    prof.served = {"per_step_s": 0.004}
+    read = m.weight_bytes / (prof.bandwidth_gbps * 1e9)  # a step at any rows: the weight read alone
+    log = tmp_path / "steps.jsonl"
+    _served_log(exp_model, log, steps_s=0.8 * read + 0.004)
+    got = anchor.served(prof, [(exp_model, log)], limits=(1e-6, 1e6))
+    x = got.anchored
+    assert x["factor"] == pytest.approx(0.8, rel=1e-6) and x["how"] == "served step log"
+    assert x["per_model"][0]["measured_ms"] == pytest.approx((0.8 * read + 0.004) * 1e3)  # no prefill's 1 s in it
+    assert sorted(x["per_model"][0]["per_process_ms"]) == ["1000", "1001"]
+    assert x["per_model"][0]["predicted_ms"] == pytest.approx((read + 0.004) * 1e3)
+    assert got.served == prof.served and "anchored x0.800" in got.label
+    # read as in-process steps, the same log would put the served overhead into the memory read
+    steps = [(s, t) for rows in read_log(str(log)).values() for s, t in sweep.shapes(rows) if t < 0.5]
+    assert anchor.factor(prof, [(m, steps)], limits=(1e-6, 1e6)) == pytest.approx((0.8 * read + 0.004) / read, rel=1e-6)
+
+
+def test_a_served_anchor_refuses_a_log_without_decode_steps_and_a_model_not_fitted(exp_model, tmp_path):
+    m = ModelShape.from_dir(exp_model)
+    prof = planted(weights=1.0)
+    prof.fit, prof.fused_max_rows = {"rows_per_model": [[m.signature, 10]]}, 64
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no decode step"):
+        anchor.served(prof, [(exp_model, empty)])
+    prof.fit = {"rows_per_model": [["another model", 10]]}
+    with pytest.raises(ValueError, match="not a model the profile was fitted on"):
+        anchor.served(prof, [(exp_model, empty)])
+
+
+def test_the_cli_anchors_on_a_step_log_and_wants_one_per_model(exp_model, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
+    m = ModelShape.from_dir(exp_model)
+    prof = planted(weights=1.0, per_step=0.0, per_seq=0.0)
+    prof.fit, prof.fused_max_rows = {"rows_per_model": [[m.signature, 10]]}, 64
+    prof.save(tmp_path / "p.json")
+    read = m.weight_bytes / (prof.bandwidth_gbps * 1e9)
+    _served_log(exp_model, log := tmp_path / "steps.jsonl", steps_s=0.5 * read)
+    base = ["simulate", str(cfg), "--profile", str(tmp_path / "p.json"), "--anchor", str(exp_model)]
+    assert main([*base, "--anchor-log", str(log), "--anchor-log", str(log), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "one log per model" in err and len(err.splitlines()) == 1
+    assert main([*base, "--anchor-log", str(tmp_path / "none.jsonl"), "--out", str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main([*base, "--anchor-log", str(log), "--out", str(tmp_path / "out")]) == 0
+    assert "served decode step" in (err := capsys.readouterr().err) and "memory terms x0.500" in err
+    man = json.loads(next((tmp_path / "out").glob("*/*/manifest.json")).read_text())
+    assert man["simulated"]["anchored"]["how"] == "served step log"

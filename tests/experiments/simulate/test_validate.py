@@ -146,6 +146,12 @@ def test_an_anchored_round_reports_both_profiles_and_the_machines_path():
     md = validate.markdown(res)  # the control is against the profile as calibrated: it divides the un-anchored error
     assert "error as calibrated against the control's: (1 +13.0%) / (1 +10.0%) - 1 = +2.7%" in md
     assert "**heldout6_test_poisson (un-anchored)**" in md
+    res["anchors"]["poisson"] = {"utc": "02:00:00", "model": "mid + deep", "how": "served step log", "factor": 0.95,
+                                 "per_model": [{"model": "mid", "measured_ms": 33.0, "predicted_ms": 34.0,
+                                                "per_process_ms": {"11": 32.5, "12": 33.5}}]}
+    md = validate.markdown(res)  # round 8 on: the servers' decode steps, each process's median beside the pooled one
+    assert ("Anchored for poisson at 02:00:00 on mid + deep: served decode steps (median) 33.00 ms measured, 34.00 ms "
+            "as calibrated (per process 32.50 / 33.50 ms): memory terms x0.950.") in md
     assert "Capacity (SLO search): measured 2.0 req/s, predicted 1.9 req/s, error -5.0% (bar 15 %: met)" in md
     assert "Capacity (SLO search, un-anchored): measured 2.0 req/s, predicted 1.6 req/s, error -20.0% (bar 15 %: MISSED)" in md
 
@@ -162,3 +168,17 @@ def test_the_unanchored_trace_is_the_same_steps_against_the_calibrated_profile(t
     sweep.dump([(s, predict(s, m, anchor.scaled(prof, 0.9))) for s in steps], tmp_path / "trace-c1.steps.json")
     got = validate.unanchored(prof, tmp_path, m, (1,))["1 streams: decode"]
     assert got["steps"] == len(steps) and 0.05 < got["median_signed"] < 0.12  # slower as calibrated: the drift
+
+
+def test_a_served_anchor_runs_fit_models_only():
+    """Round 8 on (validate.ANCHOR_SERVED): the anchor's served runs are fit-suite configs of the round's fit models
+    past the cache (anchor.check refuses any other), logged across two server processes at least."""
+    for rnd in validate.ANCHOR_SERVED:
+        assert rnd in validate.ANCHOR
+        cfgs = sorted((validate.HELDOUT / f"round{rnd}" / "fit").glob("anchor_*.toml"))
+        fit = {path for path, _, _ in validate.ALSO[rnd]}
+        assert len(cfgs) >= 2
+        for c in map(load, cfgs):
+            assert c.model in fit and c.repeats >= 2 and c.load.mode == "closed"
+            assert c.make_model.preset in {p for _, p, _ in validate.ALSO[rnd]}
+            assert _bytes(c.make_model.preset) > L3 / 2  # past the cache on every machine these rounds ran on
