@@ -183,6 +183,10 @@ def _anchor(profile, model_dirs: list[str], logs: list[str] | None = None):
         print(f"inferlab: anchored on {p['model']}: {what} {p['measured_ms']:.1f} ms measured, "
               f"{p['predicted_ms']:.1f} ms predicted", file=sys.stderr)
     print(f"inferlab: memory terms x{x['factor']:.3f}", file=sys.stderr)
+    if x.get("spread", 0.0) > anchor.SPREAD:
+        print(f"inferlab: warning: the anchor's server processes ran {x['spread']:.0%} apart in speed (more than "
+              f"{anchor.SPREAD:.0%}): a sample of processes, not the machine's speed; pool more (repeats) or predict "
+              "without --anchor (docs/perf/2026-12-07-heldout-round8.md)", file=sys.stderr)
     return got
 
 

@@ -31,7 +31,8 @@ def markdown(res: dict) -> str:
             f"{y['measured_ms']:.2f} ms measured, {y['predicted_ms']:.2f} ms as calibrated"
             + (" (per process " + " / ".join(f"{v:.2f}" for v in y["per_process_ms"].values()) + " ms)"
                if y.get("per_process_ms") else "")
-            for y in x.get("per_model") or [x]) + f": memory terms x{x['factor']:.3f}.")
+            for y in x.get("per_model") or [x]) + f": memory terms x{x['factor']:.3f}"
+            + (f"; its server processes {x['spread']:.0%} apart in speed." if "spread" in x else "."))
     control = (res.get("teacher_forced") or {}).get("control") or []
     for c in control:
         md.append(f"\nDrift control at {c['utc']}: {c['model']}'s one-row decode {c['measured_ms']:.2f} ms measured, "

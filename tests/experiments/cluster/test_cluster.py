@@ -316,7 +316,8 @@ def test_ctrl_c_on_the_driver_stops_every_remote_engine(cluster, tiny_llama, tmp
         err = driver.communicate(timeout=300)[1]
     finally:
         driver.kill()
-    assert driver.returncode != 0 and "KeyboardInterrupt" in err
+    # its stderr with it: a fresh-clone CI run (2026-12-07, d9ff65d) saw the driver exit 0 after the signal, once
+    assert driver.returncode != 0 and "KeyboardInterrupt" in err, (driver.returncode, err[-3000:])
     m = json.loads((tmp_path / "res/i/reference/manifest.json").read_text())
     assert m["status"] == "failed" and m["reason"].startswith("interrupted: Ctrl-C")
     for _ in range(300):  # the reaper beside the cancelled task kills the engine's process group

@@ -135,10 +135,10 @@ def test_the_cli_refuses_a_bad_anchor_in_one_line(exp_model, tmp_path, capsys):
         assert says in err and len(err.splitlines()) == 1
 
 
-def _served_log(model, path, steps_s: float, prefill_s: float = 1.0) -> None:
+def _served_log(model, path, steps_s: float, prefill_s: float = 1.0, second: float = 1.0) -> None:
     """A real engine's step log (two greedy requests side by side), its durations then set by hand: every decode step
-    `steps_s`, every step with a prefill `prefill_s`; the second half of the lines under a second pid (a repeat's
-    server process)."""
+    `steps_s` (times `second` in the second process), every step with a prefill `prefill_s`; the second half of the
+    lines under a second pid (a repeat's server process)."""
     from reference_engine import EngineConfig, LLMEngine, SamplingParams
 
     eng = LLMEngine(EngineConfig(model=str(model), dtype="float32", num_threads=1, kv_cache_tokens=2048,
@@ -150,8 +150,8 @@ def _served_log(model, path, steps_s: float, prefill_s: float = 1.0) -> None:
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     for n, x in enumerate(lines):
         prefill = any(kind == "prefill" for _, _, kind in x["scheduled"])
-        x["duration_s"] = prefill_s if prefill else steps_s
         x["pid"] = 1000 + (n >= len(lines) // 2)
+        x["duration_s"] = prefill_s if prefill else steps_s * (second if x["pid"] == 1001 else 1.0)
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
@@ -171,6 +171,7 @@ def test_a_served_anchor_reads_the_decode_steps_of_a_step_log_with_the_served_te
     assert x["factor"] == pytest.approx(0.8, rel=1e-6) and x["how"] == "served step log"
     assert x["per_model"][0]["measured_ms"] == pytest.approx((0.8 * read + 0.004) * 1e3)  # no prefill's 1 s in it
     assert sorted(x["per_model"][0]["per_process_ms"]) == ["1000", "1001"]
+    assert x["spread"] == pytest.approx(0.0, abs=1e-9)  # both processes ran alike
     assert x["per_model"][0]["predicted_ms"] == pytest.approx((read + 0.004) * 1e3)
     assert got.served == prof.served and "anchored x0.800" in got.label
     # read as in-process steps, the same log would put the served overhead into the memory read
@@ -207,5 +208,27 @@ def test_the_cli_anchors_on_a_step_log_and_wants_one_per_model(exp_model, tmp_pa
     assert "no such file" in capsys.readouterr().err
     assert main([*base, "--anchor-log", str(log), "--out", str(tmp_path / "out")]) == 0
     assert "served decode step" in (err := capsys.readouterr().err) and "memory terms x0.500" in err
+    assert "warning" not in err
     man = json.loads(next((tmp_path / "out").glob("*/*/manifest.json")).read_text())
     assert man["simulated"]["anchored"]["how"] == "served step log"
+
+
+def test_server_processes_that_disagree_are_called_a_sample(exp_model, tmp_path, capsys):
+    """Held-out round 8: one fit model's server processes ran -29 % and +14 % of the calibrated speed. Two processes,
+    the second 1.3x slower: the factor pools them, the spread says 30 %, and the CLI warns that the anchor is a sample
+    of processes (above anchor.SPREAD), not the machine's speed."""
+    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
+    m = ModelShape.from_dir(exp_model)
+    prof = planted(weights=1.0, per_step=0.0, per_seq=0.0)
+    prof.fit, prof.fused_max_rows = {"rows_per_model": [[m.signature, 10]]}, 64
+    prof.save(tmp_path / "p.json")
+    read = m.weight_bytes / (prof.bandwidth_gbps * 1e9)
+    _served_log(exp_model, log := tmp_path / "steps.jsonl", steps_s=read, second=1.3)
+    x = anchor.served(prof, [(exp_model, log)], limits=(1e-6, 1e6)).anchored
+    speed = x["per_model"][0]["per_process_speed"]
+    assert speed["1000"] == pytest.approx(1.0) and speed["1001"] == pytest.approx(1 / 1.3)
+    assert x["spread"] == pytest.approx(0.3) and x["spread"] > anchor.SPREAD
+    assert 1.0 <= x["factor"] <= 1.3
+    assert main(["simulate", str(cfg), "--profile", str(tmp_path / "p.json"), "--anchor", str(exp_model),
+                 "--anchor-log", str(log), "--out", str(tmp_path / "out")]) == 0
+    assert "warning: the anchor's server processes ran 30% apart in speed" in capsys.readouterr().err

@@ -147,11 +147,12 @@ def test_an_anchored_round_reports_both_profiles_and_the_machines_path():
     assert "error as calibrated against the control's: (1 +13.0%) / (1 +10.0%) - 1 = +2.7%" in md
     assert "**heldout6_test_poisson (un-anchored)**" in md
     res["anchors"]["poisson"] = {"utc": "02:00:00", "model": "mid + deep", "how": "served step log", "factor": 0.95,
+                                 "spread": 0.031,
                                  "per_model": [{"model": "mid", "measured_ms": 33.0, "predicted_ms": 34.0,
                                                 "per_process_ms": {"11": 32.5, "12": 33.5}}]}
     md = validate.markdown(res)  # round 8 on: the servers' decode steps, each process's median beside the pooled one
     assert ("Anchored for poisson at 02:00:00 on mid + deep: served decode steps (median) 33.00 ms measured, 34.00 ms "
-            "as calibrated (per process 32.50 / 33.50 ms): memory terms x0.950.") in md
+            "as calibrated (per process 32.50 / 33.50 ms): memory terms x0.950; its server processes 3% apart in speed.") in md
     assert "Capacity (SLO search): measured 2.0 req/s, predicted 1.9 req/s, error -5.0% (bar 15 %: met)" in md
     assert "Capacity (SLO search, un-anchored): measured 2.0 req/s, predicted 1.6 req/s, error -20.0% (bar 15 %: MISSED)" in md
 
