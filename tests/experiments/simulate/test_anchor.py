@@ -192,13 +192,19 @@ def test_a_served_anchor_refuses_a_log_without_decode_steps_and_a_model_not_fitt
         anchor.served(prof, [(exp_model, empty)])
 
 
-def test_the_cli_anchors_on_a_step_log_and_wants_one_per_model(exp_model, tmp_path, capsys):
-    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
-    m = ModelShape.from_dir(exp_model)
+def _weight_read_only(model, tmp_path):
+    """A config, the model's shape, a profile fitted on it whose every step is the weight read alone (saved as
+    p.json), and that read's seconds."""
+    cfg = write_config(tmp_path / "c.toml", model, BODY)
+    m = ModelShape.from_dir(model)
     prof = planted(weights=1.0, per_step=0.0, per_seq=0.0)
     prof.fit, prof.fused_max_rows = {"rows_per_model": [[m.signature, 10]]}, 64
     prof.save(tmp_path / "p.json")
-    read = m.weight_bytes / (prof.bandwidth_gbps * 1e9)
+    return cfg, m, prof, m.weight_bytes / (prof.bandwidth_gbps * 1e9)
+
+
+def test_the_cli_anchors_on_a_step_log_and_wants_one_per_model(exp_model, tmp_path, capsys):
+    cfg, _, prof, read = _weight_read_only(exp_model, tmp_path)
     _served_log(exp_model, log := tmp_path / "steps.jsonl", steps_s=0.5 * read)
     base = ["simulate", str(cfg), "--profile", str(tmp_path / "p.json"), "--anchor", str(exp_model)]
     assert main([*base, "--anchor-log", str(log), "--anchor-log", str(log), "--out", str(tmp_path)]) == 2
@@ -217,12 +223,7 @@ def test_server_processes_that_disagree_are_called_a_sample(exp_model, tmp_path,
     """Held-out round 8: one fit model's server processes ran -29 % and +14 % of the calibrated speed. Two processes,
     the second 1.3x slower: the factor pools them, the spread says 30 %, and the CLI warns that the anchor is a sample
     of processes (above anchor.SPREAD), not the machine's speed."""
-    cfg = write_config(tmp_path / "c.toml", exp_model, BODY)
-    m = ModelShape.from_dir(exp_model)
-    prof = planted(weights=1.0, per_step=0.0, per_seq=0.0)
-    prof.fit, prof.fused_max_rows = {"rows_per_model": [[m.signature, 10]]}, 64
-    prof.save(tmp_path / "p.json")
-    read = m.weight_bytes / (prof.bandwidth_gbps * 1e9)
+    cfg, _, prof, read = _weight_read_only(exp_model, tmp_path)
     _served_log(exp_model, log := tmp_path / "steps.jsonl", steps_s=read, second=1.3)
     x = anchor.served(prof, [(exp_model, log)], limits=(1e-6, 1e6)).anchored
     speed = x["per_model"][0]["per_process_speed"]
