@@ -179,16 +179,12 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}"
 
 
-def wait_all(pairs: dict[str, Pair], fn: Any, sink: Any, signals: int | None = None) -> None:
-    """Until every pair is done. `signals`: the read end of the interpreter's wakeup fd (`watch_signals`), checked
-    each poll, so a Ctrl-C reaches the driver even when it lands inside a Ray call that swaps the SIGINT handler."""
+def wait_all(pairs: dict[str, Pair], fn: Any, sink: Any) -> None:
     import ray
 
     running = {p.ref: p for p in pairs.values()}
     while running:
         ready, _ = ray.wait(list(running), num_returns=len(running), timeout=POLL_S)
-        if signals is not None and (got := _signalled(signals)):
-            raise KeyboardInterrupt(f"signal {got}")
         take(sink, pairs)
         for ref in ready:
             p = running.pop(ref)
@@ -273,22 +269,17 @@ def run(cfg: Any, whole: Any, toml: str, a: Any, given: str) -> int:
     fn = ray.remote(run_pair)
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main else None
-    wake = watch_signals()
     t0 = time.monotonic()
     try:
         for p in pairs:
             submit(p, fn, sink, [])
-        wait_all(by_key, fn, sink, wake[0] if wake else None)
+        wait_all(by_key, fn, sink)
     except KeyboardInterrupt:
         interrupted(by_key)
         raise
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
-        if wake:
-            signal.set_wakeup_fd(wake[2])
-            for fd in wake[:2]:
-                os.close(fd)
     print(f"inferlab: every pair done in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     return report(cfg, whole, a, root, pairs, matrix)
 
@@ -310,26 +301,3 @@ def report(cfg: Any, whole: Any, a: Any, root: Path, pairs: list[Pair], matrix: 
 
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def watch_signals() -> tuple[int, int] | None:
-    """A pipe the interpreter writes each signal's number to (`signal.set_wakeup_fd`), whatever Python handler is
-    installed at that moment: Ray's own calls swap the SIGINT handler for one that defers the signal and drops it
-    if the call raised (ray/_private/utils.py DeferSigint), and a fresh-clone CI run saw a Ctrl-C sent mid-level
-    lost so, the run ending normally. (read end, write end, the wakeup fd it replaced); None off the main thread,
-    where it cannot be set."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    return r, w, signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-
-
-def _signalled(fd: int) -> int | None:
-    """SIGINT or SIGTERM among the signal numbers written to the wakeup pipe since the last look."""
-    try:
-        got = os.read(fd, 512)
-    except BlockingIOError:
-        return None
-    return next((n for n in got if n in (signal.SIGINT, signal.SIGTERM)), None)

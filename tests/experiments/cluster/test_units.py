@@ -112,24 +112,3 @@ def test_a_node_that_joined_after_the_preflight_is_checked_by_the_task(monkeypat
     with pytest.raises(RuntimeError, match=r"^preflight: node nnnnnnnnnnnn \(late\): ray 2.59.0, the driver has 2.60.0$"):
         preflight.again(mine, ".")
 
-
-def test_a_signal_whose_handler_swallowed_it_still_reaches_the_driver():
-    """Ray's own calls swap the SIGINT handler for one that defers the signal and drops it when the call raised
-    (ray/_private/utils.py DeferSigint): a fresh-clone CI run saw a Ctrl-C sent mid-level lost so (the driver ran its
-    run to the end and exited 0). The driver's wakeup pipe still gets the signal's number whatever Python handler
-    took it, and the next poll turns it into the KeyboardInterrupt that cancels the tasks."""
-    import os
-    import signal
-
-    r, w, old = driver.watch_signals()
-    before = signal.signal(signal.SIGINT, lambda *_: None)  # a handler that swallows it, as a dropped deferral does
-    try:
-        assert driver._signalled(r) is None
-        os.kill(os.getpid(), signal.SIGINT)
-        assert driver._signalled(r) == signal.SIGINT
-        assert driver._signalled(r) is None  # read once
-    finally:
-        signal.signal(signal.SIGINT, before)
-        signal.set_wakeup_fd(old)
-        os.close(r)
-        os.close(w)
