@@ -41,7 +41,8 @@ ALSO = {1: [("models/heldout-deep", "deep", 23)],
         5: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
         6: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
         7: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
-        8: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
+        8: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)],
+        9: [("models/heldout-deep", "deep", 23), ("models/heldout-wide", "wide", 23), ("models/heldout-mid", "mid", 41)]}
 # a round that refits an earlier round's calibration sweep (same session, same machine) instead of sweeping again:
 # round 6 takes round 5's sweep with the rule chosen after seeing round 5 (attention held at the kernel's ratio)
 FIT_FROM = {6: 5}
