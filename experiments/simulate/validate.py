@@ -47,15 +47,15 @@ ALSO = {1: [("models/heldout-deep", "deep", 23)],
 # round 6 takes round 5's sweep with the rule chosen after seeing round 5 (attention held at the kernel's ratio)
 FIT_FROM = {6: 5}
 LOADS = (0.35, 0.6, 0.85)  # of the measured capacity
-POISSON_REQUESTS = {4: 64, 5: 64, 6: 64, 7: 64, 8: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
+POISSON_REQUESTS = {4: 64, 5: 64, 6: 64, 7: 64, 8: 64, 9: 64}  # a level's requests at least (round 3's 39 could not resolve the 85 % level)
 # round 5: the trace up to the batch the load levels reach (round 4's 60 / 85 % levels ran 17-31 requests in flight,
 # where its decode steps missed and the 8-stream trace could not see it), and the control at the sweep's contexts
-TRACE_STREAMS = {5: (1, 8, 24), 6: (1, 8, 24), 7: (1, 8, 24), 8: (1, 8, 24)}
-CONTROL_PROMPT = {5: 768, 6: 768, 7: 768, 8: 768}
+TRACE_STREAMS = {5: (1, 8, 24), 6: (1, 8, 24), 7: (1, 8, 24), 8: (1, 8, 24), 9: (1, 8, 24)}
+CONTROL_PROMPT = {5: 768, 6: 768, 7: 768, 8: 768, 9: 768}
 # round 6 on (after round 5: the machine ran 14 % faster at the test than at the calibration): each prediction is
 # made with the profile re-anchored just before it on the control model (anchor.py), the un-anchored one beside it;
 # the bar is read on the anchored one, and the control is timed at every timed phase's start and end
-ANCHOR = {6, 7, 8}
+ANCHOR = {6, 7, 8}  # round 9 on: none (rounds 7-8 anchors read one engine process's speed, -29 to +14 % apart)
 # round 7 on (after round 6: the control's drift read 15 %, the held-out model needed ~10 %): the anchor over the two
 # largest fit models (mid and deep: 16 x 1280 and 48 x 768), so that one model's own fit error is not read whole as drift
 ANCHOR_MODELS = {7: 2}

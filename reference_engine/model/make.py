@@ -88,6 +88,11 @@ PRESETS = {
     "ash": dict(vocab_size=30720, hidden_size=960, intermediate_size=2688, num_hidden_layers=26,
                 num_attention_heads=15, num_key_value_heads=3, head_dim=64, max_position_embeddings=4096,
                 rope_theta=500000.0, tie_word_embeddings=True),
+    # ~306 M parameters (1.22 GB in fp32): 14 layers of 1344, 21 heads of 64 on 7 KV heads, a 26k vocabulary: round 9's
+    # held-out model, a width, depth, head count, KV head count and vocabulary no round has fitted or tested
+    "elm": dict(vocab_size=26624, hidden_size=1344, intermediate_size=3584, num_hidden_layers=14,
+                num_attention_heads=21, num_key_value_heads=7, head_dim=64, max_position_embeddings=4096,
+                rope_theta=500000.0, tie_word_embeddings=True),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
