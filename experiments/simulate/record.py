@@ -72,6 +72,10 @@ def markdown(res: dict) -> str:
                 md.append(f"| {lv} | {key} | {r['measured']:.1f} | {r['predicted']:.1f} | {_pct(r['error'])} | "
                           + (f"[{ci[0]:+.1%}, {ci[1]:+.1%}] | {'yes' if r['resolvable'] else 'no'}" if ci else "– | –")
                           + f" | {'yes' if r['error'] is not None and abs(r['error']) <= 0.10 else 'NO'} |")
+            if len(row.get("per_process") or {}) > 1:  # a pooled p50 can sit between processes' speeds
+                md.append(f"| {lv} | measured p50 per server process | " + "; ".join(
+                    f"TTFT {v['ttft_p50']:.1f} / TPOT {v['tpot_p50']:.1f} ms" for v in row["per_process"].values()
+                    if v.get("ttft_p50") is not None and v.get("tpot_p50") is not None) + " | | | | | |")
     for key, what in (("capacity", ""), ("capacity_unanchored", ", un-anchored")):
         cap = res.get(key)
         if cap:

@@ -311,6 +311,9 @@ def errors_with_intervals(meas_run: Path, pred_run: Path) -> dict:
                           "resolvable": ci is not None and (ci[1] - ci[0]) / 2 < BAR}
         row["throughput"] = {"measured": m.summary[lv].get("output_throughput"),
                              "predicted": p.summary[lv].get("output_throughput"), "error": e["throughput"]}
+        # round 9 on: each server process's p50s beside the pooled ones (round 8's two closed-loop processes: 506 / 846 ms)
+        row["per_process"] = {r: {short: (x.get(key) or {}).get(st) for key, st, short in KEYS}
+                              for r, x in (m.summary[lv].get("per_repeat") or {}).items()}
         out[lv] = row
     return out
 

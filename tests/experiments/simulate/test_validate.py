@@ -157,6 +157,20 @@ def test_an_anchored_round_reports_both_profiles_and_the_machines_path():
     assert "Capacity (SLO search, un-anchored): measured 2.0 req/s, predicted 1.6 req/s, error -20.0% (bar 15 %: MISSED)" in md
 
 
+def test_the_record_gives_each_server_processs_p50_beside_the_pooled_one():
+    """Round 9 on: round 8's two closed-loop processes ran TTFT p50 506 and 846 ms on the same requests, and the pooled
+    p50 (676 ms) sat between them; the record prints each process's p50s under the pooled row."""
+    row = {"measured": 676.0, "predicted": 487.0, "error": -0.28, "interval": [-0.43, -0.03], "resolvable": False}
+    per = {"1": {"ttft_p50": 506.5, "tpot_p50": 47.1}, "2": {"ttft_p50": 846.4, "tpot_p50": 43.0}}
+    lv = {"concurrency=2": {"ttft_p50": row, "tpot_p50": row, "throughput": {**row, "interval": None},
+                            "per_process": per}}
+    md = validate.markdown({"heldout9_test_closed": lv})
+    assert ("| concurrency=2 | measured p50 per server process | TTFT 506.5 / TPOT 47.1 ms; TTFT 846.4 / TPOT 43.0 ms |"
+            in md)
+    lv["concurrency=2"]["per_process"] = {"1": per["1"]}  # one process: the pooled row is its own
+    assert "per server process" not in validate.markdown({"heldout9_test_closed": lv})
+
+
 def test_the_unanchored_trace_is_the_same_steps_against_the_calibrated_profile(tmp_path):
     from experiments.simulate import anchor, sweep
     from experiments.simulate.step_model import ModelShape, StepShape, predict
