@@ -68,6 +68,9 @@ def parser() -> Parser:
     p.add_argument("--steps-log", metavar="JSONL", help="with --fit-served: that run's step log (`inferlab serve "
                                                         "--step-log`): the per-step and per-sequence terms are fitted "
                                                         "on its steps against their in-process prediction")
+    p.add_argument("--step-spread", action="store_true", help="with --fit-served and --steps-log: also fit how far "
+                   "each served step strays from its prediction, and draw simulated served steps with it (a closed "
+                   "loop's streams then drift apart as real ones do; off by default: docs/perf/2026-12-07-heldout-round9.md)")
     p.add_argument("--capacity", action="store_true", help="search the highest rate per replica meeting --slo")
     p.add_argument("--slo", default="", help="e.g. ttft_p99_ms=1000,tpot_p99_ms=100 (metric_stat_ms=limit)")
     p.add_argument("--replicas", type=int, default=1)
@@ -289,6 +292,8 @@ def _fit_served(cfg, engine: str, a, profile) -> int:
 
     if not a.profile or not Path(a.profile).is_file():
         return fail("--fit-served writes into the profile it reads: give --profile PATH (a calibrated profile JSON)")
+    if a.step_spread and not a.steps_log:
+        return fail("--step-spread is fitted on the served run's step log: give --steps-log JSONL")
     run = Path(a.fit_served)
     try:
         lengths = _lengths(str(run / engine))
@@ -299,13 +304,15 @@ def _fit_served(cfg, engine: str, a, profile) -> int:
                      None, [engine])
         terms = {**served_overhead.fit(served_overhead.levels(run, engine),
                                        served_overhead.levels(sim, f"{engine}-simulated")), **steps}
+        spread = served_overhead.fit_spread(a.steps_log, ModelShape.from_dir(cfg.model, cfg.dtype),
+                                            served_overhead.apply(profile, terms, "")) if a.step_spread else 0.0
     except (ValueError, OSError, KeyError) as e:
         return fail(f"--fit-served {run}: {e}")
-    served_overhead.apply(profile, terms, f"{run} ({cfg.name}): requests fitted against its simulation"
-                          + (f", steps on its step log {a.steps_log}" if a.steps_log else " without overhead"))
+    served_overhead.apply(profile, {**terms, "step_spread": spread}, f"{run} ({cfg.name}): requests fitted against "
+                          f"its simulation" + (f", steps on its step log {a.steps_log}" if a.steps_log else " without overhead"))
     profile.save(a.profile)
-    print(f"inferlab: served overhead {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in terms.items())} "
-          f"written to {a.profile}", file=sys.stderr)
+    print(f"inferlab: served overhead {', '.join(f'{k} {v * 1e3:.2f} ms' for k, v in terms.items())}"
+          + (f", step spread {spread:.1%}" if a.step_spread else "") + f" written to {a.profile}", file=sys.stderr)
     return 0
 
 

@@ -1,5 +1,6 @@
 """One simulated engine replica: the reference engine's real `Scheduler` (and the KV-cache manager it
-owns) stepped without a model; each step costs what the step-time model predicts.
+owns) stepped without a model; each step costs what the step-time model predicts (served: plus the served
+overhead, times a seeded draw of mean one with the profile's step spread, served_overhead.jitter).
 
 A step does what `LLMEngine.step` does around the forward: `schedule()`, then every sequence that
 samples gets 1 + accepted-draft tokens (fake ids: a run of the request's own id, so block hashes stay
@@ -29,7 +30,7 @@ from reference_engine.core.scheduler import Scheduler
 from reference_engine.worker.step_record import shared
 
 from experiments.simulate.gpu import allreduce_s, shard
-from experiments.simulate.served_overhead import served_step
+from experiments.simulate.served_overhead import jitter, served_step
 from experiments.simulate.step_model import ModelShape, Profile, StepShape, predict
 
 
@@ -89,6 +90,7 @@ class Replica:
         self.sched = Scheduler(self.cfg, self.num_blocks, self.lookahead)
         self.rank_shape = shard(self.shape, self.tensor)
         self.rng = random.Random(self.seed)
+        self.step_rng = random.Random(self.seed + 1)  # the served steps' draw (jitter): apart from the drafts'
         self._ids = 0
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, out_len: int | None = None,
@@ -146,7 +148,7 @@ class Replica:
                 self.targets.pop(e.request_id, None)
         dt = predict(shape, self.rank_shape, self.profile) + allreduce_s(shape, self.shape, self.tensor, self.profile)
         if self.served:
-            dt = served_step(self.profile, dt, len(shape.seqs))
+            dt = served_step(self.profile, dt, len(shape.seqs)) * jitter(self.profile, self.step_rng)
         self.steps += 1
         self.busy_s += dt
         return StepResult(dt, shape, emitted, sched_ids, [r.request_id for r in out.preempted])

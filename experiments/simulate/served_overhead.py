@@ -42,10 +42,24 @@ does not grow with load. With the scaled terms off, the same prediction read TTF
     fit still finds is the machine's drift: the same server config decoded one stream at 20.0 and then
     23.1 ms per token two minutes apart, and a line through three such points, extrapolated to the 20-30
     sequences of a Poisson level, put +18-27 % on its TPOT (docs/perf/2026-12-05-simulate-3.md).
+  - step_spread (not seconds: a log-normal sigma), from the same step log (`fit_spread`): how far a served step
+    strays from its prediction, each process's own speed taken out first (log of measured / predicted, less the
+    process's median; 1.4826 x the median absolute deviation, pooled). The replica draws each served step's time
+    around its prediction with it (`jitter`: mean one, so a request's TPOT, an average over its steps, keeps its
+    expectation). Without it every simulated step costs exactly its prediction and a closed loop's streams lock
+    into a fixed phase: held-out round 9's simulated 3-stream TTFTs took two values for 42 of 48 requests (1,248 and
+    1,838 ms), the measured ones spread from 626 to 1,802 ms; the p50 missed by 19 % with the means within 2 %
+    (docs/perf/2026-12-07-heldout-round9.md). A profile without it (0) prices every step exactly, as before.
+    Off by default (`inferlab simulate --fit-served RUN --steps-log LOG --step-spread` fits it): re-simulated after
+    round 9 with the spread of its fit suite's served steps (the 24 MB model's, 23 %), the closed loop's TTFT p50
+    came within 1-6 % but the Poisson TTFT p50 moved from +5-7 % to +16-18 % (a request waits out a longer residual
+    step); the held-out model's own served steps strayed 10-16 %. Which model's spread transfers is a round's question.
 """
 from __future__ import annotations
 
 import json
+import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -122,8 +136,35 @@ def fit_steps(rows: list, m, prof: Profile, scaled: bool = False) -> dict[str, f
     return {"per_step_s": float(sol[0]), "per_seq_s": float(sol[1])}
 
 
+def fit_spread(path: str, m, prof: Profile) -> float:
+    """step_spread from a step log (module docstring): the robust sigma of log(served step / its served
+    prediction) about each process's median, over every process's steps."""
+    from experiments.simulate import sweep
+    from experiments.simulate.step_model import predict
+    from reference_engine.engine.step_log import read
+
+    dev = []
+    for steps in read(path).values():
+        x = np.array([math.log(d / served_step(prof, predict(s, m, prof), len(s.seqs)))
+                      for s, d in sweep.shapes(steps) if d > 0])
+        if len(x):
+            dev += list(x - np.median(x))
+    if len(dev) < 10:
+        raise ValueError(f"served step spread: {len(dev)} steps in {path}, need 10 at least")
+    return float(1.4826 * np.median(np.abs(dev)))
+
+
+def jitter(prof: Profile, rng: random.Random) -> float:
+    """A served step's time over its prediction: log-normal with the profile's step_spread and mean one; exactly
+    1.0 (and no draw) without a spread."""
+    sigma = float((prof.served or {}).get("step_spread", 0.0))
+    return math.exp(rng.gauss(0.0, sigma) - sigma * sigma / 2) if sigma > 0 else 1.0
+
+
 def apply(prof: Profile, terms: dict[str, float], source: str) -> Profile:
     prof.served = {**{k: float(terms.get(k, 0.0)) for k in TERMS}, "source": source}
+    if terms.get("step_spread"):
+        prof.served["step_spread"] = float(terms["step_spread"])
     return prof
 
 

@@ -121,3 +121,90 @@ def test_fit_served_with_a_step_log_end_to_end(exp_model, tmp_path):
     assert {k: got[k] for k in ("per_step_s", "per_seq_s", "per_request_s")} == pytest.approx(
         {"per_step_s": 2e-3, "per_seq_s": 0.0, "per_request_s": 4e-3}, abs=1e-6)
     assert "step log" in got["source"]
+    assert "step_spread" not in got  # off unless asked
+    # --step-spread: the steps' own spread, fitted on the log; asked without a log, one line and exit 2
+    _decode_log(log, m, served_overhead.apply(planted(), {"per_step_s": 2e-3}, "planted"), {1: 1.0, 2: 0.7}, 0.12)
+    assert main(["simulate", str(path), "--profile", str(prof_path), "--fit-served", str(tmp_path / "meas"),
+                 "--steps-log", str(log), "--step-spread", "--out", str(tmp_path / "fit2")]) == 0
+    assert json.loads(prof_path.read_text())["served"]["step_spread"] == pytest.approx(0.12, rel=0.15)
+    assert main(["simulate", str(path), "--profile", str(prof_path), "--fit-served", str(tmp_path / "meas"),
+                 "--step-spread", "--out", str(tmp_path / "fit3")]) == 2
+
+
+def _decode_log(path, m, prof, speeds: dict[int, float], sigma: float, seed: int = 5) -> None:
+    """A step log of decode steps (1, 2 and 4 rows) per process, each step its served prediction times the
+    process's speed times exp(N(0, sigma))."""
+    import json
+    import math
+    import random
+    from types import SimpleNamespace
+
+    from experiments.simulate import sweep
+    from experiments.simulate.step_model import predict
+
+    rng, lines = random.Random(seed), []
+    for pid, speed in speeds.items():
+        recs = [SimpleNamespace(pid=pid, t=float(n), step=n, prefix_hits={}, preempted=[], finished=[], spec_proposed={},
+                                spec_accepted={}, scheduled=[(f"r{i}", 1, "decode") for i in range(b)],
+                                new_tokens={f"r{i}": 1 for i in range(b)}, duration_s=0.0)
+                for n, b in enumerate((1, 2, 4) * 100)]
+        for rec, (s, _) in zip(recs, sweep.shapes(recs)):
+            rec.duration_s = (served_overhead.served_step(prof, predict(s, m, prof), len(s.seqs)) * speed
+                              * math.exp(rng.gauss(0.0, sigma)))
+        lines += [json.dumps(vars(r)) for r in recs]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_fit_spread_takes_each_processs_speed_out_and_recovers_a_planted_sigma(tmp_path):
+    """Two server processes 60 % apart in speed (round 8's were 43 points apart), each step 12 % astray: the spread
+    is the steps' own (pooled with the processes' speeds in, it would read ~0.25)."""
+    from experiments.simulate.step_model import ModelShape
+
+    m = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=256, dtype="float32")
+    prof = served_overhead.apply(planted(), {"per_step_s": 2e-3}, "planted")
+    log = tmp_path / "steps.jsonl"
+    _decode_log(log, m, prof, {1: 0.8, 2: 1.3}, 0.12)
+    assert served_overhead.fit_spread(str(log), m, prof) == pytest.approx(0.12, rel=0.15)
+    _decode_log(log, m, prof, {1: 0.8, 2: 1.3}, 0.0)  # every step exactly its process's speed: no spread
+    assert served_overhead.fit_spread(str(log), m, prof) == pytest.approx(0.0, abs=1e-9)
+    log.write_text(log.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match="need 10"):
+        served_overhead.fit_spread(str(log), m, prof)
+
+
+def test_jitter_keeps_the_mean_and_draws_nothing_without_a_spread():
+    import math
+    import random
+    import statistics
+
+    prof, rng = planted(), random.Random(0)
+    assert served_overhead.jitter(prof, rng) == 1.0 and rng.random() == random.Random(0).random()
+    served_overhead.apply(prof, {"step_spread": 0.2}, "test")
+    xs = [served_overhead.jitter(prof, rng) for _ in range(20000)]
+    assert statistics.fmean(xs) == pytest.approx(1.0, abs=0.01)  # a request's TPOT, a mean of steps, keeps its expectation
+    assert statistics.median(xs) == pytest.approx(math.exp(-0.02), abs=0.01)
+    assert statistics.stdev(math.log(x) for x in xs) == pytest.approx(0.2, rel=0.05)
+
+
+LINEAR = 200.0  # a prefill token costs what a decode row does several times over
+
+
+def test_a_step_spread_unlocks_a_simulated_closed_loop(exp_model, tmp_path):
+    """Three streams whose prompts take two steps' budget (one chunk lags), every step priced exactly: the streams
+    settle into one phase and the TTFTs take a few values (held-out round 9: 42 of 48 at two values). With the
+    served steps' spread the phases drift and the TTFTs spread out; the mean TPOT stays within a few percent."""
+    import statistics
+
+    body = (BODY.replace("concurrency = [1, 2]", "concurrency = [3]").replace("num_requests = 3", "num_requests = 30")
+            .replace("output_len = 4", "output_len = 12")
+            + '[engine_options.reference]\nmode = "server"\nmax_num_batched_tokens = 48\n')
+    path = write_config(tmp_path / "c.toml", exp_model, body)
+    got = {}
+    for sigma in (0.0, 0.2):
+        prof = served_overhead.apply(planted(linear=LINEAR), {"per_request_s": 0.003, "step_spread": sigma}, "test")
+        got[sigma] = rows(replay(load(path), path.read_text(), prof, tmp_path / f"out{sigma}"), "concurrency=3")
+    ttfts = {s: {round(r["ttft_ms"], 3) for r in rs} for s, rs in got.items()}
+    # exact steps: the 30 TTFTs repeat a handful of values (here 6); drawn steps: nearly every request its own
+    assert len(ttfts[0.0]) <= len(got[0.0]) // 5 and len(ttfts[0.2]) >= 0.8 * len(got[0.2])
+    tpot = {s: statistics.fmean(r["tpot_ms"] for r in rs) for s, rs in got.items()}
+    assert tpot[0.2] == pytest.approx(tpot[0.0], rel=0.05)
